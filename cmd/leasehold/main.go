@@ -1,0 +1,82 @@
+// Command leasehold is the leasehold lock service and its command-line client.
+//
+//	leasehold server                 run a node (single node, data in ./leasehold-data)
+//	leasehold lock NAME -- CMD...    run CMD while holding lock NAME
+//	leasehold locks [PREFIX]         list locks
+//	leasehold status                 show the node's status
+//
+// Clients find the server with --addr or LEASEHOLD_ADDR (default 127.0.0.1:7740).
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+// Exit codes of the CLI. CMD's own exit code passes through `leasehold lock` unchanged;
+// these are used only when leasehold itself ends the run.
+const (
+	exitOK          = 0
+	exitError       = 1  // the service answered with an error, or an internal failure
+	exitUsage       = 64 // bad flags or arguments (EX_USAGE)
+	exitUnavailable = 69 // no server could be reached (EX_UNAVAILABLE)
+	exitNotAcquired = 75 // the lock was held for the whole wait (EX_TEMPFAIL)
+	exitLockLost    = 76 // the lock was lost while CMD ran; CMD's process group was killed
+)
+
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	if len(args) == 0 {
+		usage()
+		return exitUsage
+	}
+	switch args[0] {
+	case "server":
+		return runServer(args[1:])
+	case "lock":
+		return runLock(args[1:])
+	case "locks":
+		return runLocks(args[1:])
+	case "status":
+		return runStatus(args[1:])
+	case "unlock":
+		return runForceRelease(args[1:])
+	case "version", "--version":
+		fmt.Println("leasehold", version)
+		return exitOK
+	case "help", "-h", "--help":
+		usage()
+		return exitOK
+	default:
+		fmt.Fprintf(os.Stderr, "leasehold: unknown command %q\n\n", args[0])
+		usage()
+		return exitUsage
+	}
+}
+
+func usage() {
+	fmt.Fprint(os.Stderr, `leasehold — a lock service whose every grant carries a fencing token.
+
+Usage:
+  leasehold server [flags]                  run a node (defaults: API 127.0.0.1:7740,
+                                            raft 127.0.0.1:7741, data ./leasehold-data)
+  leasehold lock NAME [flags] -- CMD [ARG...]
+                                            run CMD while holding lock NAME; CMD gets
+                                            LEASEHOLD_TOKEN and LEASEHOLD_LOCK
+  leasehold locks [PREFIX]                  list locks: name, class, holder, token, TTL left
+  leasehold unlock NAME --force --reason R  operator release: fences the old holder out
+  leasehold status                          show the node's role, leader and counts
+  leasehold version
+
+Clients reach the server with --addr HOST:PORT or LEASEHOLD_ADDR.
+Run 'leasehold COMMAND -h' for the flags of a command.
+
+Exit codes: CMD's own code from 'lock'; 1 error; 64 usage; 69 server unreachable;
+75 lock not obtained; 76 lock lost while CMD ran (CMD's process group was killed).
+`)
+}

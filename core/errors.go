@@ -1,0 +1,38 @@
+package core
+
+import "errors"
+
+// Errors returned by State.Apply and the Locks methods. They are wrapped with context
+// (%w); match them with errors.Is.
+var (
+	// ErrLeaseNotFound is returned when a command names a lease that does not exist: it
+	// expired, was revoked, or was never granted.
+	ErrLeaseNotFound = errors.New("core: lease not found")
+	// ErrLeaseExists is returned by OpGrant when the lease id is already in use.
+	ErrLeaseExists = errors.New("core: lease already exists")
+	// ErrNotHolder is returned by Release when the lease does not hold the lock, or holds
+	// it under a different token.
+	ErrNotHolder = errors.New("core: lease does not hold the lock")
+	// ErrNotWaiting is returned by CancelWait when the lease neither holds nor waits for
+	// the lock.
+	ErrNotWaiting = errors.New("core: lease is not waiting for the lock")
+	// ErrClassConflict is returned by Acquire when the lock is held or waited for in the
+	// other class.
+	ErrClassConflict = errors.New("core: lock is in use with the other class")
+	// ErrLockHeld is returned by a try-once Acquire when another lease holds the lock (or
+	// the lock is in its lock-delay).
+	ErrLockHeld = errors.New("core: lock is held")
+	// ErrTooManyLeases is returned by OpGrant when the lease limit is reached.
+	ErrTooManyLeases = errors.New("core: too many leases")
+	// ErrTooManyLocks is returned by Acquire when the lease already holds or waits for
+	// the maximum number of locks.
+	ErrTooManyLocks = errors.New("core: too many locks for one lease")
+	// ErrTooManyWaiters is returned by Acquire when the lock's queue is full.
+	ErrTooManyWaiters = errors.New("core: too many waiters for the lock")
+	// ErrInvalid is returned when a command carries a value the state machine refuses
+	// (an invalid name, class or TTL). The server validates first, so this only guards
+	// the log against commands written by a buggy or hostile proposer.
+	ErrInvalid = errors.New("core: invalid command")
+	// ErrCorrupt is returned when an encoded command or snapshot cannot be decoded.
+	ErrCorrupt = errors.New("core: corrupt encoding")
+)

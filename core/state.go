@@ -1,0 +1,170 @@
+package core
+
+import (
+	"fmt"
+	"slices"
+)
+
+// tombstoneCap bounds how many ended leases State remembers, so that a late keepalive
+// can be told why its lease is gone.
+const tombstoneCap = 4096
+
+// Lease is a lease as the replicated state knows it: an id and a TTL. Its countdown is
+// the leader's business.
+type Lease struct {
+	ID        LeaseID `json:"id"`
+	TTLMillis int64   `json:"ttl"`
+}
+
+type tombstone struct {
+	ID     LeaseID   `json:"id"`
+	Reason EndReason `json:"reason"`
+}
+
+// State is the replicated state: leases, correctness locks and the token sequence.
+// Apply is its only mutator. It is not safe for concurrent use.
+type State struct {
+	seq        uint64 // last token issued or reserved
+	leases     map[LeaseID]*Lease
+	locks      *Locks
+	limits     Limits
+	tombstones map[LeaseID]EndReason
+	tombOrder  []LeaseID // oldest first
+}
+
+// NewState returns an empty state with the given limits. Every replica must use the same
+// limits, or their states diverge.
+func NewState(limits Limits) *State {
+	limits = limits.withDefaults()
+	return &State{
+		leases:     make(map[LeaseID]*Lease),
+		locks:      NewLocks(limits),
+		limits:     limits,
+		tombstones: make(map[LeaseID]EndReason),
+	}
+}
+
+// Next implements Sequence: it issues the next token.
+func (s *State) Next() uint64 {
+	s.seq++
+	return s.seq
+}
+
+// LastToken returns the last token issued or reserved.
+func (s *State) LastToken() uint64 { return s.seq }
+
+// Lease returns the lease with id, or nil.
+func (s *State) Lease(id LeaseID) *Lease { return s.leases[id] }
+
+// EndedReason tells why lease id ended, if State still remembers it.
+func (s *State) EndedReason(id LeaseID) EndReason { return s.tombstones[id] }
+
+// Leases calls fn for every lease in id order.
+func (s *State) Leases(fn func(*Lease)) {
+	ids := make([]LeaseID, 0, len(s.leases))
+	for id := range s.leases {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, compareIDs)
+	for _, id := range ids {
+		fn(s.leases[id])
+	}
+}
+
+// NumLeases returns the number of live leases.
+func (s *State) NumLeases() int { return len(s.leases) }
+
+// Locks returns the correctness lock table for reading. Callers must not mutate it.
+func (s *State) Locks() *Locks { return s.locks }
+
+// Apply applies one command and returns its outcome. A command that fails leaves the
+// state unchanged. Apply never panics on any input: commands come from the log and are
+// validated again here.
+func (s *State) Apply(c Command) Result {
+	if err := c.validate(); err != nil {
+		return Result{Err: err}
+	}
+	switch c.Op {
+	case OpGrant:
+		if s.leases[c.Lease] != nil {
+			return Result{Err: fmt.Errorf("%w: %s", ErrLeaseExists, c.Lease)}
+		}
+		if len(s.leases) >= s.limits.MaxLeases {
+			return Result{Err: fmt.Errorf("%w: the limit is %d", ErrTooManyLeases, s.limits.MaxLeases)}
+		}
+		s.leases[c.Lease] = &Lease{ID: c.Lease, TTLMillis: c.TTLMillis}
+		return Result{Effects: []Effect{{Kind: EffectLeaseGranted, Lease: c.Lease, TTLMillis: c.TTLMillis}}}
+	case OpRevoke, OpExpire:
+		if s.leases[c.Lease] == nil {
+			return Result{Err: s.leaseGone(c.Lease)}
+		}
+		reason := EndRevoked
+		if c.Op == OpExpire {
+			reason = EndExpired
+		}
+		var r Result
+		s.locks.DropLease(c.Lease, reason == EndExpired, s, &r)
+		delete(s.leases, c.Lease)
+		s.remember(c.Lease, reason)
+		r.Effects = append(r.Effects, Effect{Kind: EffectLeaseEnded, Lease: c.Lease, Reason: reason})
+		return r
+	case OpAcquire:
+		if c.Class != Correctness {
+			return Result{Err: Invalid("class", "only correctness locks are replicated")}
+		}
+		if s.leases[c.Lease] == nil {
+			return Result{Err: s.leaseGone(c.Lease)}
+		}
+		return s.locks.Acquire(AcquireArgs{Lease: c.Lease, Name: c.Name, Class: c.Class, Holder: c.Holder, Wait: c.Wait, DelayMillis: c.DelayMillis}, s)
+	case OpRelease:
+		if s.leases[c.Lease] == nil {
+			return Result{Err: s.leaseGone(c.Lease)}
+		}
+		return s.locks.Release(c.Lease, c.Name, c.Token, s)
+	case OpCancelWait:
+		if s.leases[c.Lease] == nil {
+			return Result{Err: s.leaseGone(c.Lease)}
+		}
+		return s.locks.CancelWait(c.Lease, c.Name)
+	case OpForceRelease:
+		r := Result{Token: s.Next()}
+		s.locks.ForceRelease(c.Name, c.Reason, s, &r)
+		return r
+	case OpEndDelay:
+		var r Result
+		s.locks.EndDelay(c.Name, s, &r)
+		return r
+	case OpReserve:
+		if s.seq > ^uint64(0)-c.Count {
+			return Result{Err: Invalid("count", "the token sequence would overflow")}
+		}
+		first := s.seq + 1
+		s.seq += c.Count
+		return Result{Token: first}
+	}
+	return Result{Err: fmt.Errorf("%w: unknown op %d", ErrInvalid, c.Op)}
+}
+
+func (s *State) leaseGone(id LeaseID) error {
+	return fmt.Errorf("%w: %s (%s)", ErrLeaseNotFound, id, s.tombstones[id])
+}
+
+func (s *State) remember(id LeaseID, reason EndReason) {
+	if _, ok := s.tombstones[id]; !ok {
+		s.tombOrder = append(s.tombOrder, id)
+	}
+	s.tombstones[id] = reason
+	if len(s.tombOrder) > tombstoneCap {
+		delete(s.tombstones, s.tombOrder[0])
+		s.tombOrder = slices.Delete(s.tombOrder, 0, 1)
+	}
+}
+
+func compareIDs(a, b LeaseID) int {
+	for i := range a {
+		if a[i] != b[i] {
+			return int(a[i]) - int(b[i])
+		}
+	}
+	return 0
+}

@@ -1,0 +1,223 @@
+package core
+
+import (
+	"encoding/hex"
+	"fmt"
+)
+
+// LeaseID identifies a lease: 128 random bits chosen by the proposer, so that knowing a
+// lock's name never lets anyone release it.
+type LeaseID [16]byte
+
+// String returns the id as 32 lowercase hex characters, the form used on the wire.
+func (id LeaseID) String() string { return hex.EncodeToString(id[:]) }
+
+// IsZero reports whether id is the zero id, which is never a valid lease.
+func (id LeaseID) IsZero() bool { return id == LeaseID{} }
+
+// MarshalText implements encoding.TextMarshaler.
+func (id LeaseID) MarshalText() ([]byte, error) { return []byte(id.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (id *LeaseID) UnmarshalText(b []byte) error {
+	v, err := ParseLeaseID(string(b))
+	if err != nil {
+		return err
+	}
+	*id = v
+	return nil
+}
+
+// ParseLeaseID parses the 32-hex-character form of a lease id. It returns an error
+// wrapping ErrInvalid for anything else, including the all-zero id.
+func ParseLeaseID(s string) (LeaseID, error) {
+	var id LeaseID
+	if len(s) != 2*len(id) {
+		return id, fmt.Errorf("%w: lease id must be %d hex characters, got %d", ErrInvalid, 2*len(id), len(s))
+	}
+	if _, err := hex.Decode(id[:], []byte(s)); err != nil {
+		return LeaseID{}, fmt.Errorf("%w: lease id is not hex", ErrInvalid)
+	}
+	if id.IsZero() {
+		return id, fmt.Errorf("%w: lease id is zero", ErrInvalid)
+	}
+	return id, nil
+}
+
+// Class is the declared purpose of a lock. See the package leasehold.v1 LockClass.
+type Class uint8
+
+// The lock classes. The numbers match leasehold.v1.LockClass.
+const (
+	ClassUnspecified Class = 0
+	Efficiency       Class = 1
+	Correctness      Class = 2
+)
+
+func (c Class) String() string {
+	switch c {
+	case Efficiency:
+		return "efficiency"
+	case Correctness:
+		return "correctness"
+	default:
+		return "unspecified"
+	}
+}
+
+// Holder describes who holds or waits for a lock. It is informative only.
+type Holder struct {
+	Host string `json:"host,omitempty"`
+	PID  uint32 `json:"pid,omitempty"`
+	Note string `json:"note,omitempty"`
+}
+
+// EndReason says why a lease ended.
+type EndReason uint8
+
+// Why a lease ended.
+const (
+	EndUnknown EndReason = 0
+	EndExpired EndReason = 1
+	EndRevoked EndReason = 2
+)
+
+func (r EndReason) String() string {
+	switch r {
+	case EndExpired:
+		return "expired"
+	case EndRevoked:
+		return "revoked"
+	default:
+		return "unknown"
+	}
+}
+
+// Op names a command.
+type Op uint8
+
+// The commands of the replicated log. Values are part of the log format: never reuse or
+// renumber them.
+const (
+	// OpGrant creates lease Lease with TTL TTLMillis.
+	OpGrant Op = 1
+	// OpRevoke ends lease Lease on the client's request.
+	OpRevoke Op = 2
+	// OpExpire ends lease Lease because the leader's countdown ran out. A lease that no
+	// longer exists is ignored, so a late or repeated expiry is harmless.
+	OpExpire Op = 3
+	// OpAcquire takes lock Name (Class must be Correctness) for Lease, queueing if Wait.
+	OpAcquire Op = 4
+	// OpRelease gives up lock Name held by Lease under Token.
+	OpRelease Op = 5
+	// OpCancelWait takes Lease out of Name's queue (its wait ran out or was cancelled).
+	OpCancelWait Op = 6
+	// OpForceRelease releases Name whoever holds it and consumes a token.
+	OpForceRelease Op = 7
+	// OpEndDelay ends Name's lock-delay and grants the next waiter.
+	OpEndDelay Op = 8
+	// OpReserve reserves Count tokens from the sequence for the leader's efficiency
+	// locks. The result's Token is the first reserved token.
+	OpReserve Op = 9
+)
+
+func (o Op) String() string {
+	names := [...]string{"", "grant", "revoke", "expire", "acquire", "release", "cancel-wait", "force-release", "end-delay", "reserve"}
+	if int(o) < len(names) && o != 0 {
+		return names[o]
+	}
+	return fmt.Sprintf("op(%d)", o)
+}
+
+// Command is one entry of the replicated log. Only the fields its Op names are used.
+type Command struct {
+	Op          Op      `json:"op"`
+	Lease       LeaseID `json:"lease,omitzero"`
+	TTLMillis   int64   `json:"ttl,omitempty"`
+	Name        string  `json:"name,omitempty"`
+	Class       Class   `json:"class,omitempty"`
+	Holder      Holder  `json:"holder,omitzero"`
+	Wait        bool    `json:"wait,omitempty"`
+	DelayMillis int64   `json:"delay,omitempty"`
+	Token       uint64  `json:"token,omitempty"`
+	Count       uint64  `json:"count,omitempty"`
+	Reason      string  `json:"reason,omitempty"`
+}
+
+// EffectKind names an effect.
+type EffectKind uint8
+
+// Effects reported by Apply.
+const (
+	// EffectGranted: Lease was granted lock Name with Token (a waiter reached the head
+	// of the queue, or a fresh acquire).
+	EffectGranted EffectKind = 1
+	// EffectLeaseEnded: Lease ended for Reason; its holds and waits are gone.
+	EffectLeaseEnded EffectKind = 2
+	// EffectDelayed: lock Name entered a lock-delay of DelayMillis; the leader must
+	// propose OpEndDelay when it has passed.
+	EffectDelayed EffectKind = 3
+	// EffectRevokedHold: Lease lost lock Name (Token) to a force release.
+	EffectRevokedHold EffectKind = 4
+	// EffectWaitEnded: Lease stopped waiting for Name without a grant because its lease
+	// ended.
+	EffectWaitEnded EffectKind = 5
+	// EffectLeaseGranted: Lease was created with TTLMillis; the leader starts its
+	// countdown.
+	EffectLeaseGranted EffectKind = 6
+)
+
+// Effect is something a command caused that someone outside the state machine must act
+// on: wake a waiting request, schedule a lock-delay, tell a holder.
+type Effect struct {
+	Kind        EffectKind
+	Lease       LeaseID
+	Name        string
+	Token       uint64
+	Reason      EndReason
+	DelayMillis int64
+	TTLMillis   int64
+	Note        string
+}
+
+// Result is the outcome of applying one command.
+type Result struct {
+	// Token is the granted token (OpAcquire, OpCancelWait when already granted), the
+	// consumed fence token (OpForceRelease) or the first reserved token (OpReserve).
+	Token uint64
+	// Queued is true when OpAcquire queued the lease instead of granting.
+	Queued bool
+	// Released is the token of the hold that OpForceRelease took away (0 if none).
+	Released uint64
+	// HolderToken and Holder describe the current holder when OpAcquire failed with
+	// ErrLockHeld or queued.
+	HolderToken uint64
+	Holder      Holder
+	// Effects, in deterministic order.
+	Effects []Effect
+	// Err is the command's error; the state is unchanged when it is not nil.
+	Err error
+}
+
+// Limits bound the state machine's memory. Zero fields take the defaults.
+type Limits struct {
+	MaxLeases         int `json:"maxLeases,omitempty"`
+	MaxLocksPerLease  int `json:"maxLocksPerLease,omitempty"`
+	MaxWaitersPerLock int `json:"maxWaitersPerLock,omitempty"`
+}
+
+// DefaultLimits are the limits used for zero fields of Limits.
+var DefaultLimits = Limits{MaxLeases: 1 << 20, MaxLocksPerLease: 10000, MaxWaitersPerLock: 10000}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxLeases <= 0 {
+		l.MaxLeases = DefaultLimits.MaxLeases
+	}
+	if l.MaxLocksPerLease <= 0 {
+		l.MaxLocksPerLease = DefaultLimits.MaxLocksPerLease
+	}
+	if l.MaxWaitersPerLock <= 0 {
+		l.MaxWaitersPerLock = DefaultLimits.MaxWaitersPerLock
+	}
+	return l
+}

@@ -1,0 +1,133 @@
+package leader
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"time"
+
+	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/replication"
+)
+
+// countdown is one lease's expiry deadline on this leader's monotonic clock.
+type countdown struct {
+	id       core.LeaseID
+	ttl      time.Duration
+	deadline time.Time // carries a monotonic reading: immune to wall-clock steps
+	expiring bool      // an Expire is being proposed; keepalives are refused
+	index    int
+}
+
+// countdownHeap orders countdowns by deadline; it implements heap.Interface.
+type countdownHeap []*countdown
+
+func (h countdownHeap) Len() int           { return len(h) }
+func (h countdownHeap) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
+func (h countdownHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *countdownHeap) Push(x any) {
+	c := x.(*countdown)
+	c.index = len(*h)
+	*h = append(*h, c)
+}
+func (h *countdownHeap) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	c.index = -1
+	return c
+}
+
+// addCountdownLocked starts lease's countdown at full TTL from now, unless it is already
+// counting.
+func (l *Leader) addCountdownLocked(id core.LeaseID, ttlMillis int64, now time.Time) {
+	if l.leases[id] != nil {
+		return
+	}
+	ttl := time.Duration(ttlMillis) * time.Millisecond
+	c := &countdown{id: id, ttl: ttl, deadline: now.Add(ttl)}
+	l.leases[id] = c
+	heap.Push(&l.queue, c)
+	if c.index == 0 && l.kick != nil {
+		select {
+		case l.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// maxExpiring bounds concurrent expiry proposals; raft batches them into few entries.
+const maxExpiring = 256
+
+// expiryLoop proposes Expire for every lease whose deadline has passed, until stop.
+func (l *Leader) expiryLoop(stop, kick chan struct{}) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	sem := make(chan struct{}, maxExpiring)
+	for {
+		now := time.Now()
+		l.mu.Lock()
+		var due []*countdown
+		for len(l.queue) > 0 && !l.queue[0].deadline.After(now) && len(due) < maxExpiring {
+			c := l.queue[0]
+			c.expiring = true
+			// Park it far in the future until the expiry is applied or retried.
+			c.deadline = now.Add(24 * time.Hour)
+			heap.Fix(&l.queue, 0)
+			due = append(due, c)
+		}
+		next := time.Hour
+		if len(l.queue) > 0 {
+			next = max(0, time.Until(l.queue[0].deadline))
+		}
+		l.mu.Unlock()
+		for _, c := range due {
+			select {
+			case sem <- struct{}{}:
+			case <-stop:
+				return
+			}
+			go func(c *countdown) {
+				defer func() { <-sem }()
+				l.expire(stop, c)
+			}(c)
+		}
+		if len(due) == maxExpiring {
+			next = 0
+		}
+		timer.Reset(next)
+		select {
+		case <-stop:
+			return
+		case <-kick:
+		case <-timer.C:
+		}
+	}
+}
+
+// expire proposes the expiry of c. If the outcome is unknown it retries shortly; if
+// this node is no longer leader it gives up (the new leader counts afresh).
+func (l *Leader) expire(stop chan struct{}, c *countdown) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := l.log.Apply(ctx, core.Command{Op: core.OpExpire, Lease: c.id})
+	if err == nil || errors.Is(err, replication.ErrNotLeader) || errors.Is(err, ErrNotLeader) {
+		return // applied (OnEffects removed the countdown), or no longer leader
+	}
+	l.lg.Warn("expiry not confirmed, retrying", "lease", c.id, "err", err)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-stop:
+		return
+	default:
+	}
+	if l.leases[c.id] == c {
+		c.deadline = time.Now().Add(100 * time.Millisecond)
+		heap.Fix(&l.queue, c.index)
+	}
+}

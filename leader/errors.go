@@ -1,0 +1,57 @@
+package leader
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/leasehold/leasehold/core"
+)
+
+// Errors returned by Leader. Errors from core (lease not found, not holder, class
+// conflict, limits) pass through wrapped.
+var (
+	// ErrNotLeader is returned when this node is not (or not yet) the serving leader.
+	// Nothing was changed; retry on the leader.
+	ErrNotLeader = errors.New("leader: not the serving leader")
+	// ErrWaitTimeout is returned by Acquire when the lock stayed held for the whole wait.
+	// The lease is no longer queued.
+	ErrWaitTimeout = errors.New("leader: lock stayed held for the whole wait")
+	// ErrEpochLost is returned to efficiency waiters when the leader's in-memory lock
+	// state was dropped (the node stopped being leader).
+	ErrEpochLost = errors.New("leader: efficiency lock state was lost with the leader")
+)
+
+// LeaseGoneError is returned for a lease that no longer exists, with the reason the
+// replicated state remembers. It matches core.ErrLeaseNotFound.
+type LeaseGoneError struct {
+	Lease  core.LeaseID
+	Reason core.EndReason
+}
+
+func (e *LeaseGoneError) Error() string {
+	return fmt.Sprintf("leader: lease %s not found (%s)", e.Lease, e.Reason)
+}
+
+// Unwrap makes LeaseGoneError match core.ErrLeaseNotFound.
+func (e *LeaseGoneError) Unwrap() error { return core.ErrLeaseNotFound }
+
+// LockHeldError is returned by Acquire when the lock is held (try-once) or stayed held
+// for the whole wait. It matches core.ErrLockHeld and, after a wait, ErrWaitTimeout.
+type LockHeldError struct {
+	Name        string
+	HolderToken uint64
+	Holder      core.Holder
+	Waited      bool
+}
+
+func (e *LockHeldError) Error() string {
+	if e.Waited {
+		return fmt.Sprintf("leader: lock %q stayed held for the whole wait (holder token %d)", e.Name, e.HolderToken)
+	}
+	return fmt.Sprintf("leader: lock %q is held (holder token %d)", e.Name, e.HolderToken)
+}
+
+// Is makes LockHeldError match core.ErrLockHeld, and ErrWaitTimeout after a wait.
+func (e *LockHeldError) Is(target error) bool {
+	return target == core.ErrLockHeld || (e.Waited && target == ErrWaitTimeout)
+}

@@ -1,0 +1,335 @@
+// Package replication runs leasehold's state machine on hashicorp/raft: the durable log
+// and stable store (raft-boltdb, fsynced on every commit), snapshots, and the commit
+// path every write takes. A single node is a one-voter cluster, so one code path serves
+// both.
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
+
+	"github.com/leasehold/leasehold/core"
+)
+
+// Errors returned by Node.
+var (
+	// ErrNotLeader is returned by Apply on a node that is not the leader. Nothing was
+	// written; the caller may retry on the leader.
+	ErrNotLeader = errors.New("replication: not the leader")
+	// ErrOutcomeUnknown is returned by Apply when leadership was lost or the node shut
+	// down after the command was handed to raft: it may or may not have been committed.
+	ErrOutcomeUnknown = errors.New("replication: outcome unknown (leadership lost before commit was confirmed)")
+	// ErrDataDirInUse is returned by Open when another process has the data directory.
+	ErrDataDirInUse = errors.New("replication: data directory is in use by another process")
+)
+
+// Config configures a Node. The zero value of each duration takes the default named in
+// its comment.
+type Config struct {
+	// NodeID names this node in the cluster. Default "node1".
+	NodeID string
+	// DataDir holds the raft log (raft.db) and snapshots. Required.
+	DataDir string
+	// RaftAddr is the host:port the raft transport binds and advertises. Port 0 picks a
+	// free port. Default 127.0.0.1:7741.
+	RaftAddr string
+	// Bootstrap makes a node with no existing state start a one-voter cluster of itself.
+	Bootstrap bool
+	// Limits bound the state machine; every node must use the same.
+	Limits core.Limits
+	// HeartbeatTimeout and ElectionTimeout default to 500ms, LeaderLeaseTimeout to
+	// 250ms. LeaderLeaseTimeout must not exceed HeartbeatTimeout.
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	// SnapshotThreshold is how many log entries trigger a snapshot. Default 8192.
+	SnapshotThreshold uint64
+	// SnapshotInterval is how often raft checks whether to snapshot. Default 30s.
+	SnapshotInterval time.Duration
+	// Logger receives raft's warnings and errors. Default slog.Default().
+	Logger *slog.Logger
+	// Observe, if set, is called with the effects of every applied command, in log
+	// order, from raft's apply goroutine. It must not block and must not call Apply.
+	Observe func([]core.Effect)
+	// LeaderChange, if set, receives true when this node becomes leader and false when
+	// it stops being leader. Raft blocks until the value is received.
+	LeaderChange chan<- bool
+}
+
+// Validate checks rules that span fields and fills defaults.
+func (c *Config) Validate() error {
+	if c.DataDir == "" {
+		return errors.New("replication: data dir is required")
+	}
+	if c.NodeID == "" {
+		c.NodeID = "node1"
+	}
+	if c.RaftAddr == "" {
+		c.RaftAddr = "127.0.0.1:7741"
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.HeartbeatTimeout, 500*time.Millisecond)
+	def(&c.ElectionTimeout, 500*time.Millisecond)
+	def(&c.LeaderLeaseTimeout, 250*time.Millisecond)
+	def(&c.SnapshotInterval, 30*time.Second)
+	if c.SnapshotThreshold == 0 {
+		c.SnapshotThreshold = 8192
+	}
+	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
+		return fmt.Errorf("replication: leader lease timeout %v exceeds heartbeat timeout %v", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Node is one member of a leasehold raft cluster.
+type Node struct {
+	cfg       Config
+	raft      *raft.Raft
+	fsm       *fsm
+	store     *raftboltdb.BoltStore
+	transport *raft.NetworkTransport
+}
+
+// Open opens (or creates) the data directory, restores the latest snapshot, replays the
+// log and joins raft. With Bootstrap and no existing state it starts a one-voter
+// cluster. Open returns before an election completes: use WaitLeader.
+func Open(cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("replication: create data dir: %w", err)
+	}
+	store, err := raftboltdb.New(raftboltdb.Options{
+		Path:        filepath.Join(cfg.DataDir, "raft.db"),
+		BoltOptions: &bbolt.Options{Timeout: time.Second},
+	})
+	if err != nil {
+		if errors.Is(err, bbolt.ErrTimeout) {
+			return nil, fmt.Errorf("%w: %s", ErrDataDirInUse, cfg.DataDir)
+		}
+		return nil, fmt.Errorf("replication: open log store: %w", err)
+	}
+	n := &Node{cfg: cfg, store: store}
+	ok := false
+	defer func() {
+		if !ok {
+			n.closeStores()
+		}
+	}()
+	hlog := hclog.New(&hclog.LoggerOptions{
+		Name:   "raft",
+		Level:  hclog.Warn,
+		Output: slogWriter{cfg.Logger},
+	})
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hlog)
+	if err != nil {
+		return nil, fmt.Errorf("replication: open snapshot store: %w", err)
+	}
+	addr, err := net.ResolveTCPAddr("tcp", cfg.RaftAddr)
+	if err != nil {
+		return nil, fmt.Errorf("replication: raft address %q: %w", cfg.RaftAddr, err)
+	}
+	n.transport, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, nil, 3, 10*time.Second, hlog)
+	if err != nil {
+		return nil, fmt.Errorf("replication: raft transport on %s: %w", addr, err)
+	}
+	n.fsm = &fsm{state: core.NewState(cfg.Limits), limits: cfg.Limits, observe: cfg.Observe, log: cfg.Logger}
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = 5 * time.Millisecond
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.BatchApplyCh = true
+	rc.MaxAppendEntries = 512
+	rc.NotifyCh = cfg.LeaderChange
+	rc.Logger = hlog
+	rc.NoLegacyTelemetry = true
+
+	if cfg.Bootstrap {
+		has, err := raft.HasExistingState(store, store, snaps)
+		if err != nil {
+			return nil, fmt.Errorf("replication: inspect state: %w", err)
+		}
+		if !has {
+			conf := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: n.transport.LocalAddr()}}}
+			if err := raft.BootstrapCluster(rc, store, store, snaps, n.transport, conf); err != nil {
+				return nil, fmt.Errorf("replication: bootstrap: %w", err)
+			}
+		}
+	}
+	n.raft, err = raft.NewRaft(rc, n.fsm, store, store, snaps, n.transport)
+	if err != nil {
+		return nil, fmt.Errorf("replication: start raft: %w", err)
+	}
+	ok = true
+	return n, nil
+}
+
+// Apply proposes cmd, waits until it is committed by a quorum, fsynced and applied, and
+// returns the state machine's result. The command's own failure is in Result.Err; the
+// error return is about replication: ErrNotLeader (nothing written), ErrOutcomeUnknown
+// (may or may not be committed), or the context's error (the command may still commit).
+func (n *Node) Apply(ctx context.Context, cmd core.Command) (core.Result, error) {
+	b, err := core.EncodeCommand(cmd)
+	if err != nil {
+		return core.Result{}, err
+	}
+	timeout := time.Duration(0)
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+		if timeout <= 0 {
+			return core.Result{}, context.DeadlineExceeded
+		}
+	}
+	f := n.raft.Apply(b, timeout)
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		return core.Result{}, ctx.Err()
+	}
+	switch {
+	case err == nil:
+		res, _ := f.Response().(core.Result)
+		return res, nil
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrEnqueueTimeout):
+		return core.Result{}, fmt.Errorf("%w: %w", ErrNotLeader, err)
+	default:
+		return core.Result{}, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	}
+}
+
+// Barrier waits until every entry committed before it has been applied to the state
+// machine. A new leader calls it before serving reads of the state.
+func (n *Node) Barrier(ctx context.Context) error {
+	f := n.raft.Barrier(0)
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrNotLeader, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Read calls fn with the state machine's state under a read lock. fn must not keep the
+// pointer or call Apply.
+func (n *Node) Read(fn func(*core.State)) {
+	n.fsm.mu.RLock()
+	defer n.fsm.mu.RUnlock()
+	fn(n.fsm.state)
+}
+
+// IsLeader reports whether this node believes it is the leader.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// WaitLeader waits until some node is leader (as this node sees it).
+func (n *Node) WaitLeader(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if addr, _ := n.raft.LeaderWithID(); addr != "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Status is a node's view of the cluster.
+type Status struct {
+	NodeID       string
+	Role         string
+	LeaderID     string
+	LeaderAddr   string
+	Term         uint64
+	CommitIndex  uint64
+	AppliedIndex uint64
+}
+
+// Status reports this node's raft state.
+func (n *Node) Status() Status {
+	addr, id := n.raft.LeaderWithID()
+	st := n.raft.Stats()
+	var term, commit uint64
+	_, _ = fmt.Sscan(st["term"], &term)
+	_, _ = fmt.Sscan(st["commit_index"], &commit)
+	return Status{
+		NodeID:       n.cfg.NodeID,
+		Role:         map[raft.RaftState]string{raft.Leader: "leader", raft.Follower: "follower", raft.Candidate: "candidate", raft.Shutdown: "shutdown"}[n.raft.State()],
+		LeaderID:     string(id),
+		LeaderAddr:   string(addr),
+		Term:         term,
+		CommitIndex:  commit,
+		AppliedIndex: n.raft.AppliedIndex(),
+	}
+}
+
+// RaftAddr returns the address the raft transport listens on.
+func (n *Node) RaftAddr() string { return string(n.transport.LocalAddr()) }
+
+// Snapshot forces a snapshot now (for tests and operators).
+func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
+
+// Close shuts raft down and closes the log store. Commands in flight fail with
+// ErrOutcomeUnknown.
+func (n *Node) Close() error {
+	err := n.raft.Shutdown().Error()
+	n.closeStores()
+	return err
+}
+
+func (n *Node) closeStores() {
+	if n.transport != nil {
+		_ = n.transport.Close()
+	}
+	if n.store != nil {
+		_ = n.store.Close()
+	}
+}
+
+// slogWriter routes hclog output into slog at warn level.
+type slogWriter struct{ l *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.l.Warn(string(trimNewline(p)), "component", "raft")
+	return len(p), nil
+}
+
+func trimNewline(p []byte) []byte {
+	for len(p) > 0 && (p[len(p)-1] == '\n' || p[len(p)-1] == '\r') {
+		p = p[:len(p)-1]
+	}
+	return p
+}

@@ -1,0 +1,101 @@
+package server
+
+import (
+	"context"
+	"errors"
+
+	"connectrpc.com/connect"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/leader"
+	"github.com/leasehold/leasehold/replication"
+)
+
+// errorCodes is the one table that maps errors to RPC codes and stable reasons. Entries
+// are matched in order with errors.Is, so wrapped errors map too. The fast lane and
+// Connect both use it (see ToConnect).
+var errorCodes = []struct {
+	err    error
+	code   connect.Code
+	reason string
+}{
+	{core.ErrInvalid, connect.CodeInvalidArgument, "invalid_argument"},
+	{core.ErrLeaseNotFound, connect.CodeNotFound, "lease_unknown"},
+	{core.ErrNotHolder, connect.CodeFailedPrecondition, "not_holder"},
+	{core.ErrClassConflict, connect.CodeFailedPrecondition, "class_conflict"},
+	{core.ErrLockHeld, connect.CodeDeadlineExceeded, "lock_held"},
+	{core.ErrTooManyLeases, connect.CodeResourceExhausted, "limit_leases"},
+	{core.ErrTooManyLocks, connect.CodeResourceExhausted, "limit_locks_per_lease"},
+	{core.ErrTooManyWaiters, connect.CodeResourceExhausted, "limit_waiters"},
+	{core.ErrLeaseExists, connect.CodeAlreadyExists, "lease_exists"},
+	{leader.ErrNotLeader, connect.CodeUnavailable, "not_leader"},
+	{replication.ErrNotLeader, connect.CodeUnavailable, "not_leader"},
+	{replication.ErrOutcomeUnknown, connect.CodeUnavailable, "outcome_unknown"},
+	{leader.ErrEpochLost, connect.CodeUnavailable, "epoch_lost"},
+	{context.DeadlineExceeded, connect.CodeDeadlineExceeded, "deadline_exceeded"},
+	{context.Canceled, connect.CodeCanceled, "canceled"},
+}
+
+// ToConnect converts an error from the leader, core or replication into a
+// *connect.Error with the right code and an ErrorDetail. Errors that already are
+// *connect.Error pass through.
+func ToConnect(err error) error {
+	if err == nil {
+		return nil
+	}
+	if ce := new(connect.Error); errors.As(err, &ce) {
+		return err
+	}
+	code, detail := Classify(err)
+	ce := connect.NewError(code, err)
+	if d, derr := connect.NewErrorDetail(detail); derr == nil {
+		ce.AddDetail(d)
+	}
+	return ce
+}
+
+// Classify returns the RPC code and the ErrorDetail for err.
+func Classify(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
+	detail := &leaseholdv1.ErrorDetail{Reason: "internal"}
+	code := connect.CodeInternal
+	for _, e := range errorCodes {
+		if errors.Is(err, e.err) {
+			code, detail.Reason = e.code, e.reason
+			break
+		}
+	}
+	if fe := new(core.FieldError); errors.As(err, &fe) {
+		detail.Field = fe.Field
+	}
+	if lg := new(leader.LeaseGoneError); errors.As(err, &lg) {
+		detail.Reason = "lease_" + lg.Reason.String()
+	}
+	if lh := new(leader.LockHeldError); errors.As(err, &lh) {
+		detail.HolderToken = lh.HolderToken
+		detail.Holder = holderToProto(lh.Holder)
+	}
+	var lim *limitError
+	if errors.As(err, &lim) {
+		code, detail.Field = connect.CodeResourceExhausted, lim.field
+	}
+	return code, detail
+}
+
+// limitError is a request that exceeds a size bound of the server (not a field rule).
+type limitError struct {
+	field string
+	msg   string
+}
+
+func (e *limitError) Error() string { return e.field + ": " + e.msg }
+
+// errorInterceptor maps handler errors through ToConnect, in one place.
+func errorInterceptor() connect.Interceptor {
+	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			resp, err := next(ctx, req)
+			return resp, ToConnect(err)
+		}
+	})
+}

@@ -1,0 +1,321 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"time"
+	"unicode/utf8"
+
+	"connectrpc.com/connect"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
+	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/leader"
+	"github.com/leasehold/leasehold/replication"
+)
+
+// Raft is what the server needs from the replication layer.
+type Raft interface {
+	Status() replication.Status
+}
+
+// Server implements LeaseService, LockService and ClusterService.
+type Server struct {
+	cfg     Config
+	leader  *leader.Leader
+	raft    Raft
+	started time.Time
+}
+
+var (
+	_ leaseholdv1connect.LeaseServiceHandler   = (*Server)(nil)
+	_ leaseholdv1connect.LockServiceHandler    = (*Server)(nil)
+	_ leaseholdv1connect.ClusterServiceHandler = (*Server)(nil)
+)
+
+// New returns a Server. cfg is validated (and defaulted).
+func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Server{cfg: cfg, leader: l, raft: r, started: time.Now()}, nil
+}
+
+// Handler returns the HTTP handler serving every service with Connect (gRPC, gRPC-Web
+// and Connect's JSON/binary protocol), plus /healthz.
+func (s *Server) Handler() http.Handler {
+	opts := []connect.HandlerOption{
+		connect.WithInterceptors(errorInterceptor()),
+		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
+		// Small messages are not worth compressing: gzip would be a third of the CPU.
+		connect.WithCompressMinBytes(4 << 10),
+	}
+	mux := http.NewServeMux()
+	mux.Handle(leaseholdv1connect.NewLeaseServiceHandler(s, opts...))
+	mux.Handle(leaseholdv1connect.NewLockServiceHandler(s, opts...))
+	mux.Handle(leaseholdv1connect.NewClusterServiceHandler(s, opts...))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.leader.Active() {
+			http.Error(w, "not serving: no leader here", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
+// ---- LeaseService ---------------------------------------------------------------------
+
+// Grant creates a lease. See the API documentation for the contract.
+func (s *Server) Grant(ctx context.Context, req *leaseholdv1.GrantRequest) (*leaseholdv1.GrantResponse, error) {
+	ttl, err := s.ttl(req.GetTtlMs())
+	if err != nil {
+		return nil, err
+	}
+	id, err := s.leader.Grant(ctx, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return &leaseholdv1.GrantResponse{LeaseId: id.String(), TtlMs: ttl.Milliseconds()}, nil
+}
+
+// KeepAlive restarts a lease's countdown.
+func (s *Server) KeepAlive(_ context.Context, req *leaseholdv1.KeepAliveRequest) (*leaseholdv1.KeepAliveResponse, error) {
+	id, err := leaseID(req.GetLeaseId())
+	if err != nil {
+		return nil, err
+	}
+	ttl, epoch, lost, err := s.leader.KeepAlive(id)
+	if err != nil {
+		return nil, err
+	}
+	resp := &leaseholdv1.KeepAliveResponse{TtlMs: ttl.Milliseconds(), Epoch: epoch}
+	for _, l := range lost {
+		resp.Lost = append(resp.Lost, &leaseholdv1.LostLock{Name: l.Name, Token: l.Token, Reason: l.Reason})
+	}
+	return resp, nil
+}
+
+// Revoke ends a lease.
+func (s *Server) Revoke(ctx context.Context, req *leaseholdv1.RevokeRequest) (*leaseholdv1.RevokeResponse, error) {
+	id, err := leaseID(req.GetLeaseId())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.leader.Revoke(ctx, id); err != nil {
+		return nil, err
+	}
+	return &leaseholdv1.RevokeResponse{}, nil
+}
+
+// ---- LockService ----------------------------------------------------------------------
+
+// Acquire takes or waits for a lock.
+func (s *Server) Acquire(ctx context.Context, req *leaseholdv1.AcquireRequest) (*leaseholdv1.AcquireResponse, error) {
+	a, err := s.acquireArgs(req)
+	if err != nil {
+		return nil, err
+	}
+	g, err := s.leader.Acquire(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	return &leaseholdv1.AcquireResponse{Token: g.Token, Class: leaseholdv1.LockClass(g.Class), Epoch: g.Epoch}, nil
+}
+
+func (s *Server) acquireArgs(req *leaseholdv1.AcquireRequest) (leader.AcquireArgs, error) {
+	var a leader.AcquireArgs
+	if err := core.ValidateName("name", req.GetName()); err != nil {
+		return a, err
+	}
+	switch req.GetClass() {
+	case leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY:
+		a.Class = core.Efficiency
+	case leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS:
+		a.Class = core.Correctness
+	default:
+		return a, core.Invalid("class", "must be LOCK_CLASS_EFFICIENCY or LOCK_CLASS_CORRECTNESS, got %v", req.GetClass())
+	}
+	id, err := leaseID(req.GetLeaseId())
+	if err != nil {
+		return a, err
+	}
+	h := holderFromProto(req.GetHolder())
+	if err := core.ValidateHolder("holder", h); err != nil {
+		return a, err
+	}
+	switch w := req.GetWaitMs(); {
+	case w == -1:
+		a.Forever = true
+	case w < -1:
+		return a, core.Invalid("wait_ms", "must be -1 (forever), 0 (try once) or a positive number of milliseconds, got %d", w)
+	case time.Duration(w) > s.cfg.MaxWait/time.Millisecond:
+		return a, core.Invalid("wait_ms", "is %d, the maximum is %d", w, s.cfg.MaxWait.Milliseconds())
+	default:
+		a.WaitFor = time.Duration(w) * time.Millisecond
+	}
+	if d := req.GetLockDelayMs(); d < 0 || time.Duration(d) > s.cfg.MaxLockDelay/time.Millisecond {
+		return a, core.Invalid("lock_delay_ms", "must be 0 to %d, got %d", s.cfg.MaxLockDelay.Milliseconds(), d)
+	}
+	a.AcquireArgs = core.AcquireArgs{Lease: id, Name: req.GetName(), Class: a.Class, Holder: h, DelayMillis: req.GetLockDelayMs()}
+	return a, nil
+}
+
+// Release gives up a lock.
+func (s *Server) Release(ctx context.Context, req *leaseholdv1.ReleaseRequest) (*leaseholdv1.ReleaseResponse, error) {
+	if err := core.ValidateName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	id, err := leaseID(req.GetLeaseId())
+	if err != nil {
+		return nil, err
+	}
+	if req.GetToken() == 0 {
+		return nil, core.Invalid("token", "must be the grant's token (tokens start at 1)")
+	}
+	if err := s.leader.Release(ctx, id, req.GetName(), req.GetToken()); err != nil {
+		return nil, err
+	}
+	return &leaseholdv1.ReleaseResponse{}, nil
+}
+
+// Describe shows one lock.
+func (s *Server) Describe(_ context.Context, req *leaseholdv1.DescribeRequest) (*leaseholdv1.DescribeResponse, error) {
+	if err := core.ValidateName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	v, err := s.leader.Describe(req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	return &leaseholdv1.DescribeResponse{Lock: lockInfo(v)}, nil
+}
+
+// List shows locks under a prefix.
+func (s *Server) List(_ context.Context, req *leaseholdv1.ListRequest) (*leaseholdv1.ListResponse, error) {
+	limit := int(req.GetLimit())
+	switch {
+	case limit == 0:
+		limit = 1000
+	case limit > 10000:
+		return nil, core.Invalid("limit", "is %d, the maximum is 10000", limit)
+	}
+	if p := req.GetPrefix(); len(p) > core.MaxNameLen || !utf8.ValidString(p) {
+		return nil, core.Invalid("prefix", "must be valid UTF-8 of at most %d bytes", core.MaxNameLen)
+	}
+	views, truncated, err := s.leader.List(req.GetPrefix(), limit)
+	if err != nil {
+		return nil, err
+	}
+	resp := &leaseholdv1.ListResponse{Truncated: truncated, Locks: make([]*leaseholdv1.LockInfo, len(views))}
+	for i, v := range views {
+		resp.Locks[i] = lockInfo(v)
+	}
+	return resp, nil
+}
+
+// ForceRelease releases a lock whoever holds it.
+func (s *Server) ForceRelease(ctx context.Context, req *leaseholdv1.ForceReleaseRequest) (*leaseholdv1.ForceReleaseResponse, error) {
+	if err := core.ValidateName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	if r := req.GetReason(); len(r) > core.MaxReasonLen || !utf8.ValidString(r) {
+		return nil, core.Invalid("reason", "must be valid UTF-8 of at most %d bytes", core.MaxReasonLen)
+	}
+	released, fence, err := s.leader.ForceRelease(ctx, req.GetName(), req.GetReason())
+	if err != nil {
+		return nil, err
+	}
+	return &leaseholdv1.ForceReleaseResponse{ReleasedToken: released, FenceToken: fence}, nil
+}
+
+// CheckToken tells whether a token is the current holder's.
+func (s *Server) CheckToken(_ context.Context, req *leaseholdv1.CheckTokenRequest) (*leaseholdv1.CheckTokenResponse, error) {
+	if err := core.ValidateName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	if req.GetToken() == 0 {
+		return nil, core.Invalid("token", "must be positive")
+	}
+	holder, err := s.leader.CheckToken(req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	return &leaseholdv1.CheckTokenResponse{Current: holder != 0 && holder == req.GetToken(), HolderToken: holder}, nil
+}
+
+// ---- ClusterService -------------------------------------------------------------------
+
+// Status reports this node's view.
+func (s *Server) Status(context.Context, *leaseholdv1.StatusRequest) (*leaseholdv1.StatusResponse, error) {
+	rs := s.raft.Status()
+	st := s.leader.Stats()
+	resp := &leaseholdv1.StatusResponse{
+		NodeId:       rs.NodeID,
+		Role:         rs.Role,
+		Leader:       rs.LeaderID,
+		Term:         rs.Term,
+		CommitIndex:  rs.CommitIndex,
+		AppliedIndex: rs.AppliedIndex,
+		Leases:       uint32(st.Leases),
+		Locks:        uint32(st.Locks),
+		Version:      s.cfg.Version,
+		UptimeMs:     time.Since(s.started).Milliseconds(),
+		Epoch:        st.Epoch,
+		LastToken:    st.LastToken,
+	}
+	return resp, nil
+}
+
+// ---- conversions ----------------------------------------------------------------------
+
+func (s *Server) ttl(ms int64) (time.Duration, error) {
+	if ms == 0 {
+		return s.cfg.DefaultTTL, nil
+	}
+	if ms < s.cfg.MinTTL.Milliseconds() || ms > s.cfg.MaxTTL.Milliseconds() {
+		return 0, core.Invalid("ttl_ms", "is %d, it must be 0 (default) or %d to %d", ms, s.cfg.MinTTL.Milliseconds(), s.cfg.MaxTTL.Milliseconds())
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+func leaseID(s string) (core.LeaseID, error) {
+	if s == "" {
+		return core.LeaseID{}, core.Invalid("lease_id", "is required (from LeaseService.Grant)")
+	}
+	id, err := core.ParseLeaseID(s)
+	if err != nil {
+		return id, core.Invalid("lease_id", "must be 32 hex characters from LeaseService.Grant")
+	}
+	return id, nil
+}
+
+func holderFromProto(h *leaseholdv1.Holder) core.Holder {
+	return core.Holder{Host: h.GetHost(), PID: h.GetPid(), Note: h.GetNote()}
+}
+
+func holderToProto(h core.Holder) *leaseholdv1.Holder {
+	if h == (core.Holder{}) {
+		return nil
+	}
+	return &leaseholdv1.Holder{Host: h.Host, Pid: h.PID, Note: h.Note}
+}
+
+func lockInfo(v leader.LockView) *leaseholdv1.LockInfo {
+	ttl := int64(-1)
+	if v.TTLRemaining >= 0 {
+		ttl = v.TTLRemaining.Milliseconds()
+	}
+	return &leaseholdv1.LockInfo{
+		Name:             v.Name,
+		Class:            leaseholdv1.LockClass(v.Class),
+		Held:             v.Held,
+		Token:            v.Token,
+		Holder:           holderToProto(v.Holder),
+		TtlRemainingMs:   ttl,
+		Waiters:          uint32(v.Waiters),
+		DelayRemainingMs: v.DelayRemaining.Milliseconds(),
+		LockDelayMs:      v.DelayMillis,
+	}
+}
