@@ -76,13 +76,15 @@ func serve(log *slog.Logger, addr, raftAddr, dataDir, nodeID string, scfg server
 		return err
 	}
 	l = leader.New(node, leader.Config{Logger: log})
-	runCtx, cancelRun := context.WithCancel(context.Background())
-	go l.Run(runCtx, changes)
-
 	srv, err := server.New(scfg, l, node)
 	if err != nil {
+		_ = node.Close()
 		return err
 	}
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	defer cancelRun()
+	go l.Run(runCtx, changes)
+
 	httpSrv := &http.Server{
 		Handler:           srv.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -1,0 +1,223 @@
+// Package client is the Go client of leasehold.
+//
+//	c, err := client.Dial(ctx, "127.0.0.1:7740")
+//	l, err := c.Lock(ctx, "orders/42", client.Correctness)
+//	defer l.Unlock(context.Background())
+//	write(l.Context(), l.Token()) // pass the token to the resource; it checks it
+//
+// A Client keeps one lease per TTL alive in the background (a keepalive about every
+// TTL/3, jittered). A held lock's Context is cancelled the moment the lock is known
+// lost — and, even when no server answers, at a cautious local deadline: the send time
+// of the last acknowledged keepalive plus the TTL minus a safety margin, on this
+// process's monotonic clock. The server cannot expire the lease before that moment
+// (it counts the TTL from when it *received* the keepalive), so the holder hears first
+// (guarantee G4b). context.Cause tells why: ErrLeaseExpired, ErrLeaseRevoked,
+// ErrLeaseDeadline, ErrReleasedByOperator, ErrStateLost, or ErrUnlocked.
+//
+// What the client cannot promise: that your code stops when the context is cancelled.
+// A process that is paused (GC, swap, SIGSTOP, VM migration) does not run its
+// cancellation either. Only a resource that checks the fencing token stops a paused
+// holder's late write; see package fence.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
+)
+
+// Holder describes who holds a lock, for listings.
+type Holder struct {
+	Host string
+	PID  uint32
+	Note string
+}
+
+// Option configures a Client.
+type Option func(*options)
+
+type options struct {
+	ttl        time.Duration
+	margin     time.Duration
+	httpClient connect.HTTPClient
+	holder     Holder
+}
+
+// WithTTL sets the default lease TTL for locks that do not ask for their own
+// (default 10s; the server bounds it, by default to 100ms..1h).
+func WithTTL(d time.Duration) Option { return func(o *options) { o.ttl = d } }
+
+// WithSafetyMargin sets how long before the server could expire a lease the client
+// gives its locks up when keepalives go unanswered. Default: TTL/5, at least 20ms.
+// It must absorb the difference in clock rates between client and server.
+func WithSafetyMargin(d time.Duration) Option { return func(o *options) { o.margin = d } }
+
+// WithHTTPClient replaces the HTTP client (it must speak HTTP/2 without TLS to reach a
+// default server, or HTTP/1.1).
+func WithHTTPClient(h connect.HTTPClient) Option { return func(o *options) { o.httpClient = h } }
+
+// WithHolder sets the default holder description (default: host name and pid).
+func WithHolder(h Holder) Option { return func(o *options) { o.holder = h } }
+
+// Client is a connection to a leasehold server. It is safe for concurrent use.
+type Client struct {
+	opts    options
+	leases  leaseholdv1connect.LeaseServiceClient
+	locks   leaseholdv1connect.LockServiceClient
+	cluster leaseholdv1connect.ClusterServiceClient
+
+	mu       sync.Mutex
+	sessions map[time.Duration]*session
+	closed   bool
+}
+
+// Dial returns a Client for the server at addr ("host:port" or an http:// URL) and
+// checks that the server answers. It does not create a lease until the first Lock.
+func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
+	o := options{ttl: 10 * time.Second}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.holder == (Holder{}) {
+		host, _ := os.Hostname()
+		o.holder = Holder{Host: host, PID: uint32(os.Getpid())}
+	}
+	if o.httpClient == nil {
+		tr := &http.Transport{
+			DialContext:     (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+			Protocols:       new(http.Protocols),
+			IdleConnTimeout: 90 * time.Second,
+		}
+		tr.Protocols.SetUnencryptedHTTP2(true)
+		tr.HTTP2 = &http.HTTP2Config{PingTimeout: 2 * time.Second, SendPingTimeout: 5 * time.Second}
+		o.httpClient = &http.Client{Transport: tr}
+	}
+	base := addr
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	copts := []connect.ClientOption{connect.WithSendCompression("identity")}
+	c := &Client{
+		opts:     o,
+		leases:   leaseholdv1connect.NewLeaseServiceClient(o.httpClient, base, copts...),
+		locks:    leaseholdv1connect.NewLockServiceClient(o.httpClient, base, copts...),
+		cluster:  leaseholdv1connect.NewClusterServiceClient(o.httpClient, base, copts...),
+		sessions: make(map[time.Duration]*session),
+	}
+	if _, err := c.cluster.Status(ctx, &leaseholdv1.StatusRequest{}); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, addr, err)
+	}
+	return c, nil
+}
+
+// Status returns the server's status.
+func (c *Client) Status(ctx context.Context) (*leaseholdv1.StatusResponse, error) {
+	return c.cluster.Status(ctx, &leaseholdv1.StatusRequest{})
+}
+
+// List lists locks under prefix (limit 0 means the server's default).
+func (c *Client) List(ctx context.Context, prefix string, limit int) (*leaseholdv1.ListResponse, error) {
+	return c.locks.List(ctx, &leaseholdv1.ListRequest{Prefix: prefix, Limit: uint32(max(0, limit))})
+}
+
+// Describe shows one lock.
+func (c *Client) Describe(ctx context.Context, name string) (*leaseholdv1.LockInfo, error) {
+	resp, err := c.locks.Describe(ctx, &leaseholdv1.DescribeRequest{Name: name})
+	return resp.GetLock(), err
+}
+
+// ForceRelease releases a lock whoever holds it (an operator's action). It returns the
+// released token and the fence token every later grant exceeds.
+func (c *Client) ForceRelease(ctx context.Context, name, reason string) (released, fence uint64, err error) {
+	resp, err := c.locks.ForceRelease(ctx, &leaseholdv1.ForceReleaseRequest{Name: name, Reason: reason})
+	return resp.GetReleasedToken(), resp.GetFenceToken(), err
+}
+
+// CheckToken tells whether token is the current holder's token for lock name.
+func (c *Client) CheckToken(ctx context.Context, name string, token uint64) (bool, error) {
+	resp, err := c.locks.CheckToken(ctx, &leaseholdv1.CheckTokenRequest{Name: name, Token: token})
+	return resp.GetCurrent(), err
+}
+
+// Close revokes the client's leases, which releases every lock they hold, and stops
+// the keepalives. It waits at most until ctx ends; a lease it could not revoke expires
+// on its own after its TTL.
+func (c *Client) Close(ctx context.Context) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	sessions := make([]*session, 0, len(c.sessions))
+	for _, s := range c.sessions {
+		sessions = append(sessions, s)
+	}
+	clear(c.sessions)
+	c.mu.Unlock()
+	var errs []error
+	for _, s := range sessions {
+		s.end(ErrLeaseRevoked)
+		if _, err := c.leases.Revoke(ctx, &leaseholdv1.RevokeRequest{LeaseId: s.id}); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// session returns the live session for ttl, granting a new lease if needed.
+func (c *Client) session(ctx context.Context, ttl time.Duration) (*session, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if s := c.sessions[ttl]; s != nil && s.alive() {
+		c.mu.Unlock()
+		return s, nil
+	}
+	c.mu.Unlock()
+
+	sent := time.Now()
+	resp, err := c.leases.Grant(ctx, &leaseholdv1.GrantRequest{TtlMs: ttl.Milliseconds()})
+	if err != nil {
+		return nil, err
+	}
+	s := newSession(c, resp.GetLeaseId(), time.Duration(resp.GetTtlMs())*time.Millisecond, sent)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		s.end(ErrClosed)
+		return nil, ErrClosed
+	}
+	if old := c.sessions[ttl]; old != nil && old.alive() {
+		// Another Lock won the race; keep one lease per TTL and let this one go.
+		s.end(ErrLeaseRevoked)
+		go func() {
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, _ = c.leases.Revoke(rctx, &leaseholdv1.RevokeRequest{LeaseId: s.id})
+		}()
+		return old, nil
+	}
+	c.sessions[ttl] = s
+	return s, nil
+}
+
+func (c *Client) margin(ttl time.Duration) time.Duration {
+	if c.opts.margin > 0 {
+		return min(c.opts.margin, ttl/2)
+	}
+	return max(ttl/5, 20*time.Millisecond)
+}

@@ -1,0 +1,103 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+)
+
+// Errors returned by the client, and causes reported by a held lock's context
+// (context.Cause). Match them with errors.Is.
+var (
+	// ErrNoClass is returned by Lock when no class option was given: every lock must
+	// say whether it is an Efficiency or a Correctness lock.
+	ErrNoClass = errors.New("client: every lock must declare its class: pass client.Efficiency or client.Correctness")
+	// ErrNotAcquired is returned by Lock when the lock stayed held by someone else for
+	// the whole wait (immediately, with TryOnce). The error is a *HeldError.
+	ErrNotAcquired = errors.New("client: lock not acquired: held by another holder")
+	// ErrClassConflict is returned by Lock when the name is in use with the other class.
+	ErrClassConflict = errors.New("client: lock name is in use with the other class")
+	// ErrUnavailable wraps failures to reach a server that can serve the request. For
+	// Lock and Unlock the outcome on the server is then unknown; Lock retries for you
+	// until its context ends.
+	ErrUnavailable = errors.New("client: no server available")
+	// ErrClosed is returned by calls on a closed Client.
+	ErrClosed = errors.New("client: closed")
+
+	// ErrLockLost is returned by Unlock when the lock had already been lost (see the
+	// causes below) before Unlock was called: the critical section may not have been
+	// exclusive for its whole length. The lock is not held after the call either way.
+	ErrLockLost = errors.New("client: the lock was lost before Unlock")
+
+	// ErrLeaseExpired: the server expired the lease (no keepalive reached it in time).
+	ErrLeaseExpired = errors.New("client: lease expired on the server")
+	// ErrLeaseRevoked: the lease was revoked (Client.Close, or an operator).
+	ErrLeaseRevoked = errors.New("client: lease revoked")
+	// ErrLeaseDeadline: no keepalive was acknowledged in time, so the client gave the
+	// lock up at its cautious local deadline — before the server could expire the lease.
+	// The server may still hold the lease for up to the safety margin plus network delay.
+	ErrLeaseDeadline = errors.New("client: no keepalive acknowledged before the local deadline")
+	// ErrReleasedByOperator: an operator force-released the lock.
+	ErrReleasedByOperator = errors.New("client: lock released by an operator")
+	// ErrStateLost: the leader that held this efficiency lock in memory restarted or
+	// changed, and the lock is gone.
+	ErrStateLost = errors.New("client: the leader lost the efficiency lock state")
+	// ErrUnlocked is the cause of a lock context after a successful Unlock.
+	ErrUnlocked = errors.New("client: unlocked")
+)
+
+// HeldError is returned by Lock when the lock is held by someone else. It matches
+// ErrNotAcquired.
+type HeldError struct {
+	Name        string
+	HolderToken uint64
+	Holder      Holder
+}
+
+func (e *HeldError) Error() string {
+	who := ""
+	if e.Holder != (Holder{}) {
+		who = fmt.Sprintf(" by %s pid %d", e.Holder.Host, e.Holder.PID)
+		if e.Holder.Note != "" {
+			who += fmt.Sprintf(" (%s)", e.Holder.Note)
+		}
+	}
+	return fmt.Sprintf("client: lock %q not acquired: held%s under token %d", e.Name, who, e.HolderToken)
+}
+
+// Is makes HeldError match ErrNotAcquired.
+func (e *HeldError) Is(target error) bool { return target == ErrNotAcquired }
+
+// detail extracts the server's ErrorDetail from a Connect error.
+func detail(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
+	ce := new(connect.Error)
+	if !errors.As(err, &ce) {
+		return connect.CodeUnknown, &leaseholdv1.ErrorDetail{}
+	}
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if ed, ok := v.(*leaseholdv1.ErrorDetail); ok {
+				return ce.Code(), ed
+			}
+		}
+	}
+	return ce.Code(), &leaseholdv1.ErrorDetail{}
+}
+
+// retryable reports whether err means "no server could serve this right now": the
+// connection failed, the node has no leader, or the outcome is unknown.
+func retryable(err error) bool {
+	return connect.CodeOf(err) == connect.CodeUnavailable
+}
+
+// leaseGoneCause maps a NotFound keepalive to the cause a lock context reports.
+func leaseGoneCause(err error) error {
+	_, d := detail(err)
+	if d.GetReason() == "lease_revoked" {
+		return fmt.Errorf("%w: %w", ErrLeaseRevoked, err)
+	}
+	return fmt.Errorf("%w: %w", ErrLeaseExpired, err)
+}

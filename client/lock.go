@@ -1,0 +1,244 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+)
+
+// LockOption configures one Lock call.
+type LockOption func(*lockOptions)
+
+type lockOptions struct {
+	class   leaseholdv1.LockClass
+	ttl     time.Duration
+	waitMs  int64 // -1 forever (bounded by ctx), 0 try once
+	holder  *Holder
+	delayMs int64
+}
+
+// Correctness declares a correctness lock: it protects data. Grants are committed and
+// fsynced before the reply, tokens are durable; check the token at the resource.
+func Correctness(o *lockOptions) { o.class = leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS }
+
+// Efficiency declares an efficiency lock: it avoids duplicate work. Grants live in the
+// leader's memory (one round trip, no disk write) and are lost, with notice, when the
+// leader restarts or changes.
+func Efficiency(o *lockOptions) { o.class = leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY }
+
+// TryOnce makes Lock fail at once with ErrNotAcquired when the lock is held.
+func TryOnce(o *lockOptions) { o.waitMs = 0 }
+
+// WaitFor makes Lock wait up to d in the server's FIFO queue (default: until ctx ends).
+func WaitFor(d time.Duration) LockOption {
+	return func(o *lockOptions) { o.waitMs = max(1, d.Milliseconds()) }
+}
+
+// LockTTL sets the TTL of the lease this lock hangs on (default: the client's TTL).
+// Locks with the same TTL share one lease.
+func LockTTL(d time.Duration) LockOption { return func(o *lockOptions) { o.ttl = d } }
+
+// WithNote adds free text to the holder description shown in listings.
+func WithNote(note string) LockOption {
+	return func(o *lockOptions) {
+		h := Holder{}
+		if o.holder != nil {
+			h = *o.holder
+		}
+		h.Note = note
+		o.holder = &h
+	}
+}
+
+// LockDelay asks that, if this holder's lease expires (not a clean Unlock), nobody may
+// take the lock for d. A mitigation for resources that cannot check tokens.
+func LockDelay(d time.Duration) LockOption {
+	return func(o *lockOptions) { o.delayMs = d.Milliseconds() }
+}
+
+// Lock is a held lock. Its methods are safe for concurrent use.
+type Lock struct {
+	c     *Client
+	s     *session
+	name  string
+	token uint64
+	class leaseholdv1.LockClass
+	epoch string
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	once   sync.Once
+	mu     sync.Mutex
+	cause  error // why the lock was lost; nil while held
+}
+
+// Lock acquires the lock name. A class option (Correctness or Efficiency) is required.
+// By default it waits in the server's FIFO queue until the lock is granted or ctx ends;
+// TryOnce and WaitFor change that.
+//
+// Lock is safe to retry: the server treats a repeated acquire by the same lease as the
+// same request. Lock itself retries while no server is available, until ctx ends.
+//
+// Errors: ErrNoClass; *HeldError (matches ErrNotAcquired) when the lock stayed held;
+// ErrClassConflict; ErrUnavailable wrapping the last failure when ctx ended while no
+// server could be reached; the server's InvalidArgument for a bad name (as a
+// *connect.Error); ctx's error.
+func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Lock, error) {
+	o := lockOptions{ttl: c.opts.ttl, waitMs: -1}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.class == leaseholdv1.LockClass_LOCK_CLASS_UNSPECIFIED {
+		return nil, ErrNoClass
+	}
+	h := c.opts.holder
+	if o.holder != nil {
+		h.Note = o.holder.Note
+	}
+	backoff := 20 * time.Millisecond
+	var lastErr error
+	for {
+		s, err := c.session(ctx, o.ttl)
+		if err == nil {
+			var l *Lock
+			l, err = c.acquire(ctx, s, name, o, h)
+			if err == nil {
+				return l, nil
+			}
+			if errIsLeaseGone(err) {
+				s.end(leaseGoneCause(err))
+				continue // a fresh lease, at once
+			}
+		}
+		if !retryable(err) {
+			return nil, err
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: %w (last error: %w)", ErrUnavailable, ctx.Err(), lastErr)
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+func (c *Client) acquire(ctx context.Context, s *session, name string, o lockOptions, h Holder) (*Lock, error) {
+	resp, err := c.locks.Acquire(ctx, &leaseholdv1.AcquireRequest{
+		Name:        name,
+		Class:       o.class,
+		LeaseId:     s.id,
+		Holder:      &leaseholdv1.Holder{Host: h.Host, Pid: h.PID, Note: h.Note},
+		WaitMs:      o.waitMs,
+		LockDelayMs: o.delayMs,
+	})
+	if err != nil {
+		code, d := detail(err)
+		switch {
+		case code == connect.CodeDeadlineExceeded && d.GetReason() == "lock_held":
+			return nil, &HeldError{Name: name, HolderToken: d.GetHolderToken(), Holder: Holder{Host: d.GetHolder().GetHost(), PID: d.GetHolder().GetPid(), Note: d.GetHolder().GetNote()}}
+		case d.GetReason() == "class_conflict":
+			return nil, fmt.Errorf("%w: %w", ErrClassConflict, err)
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	l := &Lock{c: c, s: s, name: name, token: resp.GetToken(), class: resp.GetClass(), epoch: resp.GetEpoch()}
+	l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	if err := s.add(l); err != nil {
+		// The session ended while we acquired: the lease is gone or about to be.
+		l.lost(err)
+	}
+	return l, nil
+}
+
+// Name returns the lock's name.
+func (l *Lock) Name() string { return l.name }
+
+// Token returns the fencing token of this grant. Pass it to the resource with every
+// write; the resource rejects tokens lower than one it has already accepted.
+func (l *Lock) Token() uint64 { return l.token }
+
+// Context returns a context that is cancelled the moment the lock is known lost, or at
+// the cautious local deadline when keepalives go unanswered — whichever comes first —
+// and after Unlock. context.Cause(l.Context()) tells why (ErrLeaseExpired,
+// ErrLeaseRevoked, ErrLeaseDeadline, ErrReleasedByOperator, ErrStateLost,
+// ErrUnlocked). Its Err method checks the deadline against the clock on every call, so
+// a process resumed after a long pause sees the loss at once, before any timer runs.
+func (l *Lock) Context() context.Context { return lockContext{l} }
+
+// Lost reports whether the lock is no longer held, and why.
+func (l *Lock) Lost() (bool, error) {
+	l.s.checkDeadline()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cause != nil, l.cause
+}
+
+func (l *Lock) lost(cause error) {
+	l.once.Do(func() {
+		l.mu.Lock()
+		l.cause = cause
+		l.mu.Unlock()
+		l.cancel(cause)
+	})
+}
+
+// Unlock releases the lock. It works even when ctx is already cancelled: it then uses
+// a fresh timeout bounded by the lease TTL (after that the lease would be gone anyway).
+// It returns nil when the lock was released by this call; an error wrapping
+// ErrLockLost (and the cause) when the lock had been lost before; ErrUnavailable when
+// no server answered — the lock is then released at the latest when the lease expires.
+func (l *Lock) Unlock(ctx context.Context) error {
+	if lost, cause := l.Lost(); lost {
+		if errors.Is(cause, ErrUnlocked) {
+			return nil
+		}
+		return fmt.Errorf("%w: %w", ErrLockLost, cause)
+	}
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.s.ttl)
+		defer cancel()
+	}
+	backoff := 20 * time.Millisecond
+	for {
+		_, err := l.c.locks.Release(ctx, &leaseholdv1.ReleaseRequest{Name: l.name, LeaseId: l.s.id, Token: l.token})
+		if err == nil {
+			l.s.remove(l)
+			l.lost(ErrUnlocked)
+			return nil
+		}
+		if !retryable(err) {
+			l.s.remove(l)
+			l.lost(fmt.Errorf("%w: release failed: %w", ErrLockLost, err))
+			return fmt.Errorf("%w: %w", ErrLockLost, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// lockContext is a held lock's context. It is a context.WithCancelCause underneath (so
+// context.Cause and derived contexts work) whose Err also checks the lease's cautious
+// deadline against the clock.
+type lockContext struct{ l *Lock }
+
+func (c lockContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (c lockContext) Done() <-chan struct{}       { return c.l.ctx.Done() }
+func (c lockContext) Value(key any) any           { return c.l.ctx.Value(key) }
+func (c lockContext) Err() error {
+	c.l.s.checkDeadline()
+	return c.l.ctx.Err()
+}
