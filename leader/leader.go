@@ -84,11 +84,6 @@ type outcome struct {
 	err   error
 }
 
-type waitKey struct {
-	lease core.LeaseID
-	name  string
-}
-
 // Leader is the leader-side runtime. Its methods fail with ErrNotLeader unless Promote
 // has completed and Demote has not been called since.
 type Leader struct {
@@ -175,9 +170,7 @@ func (l *Leader) Promote(ctx context.Context) error {
 	var delayed []*core.Lock
 	l.log.Read(func(s *core.State) {
 		s.Leases(func(ls *core.Lease) { l.addCountdownLocked(ls.ID, ls.TTLMillis, now) })
-		for _, lk := range s.Locks().DelayedLocks() {
-			delayed = append(delayed, lk)
-		}
+		delayed = append(delayed, s.Locks().DelayedLocks()...)
 	})
 	l.active = true
 	for _, lk := range delayed {

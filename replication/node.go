@@ -169,14 +169,14 @@ func Open(cfg Config) (*Node, error) {
 	rc.NoLegacyTelemetry = true
 
 	if cfg.Bootstrap {
-		has, err := raft.HasExistingState(store, store, snaps)
-		if err != nil {
-			return nil, fmt.Errorf("replication: inspect state: %w", err)
+		has, herr := raft.HasExistingState(store, store, snaps)
+		if herr != nil {
+			return nil, fmt.Errorf("replication: inspect state: %w", herr)
 		}
 		if !has {
 			conf := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: n.transport.LocalAddr()}}}
-			if err := raft.BootstrapCluster(rc, store, store, snaps, n.transport, conf); err != nil {
-				return nil, fmt.Errorf("replication: bootstrap: %w", err)
+			if berr := raft.BootstrapCluster(rc, store, store, snaps, n.transport, conf); berr != nil {
+				return nil, fmt.Errorf("replication: bootstrap: %w", berr)
 			}
 		}
 	}

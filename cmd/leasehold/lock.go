@@ -121,7 +121,10 @@ func runHolding(l *client.Lock, argv []string) int {
 			_ = syscall.Kill(-pgid, s.(syscall.Signal))
 		case <-l.Context().Done():
 			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			<-done
+			if werr := <-done; werr == nil {
+				// CMD finished its work just as the lock was lost; report the loss anyway.
+				fmt.Fprintln(os.Stderr, "leasehold lock: CMD exited 0 as the lock was lost")
+			}
 			fmt.Fprintf(os.Stderr, "leasehold lock: lost %s (token %d): %v; killed process group %d\n",
 				l.Name(), l.Token(), context.Cause(l.Context()), pgid)
 			return exitLockLost
