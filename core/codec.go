@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 )
 
 // Encoding versions. The first byte of every encoded command and snapshot names its
@@ -49,6 +50,8 @@ type snapshot struct {
 	Leases     []*Lease    `json:"leases"`
 	Locks      []*Lock     `json:"locks"`
 	Tombstones []tombstone `json:"tombstones"`
+	KVRev      uint64      `json:"kvRev,omitempty"`
+	KV         []*Entry    `json:"kv,omitempty"`
 }
 
 // MarshalSnapshot encodes the whole state. Equal states encode to equal bytes.
@@ -60,6 +63,15 @@ func (s *State) MarshalSnapshot() ([]byte, error) {
 	}
 	for _, id := range s.tombOrder {
 		snap.Tombstones = append(snap.Tombstones, tombstone{ID: id, Reason: s.tombstones[id]})
+	}
+	snap.KVRev = s.kv.rev
+	keys := make([]string, 0, len(s.kv.entries))
+	for k := range s.kv.entries {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		snap.KV = append(snap.KV, s.kv.entries[k])
 	}
 	var buf bytes.Buffer
 	buf.WriteByte(snapshotV1)
@@ -97,6 +109,13 @@ func RestoreState(b []byte, limits Limits) (*State, error) {
 	}
 	for _, t := range snap.Tombstones {
 		s.remember(t.ID, t.Reason)
+	}
+	s.kv.rev = snap.KVRev
+	for _, e := range snap.KV {
+		if e == nil || ValidateName("key", e.Key) != nil || s.kv.entries[e.Key] != nil || e.Version > s.kv.rev || len(e.Value) > MaxValueLen {
+			return nil, fmt.Errorf("%w: bad KV entry in snapshot", ErrCorrupt)
+		}
+		s.kv.entries[e.Key] = e
 	}
 	return s, nil
 }

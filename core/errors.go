@@ -29,6 +29,12 @@ var (
 	ErrTooManyLocks = errors.New("core: too many locks for one lease")
 	// ErrTooManyWaiters is returned by Acquire when the lock's queue is full.
 	ErrTooManyWaiters = errors.New("core: too many waiters for the lock")
+	// ErrStaleToken is returned by a fenced OpPut or OpDelete whose token is lower than
+	// the highest token the key has accepted. The error is a *StaleTokenError.
+	ErrStaleToken = errors.New("core: stale fencing token")
+	// ErrVersionMismatch is returned by a compare-and-set whose expected version is not
+	// the key's. The error is a *VersionMismatchError.
+	ErrVersionMismatch = errors.New("core: version mismatch")
 	// ErrInvalid is returned when a command carries a value the state machine refuses
 	// (an invalid name, class or TTL). The server validates first, so this only guards
 	// the log against commands written by a buggy or hostile proposer.

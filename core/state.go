@@ -30,6 +30,7 @@ type State struct {
 	limits     Limits
 	tombstones map[LeaseID]EndReason
 	tombOrder  []LeaseID // oldest first
+	kv         kvStore
 }
 
 // NewState returns an empty state with the given limits. Every replica must use the same
@@ -41,6 +42,7 @@ func NewState(limits Limits) *State {
 		locks:      NewLocks(limits),
 		limits:     limits,
 		tombstones: make(map[LeaseID]EndReason),
+		kv:         kvStore{entries: make(map[string]*Entry)},
 	}
 }
 
@@ -134,6 +136,8 @@ func (s *State) Apply(c Command) Result {
 		var r Result
 		s.locks.EndDelay(c.Name, s, &r)
 		return r
+	case OpPut, OpDelete:
+		return s.applyWrite(c)
 	case OpReserve:
 		if s.seq > ^uint64(0)-c.Count {
 			return Result{Err: Invalid("count", "the token sequence would overflow")}

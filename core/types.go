@@ -119,10 +119,15 @@ const (
 	// OpReserve reserves Count tokens from the sequence for the leader's efficiency
 	// locks. The result's Token is the first reserved token.
 	OpReserve Op = 9
+	// OpPut writes Value to Key, fenced by (Name, Token) when Token is set (with
+	// RequireHolder: only by the current holder), compared to Version when CheckVersion.
+	OpPut Op = 10
+	// OpDelete deletes Key with the same checks as OpPut.
+	OpDelete Op = 11
 )
 
 func (o Op) String() string {
-	names := [...]string{"", "grant", "revoke", "expire", "acquire", "release", "cancel-wait", "force-release", "end-delay", "reserve"}
+	names := [...]string{"", "grant", "revoke", "expire", "acquire", "release", "cancel-wait", "force-release", "end-delay", "reserve", "put", "delete"}
 	if int(o) < len(names) && o != 0 {
 		return names[o]
 	}
@@ -142,6 +147,12 @@ type Command struct {
 	Token       uint64  `json:"token,omitempty"`
 	Count       uint64  `json:"count,omitempty"`
 	Reason      string  `json:"reason,omitempty"`
+	// KV writes.
+	Key           string `json:"key,omitempty"`
+	Value         []byte `json:"value,omitempty"`
+	Version       uint64 `json:"version,omitempty"`
+	CheckVersion  bool   `json:"checkVersion,omitempty"`
+	RequireHolder bool   `json:"requireHolder,omitempty"`
 }
 
 // EffectKind names an effect.
@@ -183,7 +194,8 @@ type Effect struct {
 // Result is the outcome of applying one command.
 type Result struct {
 	// Token is the granted token (OpAcquire, OpCancelWait when already granted), the
-	// consumed fence token (OpForceRelease) or the first reserved token (OpReserve).
+	// consumed fence token (OpForceRelease), the first reserved token (OpReserve), the
+	// key's new version (OpPut), or 1 when OpDelete removed a live key.
 	Token uint64
 	// Queued is true when OpAcquire queued the lease instead of granting.
 	Queued bool

@@ -116,6 +116,20 @@ func (c *Command) validate() error {
 			return Invalid("reason", "is %d bytes, the limit is %d", len(c.Reason), MaxReasonLen)
 		}
 		return ValidateName("name", c.Name)
+	case OpPut, OpDelete:
+		if err := ValidateName("key", c.Key); err != nil {
+			return err
+		}
+		if len(c.Value) > MaxValueLen {
+			return Invalid("value", "is %d bytes, the limit is %d", len(c.Value), MaxValueLen)
+		}
+		if c.Token != 0 {
+			return ValidateName("fence.lock", c.Name)
+		}
+		if c.RequireHolder {
+			return Invalid("fence.require_holder", "needs a fence token")
+		}
+		return nil
 	case OpReserve:
 		if c.Count == 0 || c.Count > 1<<32 {
 			return Invalid("count", "must be 1 to 2^32")

@@ -107,7 +107,12 @@ type Leader struct {
 	delays  map[string]*delay
 }
 
-// New returns a Leader that is not serving until Promote.
+// SetLog sets the log when it could not be given to New (the log's apply callback needs
+// the Leader first). Call it before Run.
+func (l *Leader) SetLog(log Log) { l.log = log }
+
+// New returns a Leader that is not serving until Promote. log may be nil if SetLog is
+// called before Run.
 func New(log Log, cfg Config) *Leader {
 	if cfg.ReserveBlock == 0 {
 		cfg.ReserveBlock = 1 << 20

@@ -240,6 +240,36 @@ func (n *Node) Barrier(ctx context.Context) error {
 	}
 }
 
+// ReadIndex makes the next Read linearizable: it notes the commit index, confirms with a
+// quorum that this node is still the leader, and waits until everything up to that index
+// is applied. A read served after it reflects every write acknowledged before it began.
+// It fails with ErrNotLeader on a node that is not (or no longer) the leader.
+func (n *Node) ReadIndex(ctx context.Context) error {
+	if n.raft.State() != raft.Leader {
+		return ErrNotLeader
+	}
+	idx := n.raft.CommitIndex()
+	f := n.raft.VerifyLeader()
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrNotLeader, err)
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	for n.raft.AppliedIndex() < idx {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Microsecond):
+		}
+	}
+	return nil
+}
+
 // Read calls fn with the state machine's state under a read lock. fn must not keep the
 // pointer or call Apply.
 func (n *Node) Read(fn func(*core.State)) {

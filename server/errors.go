@@ -21,6 +21,8 @@ var errorCodes = []struct {
 	reason string
 }{
 	{core.ErrInvalid, connect.CodeInvalidArgument, "invalid_argument"},
+	{core.ErrStaleToken, connect.CodeFailedPrecondition, "stale_token"},
+	{core.ErrVersionMismatch, connect.CodeFailedPrecondition, "version_mismatch"},
 	{core.ErrLeaseNotFound, connect.CodeNotFound, "lease_unknown"},
 	{core.ErrNotHolder, connect.CodeFailedPrecondition, "not_holder"},
 	{core.ErrClassConflict, connect.CodeFailedPrecondition, "class_conflict"},
@@ -74,6 +76,12 @@ func Classify(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
 	if lh := new(leader.LockHeldError); errors.As(err, &lh) {
 		detail.HolderToken = lh.HolderToken
 		detail.Holder = holderToProto(lh.Holder)
+	}
+	if st := new(core.StaleTokenError); errors.As(err, &st) {
+		detail.HighestToken = st.Highest
+	}
+	if vm := new(core.VersionMismatchError); errors.As(err, &vm) {
+		detail.CurrentVersion = vm.Current
 	}
 	var lim *limitError
 	if errors.As(err, &lim) {

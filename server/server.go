@@ -15,9 +15,12 @@ import (
 	"github.com/leasehold/leasehold/replication"
 )
 
-// Raft is what the server needs from the replication layer.
+// Raft is what the server needs from the replication layer (replication.Node).
 type Raft interface {
 	Status() replication.Status
+	Apply(ctx context.Context, cmd core.Command) (core.Result, error)
+	Read(fn func(*core.State))
+	ReadIndex(ctx context.Context) error
 }
 
 // Server implements LeaseService, LockService and ClusterService.
@@ -32,7 +35,17 @@ var (
 	_ leaseholdv1connect.LeaseServiceHandler   = (*Server)(nil)
 	_ leaseholdv1connect.LockServiceHandler    = (*Server)(nil)
 	_ leaseholdv1connect.ClusterServiceHandler = (*Server)(nil)
+	_ leaseholdv1connect.KVServiceHandler      = kvHandler{}
 )
+
+// kvHandler adapts Server to KVServiceHandler, whose List would clash with
+// LockService.List.
+type kvHandler struct{ *Server }
+
+// List returns keys under a prefix.
+func (h kvHandler) List(ctx context.Context, req *leaseholdv1.KVServiceListRequest) (*leaseholdv1.KVServiceListResponse, error) {
+	return h.ListKV(ctx, req)
+}
 
 // New returns a Server. cfg is validated (and defaulted).
 func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
@@ -55,6 +68,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(leaseholdv1connect.NewLeaseServiceHandler(s, opts...))
 	mux.Handle(leaseholdv1connect.NewLockServiceHandler(s, opts...))
 	mux.Handle(leaseholdv1connect.NewClusterServiceHandler(s, opts...))
+	mux.Handle(leaseholdv1connect.NewKVServiceHandler(kvHandler{s}, opts...))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.leader.Active() {
 			http.Error(w, "not serving: no leader here", http.StatusServiceUnavailable)

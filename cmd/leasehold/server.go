@@ -2,21 +2,17 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
-	"github.com/leasehold/leasehold/core"
-	"github.com/leasehold/leasehold/leader"
 	"github.com/leasehold/leasehold/replication"
 	"github.com/leasehold/leasehold/server"
+	"github.com/leasehold/leasehold/service"
 )
 
 func runServer(args []string) int {
@@ -32,18 +28,27 @@ func runServer(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "leasehold server: unexpected argument %q\n", fs.Arg(0))
+		return exitUsage
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		fmt.Fprintf(os.Stderr, "leasehold server: --log-level: %v\n", err)
 		return exitUsage
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	scfg := server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID}
-	if err := scfg.Validate(); err != nil {
+	cfg := service.Config{
+		Addr:   *addr,
+		Raft:   replication.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, Bootstrap: true},
+		Server: server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID},
+		Logger: log,
+	}
+	if err := cfg.Server.Validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "leasehold server: %v\n", err)
 		return exitUsage
 	}
-	if err := serve(log, *addr, *raftAddr, *dataDir, *nodeID, scfg); err != nil {
+	if err := serve(log, cfg); err != nil {
 		log.Error("server stopped", "err", err)
 		return exitError
 	}
@@ -52,65 +57,23 @@ func runServer(args []string) int {
 
 // serve runs one node until SIGINT or SIGTERM, then shuts down gracefully: it stops
 // accepting requests, lets requests in flight finish (up to 5s), and closes raft.
-func serve(log *slog.Logger, addr, raftAddr, dataDir, nodeID string, scfg server.Config) error {
+func serve(log *slog.Logger, cfg service.Config) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-
-	ln, err := net.Listen("tcp", addr)
+	n, err := service.Start(cfg)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", addr, err)
-	}
-	changes := make(chan bool, 1)
-	var l *leader.Leader
-	node, err := replication.Open(replication.Config{
-		NodeID:       nodeID,
-		DataDir:      dataDir,
-		RaftAddr:     raftAddr,
-		Bootstrap:    true,
-		Logger:       log,
-		Observe:      func(e []core.Effect) { l.OnEffects(e) },
-		LeaderChange: changes,
-	})
-	if err != nil {
-		_ = ln.Close()
 		return err
 	}
-	l = leader.New(node, leader.Config{Logger: log})
-	srv, err := server.New(scfg, l, node)
-	if err != nil {
-		_ = node.Close()
-		return err
-	}
-	runCtx, cancelRun := context.WithCancel(context.Background())
-	defer cancelRun()
-	go l.Run(runCtx, changes)
-
-	httpSrv := &http.Server{
-		Handler:           srv.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		Protocols:         new(http.Protocols),
-	}
-	httpSrv.Protocols.SetHTTP1(true)
-	httpSrv.Protocols.SetUnencryptedHTTP2(true)
-	errc := make(chan error, 1)
-	go func() { errc <- httpSrv.Serve(ln) }()
-	log.Info("leasehold serving", "addr", ln.Addr().String(), "raft", node.RaftAddr(), "data_dir", dataDir, "node_id", nodeID, "version", version)
-
+	log.Info("leasehold serving", "addr", n.Addr(), "raft", n.Raft.RaftAddr(), "data_dir", cfg.Raft.DataDir, "node_id", cfg.Raft.NodeID, "version", version)
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")
-	case err = <-errc:
+	case err = <-n.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_ = httpSrv.Shutdown(sctx)
-	cancelRun()
-	l.Demote()
-	if cerr := node.Close(); cerr != nil && err == nil {
+	if cerr := n.Close(sctx); cerr != nil && err == nil {
 		err = cerr
-	}
-	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
 	}
 	return err
 }

@@ -168,10 +168,16 @@ type ErrorDetail struct {
 	// "lease_unknown", "not_holder", "class_conflict", "lock_held", "limit_leases".
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// For a lock that is held: the current holder's token and description.
-	HolderToken   uint64  `protobuf:"varint,3,opt,name=holder_token,json=holderToken,proto3" json:"holder_token,omitempty"`
-	Holder        *Holder `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HolderToken uint64  `protobuf:"varint,3,opt,name=holder_token,json=holderToken,proto3" json:"holder_token,omitempty"`
+	Holder      *Holder `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	// For a fenced write rejected as stale ("stale_token"): the highest token the key
+	// has accepted.
+	HighestToken uint64 `protobuf:"varint,5,opt,name=highest_token,json=highestToken,proto3" json:"highest_token,omitempty"`
+	// For a compare-and-set that failed ("version_mismatch"): the key's current version
+	// (0 when it does not exist).
+	CurrentVersion uint64 `protobuf:"varint,6,opt,name=current_version,json=currentVersion,proto3" json:"current_version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ErrorDetail) Reset() {
@@ -230,6 +236,20 @@ func (x *ErrorDetail) GetHolder() *Holder {
 		return x.Holder
 	}
 	return nil
+}
+
+func (x *ErrorDetail) GetHighestToken() uint64 {
+	if x != nil {
+		return x.HighestToken
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetCurrentVersion() uint64 {
+	if x != nil {
+		return x.CurrentVersion
+	}
+	return 0
 }
 
 type GrantRequest struct {
@@ -1375,6 +1395,609 @@ func (x *CheckTokenResponse) GetHolderToken() uint64 {
 	return 0
 }
 
+// Fence ties a write to a lock grant.
+type Fence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lock whose token this is (same rules as lock names).
+	Lock string `protobuf:"bytes,1,opt,name=lock,proto3" json:"lock,omitempty"`
+	// The grant's token. Must be positive.
+	Token uint64 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	// Also reject the write unless token is the current holder's token of the
+	// correctness lock `lock` at the moment the write is applied.
+	RequireHolder bool `protobuf:"varint,3,opt,name=require_holder,json=requireHolder,proto3" json:"require_holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Fence) Reset() {
+	*x = Fence{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Fence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Fence) ProtoMessage() {}
+
+func (x *Fence) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Fence.ProtoReflect.Descriptor instead.
+func (*Fence) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *Fence) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *Fence) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *Fence) GetRequireHolder() bool {
+	if x != nil {
+		return x.RequireHolder
+	}
+	return false
+}
+
+type GetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Key: 1 to 256 bytes of ASCII letters, digits and . _ - / : @ + (like lock names).
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Serve from this node's state without confirming leadership: faster, possibly stale.
+	// Default false (linearizable).
+	Stale         bool `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRequest) Reset() {
+	*x = GetRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRequest) ProtoMessage() {}
+
+func (x *GetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
+func (*GetRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *GetRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *GetRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+type GetResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Found bool                   `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"`
+	Value []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// The store revision of the key's last write (0 when not found). Versions only grow
+	// across the whole store, so a deleted and recreated key never reuses one.
+	Version uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	// The highest fence token the key has accepted (0 when never fenced).
+	FenceToken uint64 `protobuf:"varint,4,opt,name=fence_token,json=fenceToken,proto3" json:"fence_token,omitempty"`
+	// The lock that wrote fence_token.
+	FenceLock     string `protobuf:"bytes,5,opt,name=fence_lock,json=fenceLock,proto3" json:"fence_lock,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetResponse) Reset() {
+	*x = GetResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetResponse) ProtoMessage() {}
+
+func (x *GetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
+func (*GetResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GetResponse) GetFound() bool {
+	if x != nil {
+		return x.Found
+	}
+	return false
+}
+
+func (x *GetResponse) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *GetResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *GetResponse) GetFenceToken() uint64 {
+	if x != nil {
+		return x.FenceToken
+	}
+	return 0
+}
+
+func (x *GetResponse) GetFenceLock() string {
+	if x != nil {
+		return x.FenceLock
+	}
+	return ""
+}
+
+type PutRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// At most 32 KiB.
+	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// Optional fence.
+	Fence *Fence `protobuf:"bytes,3,opt,name=fence,proto3" json:"fence,omitempty"`
+	// Optional compare-and-set: the version the key must have (0 = must not exist).
+	IfVersion     *uint64 `protobuf:"varint,4,opt,name=if_version,json=ifVersion,proto3,oneof" json:"if_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutRequest) Reset() {
+	*x = PutRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutRequest) ProtoMessage() {}
+
+func (x *PutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
+func (*PutRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *PutRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *PutRequest) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *PutRequest) GetFence() *Fence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+func (x *PutRequest) GetIfVersion() uint64 {
+	if x != nil && x.IfVersion != nil {
+		return *x.IfVersion
+	}
+	return 0
+}
+
+type PutResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The key's new version.
+	Version       uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutResponse) Reset() {
+	*x = PutResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutResponse) ProtoMessage() {}
+
+func (x *PutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
+func (*PutResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *PutResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+type DeleteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Fence         *Fence                 `protobuf:"bytes,2,opt,name=fence,proto3" json:"fence,omitempty"`
+	IfVersion     *uint64                `protobuf:"varint,3,opt,name=if_version,json=ifVersion,proto3,oneof" json:"if_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRequest) Reset() {
+	*x = DeleteRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRequest) ProtoMessage() {}
+
+func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
+func (*DeleteRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *DeleteRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *DeleteRequest) GetFence() *Fence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+func (x *DeleteRequest) GetIfVersion() uint64 {
+	if x != nil && x.IfVersion != nil {
+		return *x.IfVersion
+	}
+	return 0
+}
+
+type DeleteResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the key existed.
+	Deleted       bool `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteResponse) Reset() {
+	*x = DeleteResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteResponse) ProtoMessage() {}
+
+func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
+func (*DeleteResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *DeleteResponse) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+type KVServiceListRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Prefix string                 `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// At most this many keys (0 means 1000; at most 10 000).
+	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Serve from this node's state without confirming leadership.
+	Stale         bool `protobuf:"varint,3,opt,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVServiceListRequest) Reset() {
+	*x = KVServiceListRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVServiceListRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVServiceListRequest) ProtoMessage() {}
+
+func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVServiceListRequest.ProtoReflect.Descriptor instead.
+func (*KVServiceListRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *KVServiceListRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *KVServiceListRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *KVServiceListRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+type KVServiceListResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Items         []*KeyValue            `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	Truncated     bool                   `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVServiceListResponse) Reset() {
+	*x = KVServiceListResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVServiceListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVServiceListResponse) ProtoMessage() {}
+
+func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVServiceListResponse.ProtoReflect.Descriptor instead.
+func (*KVServiceListResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *KVServiceListResponse) GetItems() []*KeyValue {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *KVServiceListResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+type KeyValue struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	FenceToken    uint64                 `protobuf:"varint,4,opt,name=fence_token,json=fenceToken,proto3" json:"fence_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyValue) Reset() {
+	*x = KeyValue{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyValue) ProtoMessage() {}
+
+func (x *KeyValue) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
+func (*KeyValue) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *KeyValue) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KeyValue) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *KeyValue) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *KeyValue) GetFenceToken() uint64 {
+	if x != nil {
+		return x.FenceToken
+	}
+	return 0
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1383,7 +2006,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1395,7 +2018,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1408,7 +2031,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
 }
 
 type StatusResponse struct {
@@ -1434,7 +2057,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +2069,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +2082,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -1554,12 +2177,14 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06Holder\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x12\n" +
-	"\x04note\x18\x03 \x01(\tR\x04note\"\x8c\x01\n" +
+	"\x04note\x18\x03 \x01(\tR\x04note\"\xda\x01\n" +
 	"\vErrorDetail\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12!\n" +
 	"\fholder_token\x18\x03 \x01(\x04R\vholderToken\x12,\n" +
-	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\"%\n" +
+	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12#\n" +
+	"\rhighest_token\x18\x05 \x01(\x04R\fhighestToken\x12'\n" +
+	"\x0fcurrent_version\x18\x06 \x01(\x04R\x0ecurrentVersion\"%\n" +
 	"\fGrantRequest\x12\x15\n" +
 	"\x06ttl_ms\x18\x01 \x01(\x03R\x05ttlMs\"A\n" +
 	"\rGrantResponse\x12\x19\n" +
@@ -1626,7 +2251,54 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\"Q\n" +
 	"\x12CheckTokenResponse\x12\x18\n" +
 	"\acurrent\x18\x01 \x01(\bR\acurrent\x12!\n" +
-	"\fholder_token\x18\x02 \x01(\x04R\vholderToken\"\x0f\n" +
+	"\fholder_token\x18\x02 \x01(\x04R\vholderToken\"X\n" +
+	"\x05Fence\x12\x12\n" +
+	"\x04lock\x18\x01 \x01(\tR\x04lock\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\x12%\n" +
+	"\x0erequire_holder\x18\x03 \x01(\bR\rrequireHolder\"4\n" +
+	"\n" +
+	"GetRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\"\x93\x01\n" +
+	"\vGetResponse\x12\x14\n" +
+	"\x05found\x18\x01 \x01(\bR\x05found\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x1f\n" +
+	"\vfence_token\x18\x04 \x01(\x04R\n" +
+	"fenceToken\x12\x1d\n" +
+	"\n" +
+	"fence_lock\x18\x05 \x01(\tR\tfenceLock\"\x92\x01\n" +
+	"\n" +
+	"PutRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12)\n" +
+	"\x05fence\x18\x03 \x01(\v2\x13.leasehold.v1.FenceR\x05fence\x12\"\n" +
+	"\n" +
+	"if_version\x18\x04 \x01(\x04H\x00R\tifVersion\x88\x01\x01B\r\n" +
+	"\v_if_version\"'\n" +
+	"\vPutResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\"\x7f\n" +
+	"\rDeleteRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12)\n" +
+	"\x05fence\x18\x02 \x01(\v2\x13.leasehold.v1.FenceR\x05fence\x12\"\n" +
+	"\n" +
+	"if_version\x18\x03 \x01(\x04H\x00R\tifVersion\x88\x01\x01B\r\n" +
+	"\v_if_version\"*\n" +
+	"\x0eDeleteResponse\x12\x18\n" +
+	"\adeleted\x18\x01 \x01(\bR\adeleted\"Z\n" +
+	"\x14KVServiceListRequest\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x14\n" +
+	"\x05stale\x18\x03 \x01(\bR\x05stale\"c\n" +
+	"\x15KVServiceListResponse\x12,\n" +
+	"\x05items\x18\x01 \x03(\v2\x16.leasehold.v1.KeyValueR\x05items\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"m\n" +
+	"\bKeyValue\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x1f\n" +
+	"\vfence_token\x18\x04 \x01(\x04R\n" +
+	"fenceToken\"\x0f\n" +
 	"\rStatusRequest\"\xcb\x02\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -1658,7 +2330,12 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x04List\x12\x19.leasehold.v1.ListRequest\x1a\x1a.leasehold.v1.ListResponse\x12U\n" +
 	"\fForceRelease\x12!.leasehold.v1.ForceReleaseRequest\x1a\".leasehold.v1.ForceReleaseResponse\x12O\n" +
 	"\n" +
-	"CheckToken\x12\x1f.leasehold.v1.CheckTokenRequest\x1a .leasehold.v1.CheckTokenResponse2U\n" +
+	"CheckToken\x12\x1f.leasehold.v1.CheckTokenRequest\x1a .leasehold.v1.CheckTokenResponse2\x99\x02\n" +
+	"\tKVService\x12:\n" +
+	"\x03Get\x12\x18.leasehold.v1.GetRequest\x1a\x19.leasehold.v1.GetResponse\x12:\n" +
+	"\x03Put\x12\x18.leasehold.v1.PutRequest\x1a\x19.leasehold.v1.PutResponse\x12C\n" +
+	"\x06Delete\x12\x1b.leasehold.v1.DeleteRequest\x1a\x1c.leasehold.v1.DeleteResponse\x12O\n" +
+	"\x04List\x12\".leasehold.v1.KVServiceListRequest\x1a#.leasehold.v1.KVServiceListResponse2U\n" +
 	"\x0eClusterService\x12C\n" +
 	"\x06Status\x12\x1b.leasehold.v1.StatusRequest\x1a\x1c.leasehold.v1.StatusResponseB=Z;github.com/leasehold/leasehold/api/leasehold/v1;leaseholdv1b\x06proto3"
 
@@ -1675,33 +2352,43 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
-	(LockClass)(0),               // 0: leasehold.v1.LockClass
-	(*Holder)(nil),               // 1: leasehold.v1.Holder
-	(*ErrorDetail)(nil),          // 2: leasehold.v1.ErrorDetail
-	(*GrantRequest)(nil),         // 3: leasehold.v1.GrantRequest
-	(*GrantResponse)(nil),        // 4: leasehold.v1.GrantResponse
-	(*KeepAliveRequest)(nil),     // 5: leasehold.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),    // 6: leasehold.v1.KeepAliveResponse
-	(*LostLock)(nil),             // 7: leasehold.v1.LostLock
-	(*RevokeRequest)(nil),        // 8: leasehold.v1.RevokeRequest
-	(*RevokeResponse)(nil),       // 9: leasehold.v1.RevokeResponse
-	(*AcquireRequest)(nil),       // 10: leasehold.v1.AcquireRequest
-	(*AcquireResponse)(nil),      // 11: leasehold.v1.AcquireResponse
-	(*ReleaseRequest)(nil),       // 12: leasehold.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),      // 13: leasehold.v1.ReleaseResponse
-	(*DescribeRequest)(nil),      // 14: leasehold.v1.DescribeRequest
-	(*DescribeResponse)(nil),     // 15: leasehold.v1.DescribeResponse
-	(*ListRequest)(nil),          // 16: leasehold.v1.ListRequest
-	(*ListResponse)(nil),         // 17: leasehold.v1.ListResponse
-	(*LockInfo)(nil),             // 18: leasehold.v1.LockInfo
-	(*ForceReleaseRequest)(nil),  // 19: leasehold.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil), // 20: leasehold.v1.ForceReleaseResponse
-	(*CheckTokenRequest)(nil),    // 21: leasehold.v1.CheckTokenRequest
-	(*CheckTokenResponse)(nil),   // 22: leasehold.v1.CheckTokenResponse
-	(*StatusRequest)(nil),        // 23: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),       // 24: leasehold.v1.StatusResponse
+	(LockClass)(0),                // 0: leasehold.v1.LockClass
+	(*Holder)(nil),                // 1: leasehold.v1.Holder
+	(*ErrorDetail)(nil),           // 2: leasehold.v1.ErrorDetail
+	(*GrantRequest)(nil),          // 3: leasehold.v1.GrantRequest
+	(*GrantResponse)(nil),         // 4: leasehold.v1.GrantResponse
+	(*KeepAliveRequest)(nil),      // 5: leasehold.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),     // 6: leasehold.v1.KeepAliveResponse
+	(*LostLock)(nil),              // 7: leasehold.v1.LostLock
+	(*RevokeRequest)(nil),         // 8: leasehold.v1.RevokeRequest
+	(*RevokeResponse)(nil),        // 9: leasehold.v1.RevokeResponse
+	(*AcquireRequest)(nil),        // 10: leasehold.v1.AcquireRequest
+	(*AcquireResponse)(nil),       // 11: leasehold.v1.AcquireResponse
+	(*ReleaseRequest)(nil),        // 12: leasehold.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 13: leasehold.v1.ReleaseResponse
+	(*DescribeRequest)(nil),       // 14: leasehold.v1.DescribeRequest
+	(*DescribeResponse)(nil),      // 15: leasehold.v1.DescribeResponse
+	(*ListRequest)(nil),           // 16: leasehold.v1.ListRequest
+	(*ListResponse)(nil),          // 17: leasehold.v1.ListResponse
+	(*LockInfo)(nil),              // 18: leasehold.v1.LockInfo
+	(*ForceReleaseRequest)(nil),   // 19: leasehold.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),  // 20: leasehold.v1.ForceReleaseResponse
+	(*CheckTokenRequest)(nil),     // 21: leasehold.v1.CheckTokenRequest
+	(*CheckTokenResponse)(nil),    // 22: leasehold.v1.CheckTokenResponse
+	(*Fence)(nil),                 // 23: leasehold.v1.Fence
+	(*GetRequest)(nil),            // 24: leasehold.v1.GetRequest
+	(*GetResponse)(nil),           // 25: leasehold.v1.GetResponse
+	(*PutRequest)(nil),            // 26: leasehold.v1.PutRequest
+	(*PutResponse)(nil),           // 27: leasehold.v1.PutResponse
+	(*DeleteRequest)(nil),         // 28: leasehold.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 29: leasehold.v1.DeleteResponse
+	(*KVServiceListRequest)(nil),  // 30: leasehold.v1.KVServiceListRequest
+	(*KVServiceListResponse)(nil), // 31: leasehold.v1.KVServiceListResponse
+	(*KeyValue)(nil),              // 32: leasehold.v1.KeyValue
+	(*StatusRequest)(nil),         // 33: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),        // 34: leasehold.v1.StatusResponse
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	1,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
@@ -1713,31 +2400,42 @@ var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	18, // 6: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
 	0,  // 7: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
 	1,  // 8: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
-	3,  // 9: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	5,  // 10: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	8,  // 11: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	10, // 12: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	12, // 13: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	14, // 14: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	16, // 15: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	19, // 16: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	21, // 17: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	23, // 18: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	4,  // 19: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	6,  // 20: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	9,  // 21: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	11, // 22: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	13, // 23: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	15, // 24: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	17, // 25: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	20, // 26: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	22, // 27: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	24, // 28: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	19, // [19:29] is the sub-list for method output_type
-	9,  // [9:19] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	23, // 9: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
+	23, // 10: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
+	32, // 11: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
+	3,  // 12: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	5,  // 13: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	8,  // 14: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	10, // 15: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	12, // 16: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	14, // 17: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	16, // 18: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	19, // 19: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	21, // 20: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	24, // 21: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	26, // 22: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	28, // 23: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	30, // 24: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	33, // 25: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	4,  // 26: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	6,  // 27: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	9,  // 28: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	11, // 29: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	13, // 30: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	15, // 31: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	17, // 32: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	20, // 33: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	22, // 34: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	25, // 35: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	27, // 36: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	29, // 37: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	31, // 38: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	34, // 39: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	26, // [26:40] is the sub-list for method output_type
+	12, // [12:26] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -1745,15 +2443,17 @@ func file_leasehold_v1_leasehold_proto_init() {
 	if File_leasehold_v1_leasehold_proto != nil {
 		return
 	}
+	file_leasehold_v1_leasehold_proto_msgTypes[25].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[27].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   24,
+			NumMessages:   34,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_leasehold_v1_leasehold_proto_goTypes,
 		DependencyIndexes: file_leasehold_v1_leasehold_proto_depIdxs,

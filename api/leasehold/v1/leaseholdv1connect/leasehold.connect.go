@@ -42,6 +42,8 @@ const (
 	LeaseServiceName = "leasehold.v1.LeaseService"
 	// LockServiceName is the fully-qualified name of the LockService service.
 	LockServiceName = "leasehold.v1.LockService"
+	// KVServiceName is the fully-qualified name of the KVService service.
+	KVServiceName = "leasehold.v1.KVService"
 	// ClusterServiceName is the fully-qualified name of the ClusterService service.
 	ClusterServiceName = "leasehold.v1.ClusterService"
 )
@@ -73,6 +75,14 @@ const (
 	LockServiceForceReleaseProcedure = "/leasehold.v1.LockService/ForceRelease"
 	// LockServiceCheckTokenProcedure is the fully-qualified name of the LockService's CheckToken RPC.
 	LockServiceCheckTokenProcedure = "/leasehold.v1.LockService/CheckToken"
+	// KVServiceGetProcedure is the fully-qualified name of the KVService's Get RPC.
+	KVServiceGetProcedure = "/leasehold.v1.KVService/Get"
+	// KVServicePutProcedure is the fully-qualified name of the KVService's Put RPC.
+	KVServicePutProcedure = "/leasehold.v1.KVService/Put"
+	// KVServiceDeleteProcedure is the fully-qualified name of the KVService's Delete RPC.
+	KVServiceDeleteProcedure = "/leasehold.v1.KVService/Delete"
+	// KVServiceListProcedure is the fully-qualified name of the KVService's List RPC.
+	KVServiceListProcedure = "/leasehold.v1.KVService/List"
 	// ClusterServiceStatusProcedure is the fully-qualified name of the ClusterService's Status RPC.
 	ClusterServiceStatusProcedure = "/leasehold.v1.ClusterService/Status"
 )
@@ -479,6 +489,190 @@ func (UnimplementedLockServiceHandler) ForceRelease(context.Context, *v1.ForceRe
 
 func (UnimplementedLockServiceHandler) CheckToken(context.Context, *v1.CheckTokenRequest) (*v1.CheckTokenResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.LockService.CheckToken is not implemented"))
+}
+
+// KVServiceClient is a client for the leasehold.v1.KVService service.
+type KVServiceClient interface {
+	// Get reads a key: its value, version, and the highest fence token it accepted. A key
+	// that does not exist is found = false (its fence token is kept after a Delete).
+	Get(context.Context, *v1.GetRequest) (*v1.GetResponse, error)
+	// Put writes a key. With a fence: FailedPrecondition ("stale_token", with
+	// ErrorDetail.highest_token) when fence.token is lower than the key's highest; with
+	// require_holder also ("not_holder") unless the token is the lock's current holder's.
+	// With if_version: FailedPrecondition ("version_mismatch") unless the key's version
+	// equals it (0 = the key must not exist). Success means committed and fsynced.
+	Put(context.Context, *v1.PutRequest) (*v1.PutResponse, error)
+	// Delete removes a key, with the same fence and version checks as Put. The key's
+	// highest fence token is remembered, so a stale holder cannot recreate it.
+	Delete(context.Context, *v1.DeleteRequest) (*v1.DeleteResponse, error)
+	// List returns keys under a prefix in key order.
+	List(context.Context, *v1.KVServiceListRequest) (*v1.KVServiceListResponse, error)
+}
+
+// NewKVServiceClient constructs a client for the leasehold.v1.KVService service. By default, it
+// uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses, and sends
+// uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the connect.WithGRPC() or
+// connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewKVServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) KVServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	kVServiceMethods := v1.File_leasehold_v1_leasehold_proto.Services().ByName("KVService").Methods()
+	return &kVServiceClient{
+		get: connect.NewClient[v1.GetRequest, v1.GetResponse](
+			httpClient,
+			baseURL+KVServiceGetProcedure,
+			connect.WithSchema(kVServiceMethods.ByName("Get")),
+			connect.WithClientOptions(opts...),
+		),
+		put: connect.NewClient[v1.PutRequest, v1.PutResponse](
+			httpClient,
+			baseURL+KVServicePutProcedure,
+			connect.WithSchema(kVServiceMethods.ByName("Put")),
+			connect.WithClientOptions(opts...),
+		),
+		delete: connect.NewClient[v1.DeleteRequest, v1.DeleteResponse](
+			httpClient,
+			baseURL+KVServiceDeleteProcedure,
+			connect.WithSchema(kVServiceMethods.ByName("Delete")),
+			connect.WithClientOptions(opts...),
+		),
+		list: connect.NewClient[v1.KVServiceListRequest, v1.KVServiceListResponse](
+			httpClient,
+			baseURL+KVServiceListProcedure,
+			connect.WithSchema(kVServiceMethods.ByName("List")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// kVServiceClient implements KVServiceClient.
+type kVServiceClient struct {
+	get    *connect.Client[v1.GetRequest, v1.GetResponse]
+	put    *connect.Client[v1.PutRequest, v1.PutResponse]
+	delete *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
+	list   *connect.Client[v1.KVServiceListRequest, v1.KVServiceListResponse]
+}
+
+// Get calls leasehold.v1.KVService.Get.
+func (c *kVServiceClient) Get(ctx context.Context, req *v1.GetRequest) (*v1.GetResponse, error) {
+	response, err := c.get.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Put calls leasehold.v1.KVService.Put.
+func (c *kVServiceClient) Put(ctx context.Context, req *v1.PutRequest) (*v1.PutResponse, error) {
+	response, err := c.put.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Delete calls leasehold.v1.KVService.Delete.
+func (c *kVServiceClient) Delete(ctx context.Context, req *v1.DeleteRequest) (*v1.DeleteResponse, error) {
+	response, err := c.delete.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// List calls leasehold.v1.KVService.List.
+func (c *kVServiceClient) List(ctx context.Context, req *v1.KVServiceListRequest) (*v1.KVServiceListResponse, error) {
+	response, err := c.list.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// KVServiceHandler is an implementation of the leasehold.v1.KVService service.
+type KVServiceHandler interface {
+	// Get reads a key: its value, version, and the highest fence token it accepted. A key
+	// that does not exist is found = false (its fence token is kept after a Delete).
+	Get(context.Context, *v1.GetRequest) (*v1.GetResponse, error)
+	// Put writes a key. With a fence: FailedPrecondition ("stale_token", with
+	// ErrorDetail.highest_token) when fence.token is lower than the key's highest; with
+	// require_holder also ("not_holder") unless the token is the lock's current holder's.
+	// With if_version: FailedPrecondition ("version_mismatch") unless the key's version
+	// equals it (0 = the key must not exist). Success means committed and fsynced.
+	Put(context.Context, *v1.PutRequest) (*v1.PutResponse, error)
+	// Delete removes a key, with the same fence and version checks as Put. The key's
+	// highest fence token is remembered, so a stale holder cannot recreate it.
+	Delete(context.Context, *v1.DeleteRequest) (*v1.DeleteResponse, error)
+	// List returns keys under a prefix in key order.
+	List(context.Context, *v1.KVServiceListRequest) (*v1.KVServiceListResponse, error)
+}
+
+// NewKVServiceHandler builds an HTTP handler from the service implementation. It returns the path
+// on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewKVServiceHandler(svc KVServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	kVServiceMethods := v1.File_leasehold_v1_leasehold_proto.Services().ByName("KVService").Methods()
+	kVServiceGetHandler := connect.NewUnaryHandlerSimple(
+		KVServiceGetProcedure,
+		svc.Get,
+		connect.WithSchema(kVServiceMethods.ByName("Get")),
+		connect.WithHandlerOptions(opts...),
+	)
+	kVServicePutHandler := connect.NewUnaryHandlerSimple(
+		KVServicePutProcedure,
+		svc.Put,
+		connect.WithSchema(kVServiceMethods.ByName("Put")),
+		connect.WithHandlerOptions(opts...),
+	)
+	kVServiceDeleteHandler := connect.NewUnaryHandlerSimple(
+		KVServiceDeleteProcedure,
+		svc.Delete,
+		connect.WithSchema(kVServiceMethods.ByName("Delete")),
+		connect.WithHandlerOptions(opts...),
+	)
+	kVServiceListHandler := connect.NewUnaryHandlerSimple(
+		KVServiceListProcedure,
+		svc.List,
+		connect.WithSchema(kVServiceMethods.ByName("List")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/leasehold.v1.KVService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case KVServiceGetProcedure:
+			kVServiceGetHandler.ServeHTTP(w, r)
+		case KVServicePutProcedure:
+			kVServicePutHandler.ServeHTTP(w, r)
+		case KVServiceDeleteProcedure:
+			kVServiceDeleteHandler.ServeHTTP(w, r)
+		case KVServiceListProcedure:
+			kVServiceListHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedKVServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedKVServiceHandler struct{}
+
+func (UnimplementedKVServiceHandler) Get(context.Context, *v1.GetRequest) (*v1.GetResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.KVService.Get is not implemented"))
+}
+
+func (UnimplementedKVServiceHandler) Put(context.Context, *v1.PutRequest) (*v1.PutResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.KVService.Put is not implemented"))
+}
+
+func (UnimplementedKVServiceHandler) Delete(context.Context, *v1.DeleteRequest) (*v1.DeleteResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.KVService.Delete is not implemented"))
+}
+
+func (UnimplementedKVServiceHandler) List(context.Context, *v1.KVServiceListRequest) (*v1.KVServiceListResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.KVService.List is not implemented"))
 }
 
 // ClusterServiceClient is a client for the leasehold.v1.ClusterService service.

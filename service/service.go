@@ -1,0 +1,130 @@
+// Package service assembles one leasehold node: the replicated log (replication), the
+// leader runtime (leader) and the RPC handlers (server), served over HTTP/1.1 and
+// unencrypted HTTP/2 on one listener. The CLI's `server` and `demo` commands, the
+// benchmarks and the tests all start nodes through it.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/leader"
+	"github.com/leasehold/leasehold/replication"
+	"github.com/leasehold/leasehold/server"
+)
+
+// Config configures a node. DataDir is required; the rest has defaults.
+type Config struct {
+	// Addr is the API listen address. Default 127.0.0.1:7740; port 0 picks one.
+	Addr string
+	// Raft configures the replicated log (DataDir, RaftAddr, NodeID, Bootstrap, ...).
+	// Observe and LeaderChange are set by Start.
+	Raft replication.Config
+	// Server bounds requests (TTLs, waits, sizes).
+	Server server.Config
+	// Logger, default slog.Default().
+	Logger *slog.Logger
+}
+
+// Node is a running leasehold node.
+type Node struct {
+	Raft   *replication.Node
+	Leader *leader.Leader
+	Server *server.Server
+
+	addr     string
+	http     *http.Server
+	cancel   context.CancelFunc
+	serveErr chan error
+}
+
+// Start opens the data dir, starts raft and the leader runtime, and serves the API. It
+// returns once the listener is open; the node serves requests once it is leader (see
+// WaitReady).
+func Start(cfg Config) (*Node, error) {
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:7740"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := cfg.Server.Validate(); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("service: listen on %s: %w", cfg.Addr, err)
+	}
+	n := &Node{addr: ln.Addr().String(), serveErr: make(chan error, 1)}
+	changes := make(chan bool, 1)
+	rc := cfg.Raft
+	rc.Logger = cfg.Logger
+	rc.Observe = func(e []core.Effect) { n.Leader.OnEffects(e) }
+	rc.LeaderChange = changes
+	n.Leader = leader.New(nil, leader.Config{Limits: rc.Limits, Logger: cfg.Logger})
+	n.Raft, err = replication.Open(rc)
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	n.Leader.SetLog(n.Raft)
+	n.Server, err = server.New(cfg.Server, n.Leader, n.Raft)
+	if err != nil {
+		_ = ln.Close()
+		_ = n.Raft.Close()
+		return nil, err
+	}
+	var ctx context.Context
+	ctx, n.cancel = context.WithCancel(context.Background())
+	go n.Leader.Run(ctx, changes)
+	n.http = &http.Server{
+		Handler:           n.Server.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		Protocols:         new(http.Protocols),
+	}
+	n.http.Protocols.SetHTTP1(true)
+	n.http.Protocols.SetUnencryptedHTTP2(true)
+	go func() { n.serveErr <- n.http.Serve(ln) }()
+	return n, nil
+}
+
+// Addr returns the API address the node listens on.
+func (n *Node) Addr() string { return n.addr }
+
+// WaitReady waits until the node serves as leader.
+func (n *Node) WaitReady(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for !n.Leader.Active() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("service: not serving as leader: %w", ctx.Err())
+		case err := <-n.serveErr:
+			return fmt.Errorf("service: HTTP server stopped: %w", err)
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// Done returns a channel that receives the HTTP server's error if it stops by itself.
+func (n *Node) Done() <-chan error { return n.serveErr }
+
+// Close stops accepting requests, lets requests in flight finish until ctx ends, stops
+// the leader runtime and closes raft. It does not revoke any lease: after a restart the
+// leases count down again from their full TTL.
+func (n *Node) Close(ctx context.Context) error {
+	herr := n.http.Shutdown(ctx)
+	if errors.Is(herr, context.DeadlineExceeded) || errors.Is(herr, context.Canceled) {
+		herr = n.http.Close()
+	}
+	n.cancel()
+	n.Leader.Demote()
+	return errors.Join(herr, n.Raft.Close())
+}
