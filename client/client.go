@@ -76,6 +76,7 @@ type Client struct {
 	leases  leaseholdv1connect.LeaseServiceClient
 	locks   leaseholdv1connect.LockServiceClient
 	cluster leaseholdv1connect.ClusterServiceClient
+	kv      leaseholdv1connect.KVServiceClient
 
 	mu       sync.Mutex
 	sessions map[time.Duration]*session
@@ -113,6 +114,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		leases:   leaseholdv1connect.NewLeaseServiceClient(o.httpClient, base, copts...),
 		locks:    leaseholdv1connect.NewLockServiceClient(o.httpClient, base, copts...),
 		cluster:  leaseholdv1connect.NewClusterServiceClient(o.httpClient, base, copts...),
+		kv:       leaseholdv1connect.NewKVServiceClient(o.httpClient, base, copts...),
 		sessions: make(map[time.Duration]*session),
 	}
 	if _, err := c.cluster.Status(ctx, &leaseholdv1.StatusRequest{}); err != nil {

@@ -3,7 +3,9 @@
 //	leasehold server                 run a node (single node, data in ./leasehold-data)
 //	leasehold lock NAME -- CMD...    run CMD while holding lock NAME
 //	leasehold locks [PREFIX]         list locks
+//	leasehold kv get|put|del|ls      the fenced key-value store
 //	leasehold status                 show the node's status
+//	leasehold demo                   replay the paused-client scenario, unfenced and fenced
 //
 // Clients find the server with --addr or LEASEHOLD_ADDR (default 127.0.0.1:7740).
 package main
@@ -46,6 +48,12 @@ func run(args []string) int {
 		return runStatus(args[1:])
 	case "unlock":
 		return runForceRelease(args[1:])
+	case "kv":
+		return runKV(args[1:])
+	case "demo":
+		return runDemo(args[1:])
+	case demoWorkerCmd:
+		return runDemoWorker(args[1:])
 	case "version", "--version":
 		fmt.Println("leasehold", version)
 		return exitOK
@@ -70,7 +78,9 @@ Usage:
                                             LEASEHOLD_TOKEN and LEASEHOLD_LOCK
   leasehold locks [PREFIX]                  list locks: name, class, holder, token, TTL left
   leasehold unlock NAME --force --reason R  operator release: fences the old holder out
+  leasehold kv get|put|del|ls ...           the fenced key-value store (put --fence LOCK=TOKEN)
   leasehold status                          show the node's role, leader and counts
+  leasehold demo                            the pause scenario, unfenced then fenced, live
   leasehold version
 
 Clients reach the server with --addr HOST:PORT or LEASEHOLD_ADDR.

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// buildBinary builds the leasehold binary once for the package's tests.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "leasehold")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestDemo runs `leasehold demo` as a user would: it must finish in under 15 seconds,
+// exit 0, show the unfenced run corrupting the data and the fenced run rejecting the
+// paused client's write with both tokens named.
+func TestDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real processes")
+	}
+	bin := buildBinary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	out, err := exec.CommandContext(ctx, bin, "demo").CombinedOutput()
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("leasehold demo: %v (after %v)\n%s", err, took, out)
+	}
+	s := string(out)
+	for _, want := range []string{
+		"A is paused (SIGSTOP)",
+		"the data is corrupted",
+		"REJECTED: token 3 is lower than 4",
+		"B's update stands",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, s)
+		}
+	}
+	t.Logf("demo took %v", took)
+}
