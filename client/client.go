@@ -223,3 +223,21 @@ func (c *Client) margin(ttl time.Duration) time.Duration {
 	}
 	return max(ttl/5, 20*time.Millisecond)
 }
+
+// Members lists the cluster's nodes.
+func (c *Client) Members(ctx context.Context) ([]*leaseholdv1.Member, error) {
+	resp, err := c.cluster.Members(ctx, &leaseholdv1.MembersRequest{})
+	return resp.GetMembers(), err
+}
+
+// AddMember adds a running node to the cluster as a voter.
+func (c *Client) AddMember(ctx context.Context, id, raftAddr, apiAddr string) ([]*leaseholdv1.Member, error) {
+	resp, err := c.cluster.AddMember(ctx, &leaseholdv1.AddMemberRequest{NodeId: id, RaftAddr: raftAddr, ApiAddr: apiAddr})
+	return resp.GetMembers(), err
+}
+
+// RemoveMember removes a node from the cluster.
+func (c *Client) RemoveMember(ctx context.Context, id string) ([]*leaseholdv1.Member, error) {
+	resp, err := c.cluster.RemoveMember(ctx, &leaseholdv1.RemoveMemberRequest{NodeId: id})
+	return resp.GetMembers(), err
+}

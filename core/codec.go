@@ -52,6 +52,7 @@ type snapshot struct {
 	Tombstones []tombstone `json:"tombstones"`
 	KVRev      uint64      `json:"kvRev,omitempty"`
 	KV         []*Entry    `json:"kv,omitempty"`
+	Members    []Member    `json:"members,omitempty"`
 }
 
 // MarshalSnapshot encodes the whole state. Equal states encode to equal bytes.
@@ -64,6 +65,7 @@ func (s *State) MarshalSnapshot() ([]byte, error) {
 	for _, id := range s.tombOrder {
 		snap.Tombstones = append(snap.Tombstones, tombstone{ID: id, Reason: s.tombstones[id]})
 	}
+	snap.Members = s.Members()
 	snap.KVRev = s.kv.rev
 	keys := make([]string, 0, len(s.kv.entries))
 	for k := range s.kv.entries {
@@ -109,6 +111,12 @@ func RestoreState(b []byte, limits Limits) (*State, error) {
 	}
 	for _, t := range snap.Tombstones {
 		s.remember(t.ID, t.Reason)
+	}
+	for _, m := range snap.Members {
+		if ValidateNodeID("id", m.ID) != nil || ValidateAddr("addr", m.APIAddr) != nil {
+			return nil, fmt.Errorf("%w: bad member in snapshot", ErrCorrupt)
+		}
+		s.members[m.ID] = m.APIAddr
 	}
 	s.kv.rev = snap.KVRev
 	for _, e := range snap.KV {

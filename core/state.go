@@ -31,6 +31,7 @@ type State struct {
 	tombstones map[LeaseID]EndReason
 	tombOrder  []LeaseID // oldest first
 	kv         kvStore
+	members    map[string]string // node id -> API address
 }
 
 // NewState returns an empty state with the given limits. Every replica must use the same
@@ -43,6 +44,7 @@ func NewState(limits Limits) *State {
 		limits:     limits,
 		tombstones: make(map[LeaseID]EndReason),
 		kv:         kvStore{entries: make(map[string]*Entry)},
+		members:    make(map[string]string),
 	}
 }
 
@@ -138,6 +140,12 @@ func (s *State) Apply(c Command) Result {
 		return r
 	case OpPut, OpDelete:
 		return s.applyWrite(c)
+	case OpSetMember:
+		s.members[c.Node] = c.Addr
+		return Result{}
+	case OpRemoveMember:
+		delete(s.members, c.Node)
+		return Result{}
 	case OpReserve:
 		if s.seq > ^uint64(0)-c.Count {
 			return Result{Err: Invalid("count", "the token sequence would overflow")}

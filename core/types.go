@@ -124,10 +124,14 @@ const (
 	OpPut Op = 10
 	// OpDelete deletes Key with the same checks as OpPut.
 	OpDelete Op = 11
+	// OpSetMember records that node Node serves its API at Addr.
+	OpSetMember Op = 12
+	// OpRemoveMember forgets node Node.
+	OpRemoveMember Op = 13
 )
 
 func (o Op) String() string {
-	names := [...]string{"", "grant", "revoke", "expire", "acquire", "release", "cancel-wait", "force-release", "end-delay", "reserve", "put", "delete"}
+	names := [...]string{"", "grant", "revoke", "expire", "acquire", "release", "cancel-wait", "force-release", "end-delay", "reserve", "put", "delete", "set-member", "remove-member"}
 	if int(o) < len(names) && o != 0 {
 		return names[o]
 	}
@@ -153,6 +157,9 @@ type Command struct {
 	Version       uint64 `json:"version,omitempty"`
 	CheckVersion  bool   `json:"checkVersion,omitempty"`
 	RequireHolder bool   `json:"requireHolder,omitempty"`
+	// Membership.
+	Node string `json:"node,omitempty"`
+	Addr string `json:"addr,omitempty"`
 }
 
 // EffectKind names an effect.

@@ -130,6 +130,13 @@ func (c *Command) validate() error {
 			return Invalid("fence.require_holder", "needs a fence token")
 		}
 		return nil
+	case OpSetMember:
+		if err := ValidateNodeID("node_id", c.Node); err != nil {
+			return err
+		}
+		return ValidateAddr("api_addr", c.Addr)
+	case OpRemoveMember:
+		return ValidateNodeID("node_id", c.Node)
 	case OpReserve:
 		if c.Count == 0 || c.Count > 1<<32 {
 			return Invalid("count", "must be 1 to 2^32")

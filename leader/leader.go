@@ -48,6 +48,9 @@ type Config struct {
 	ReserveBlock uint64
 	// Logger, default slog.Default().
 	Logger *slog.Logger
+	// OnPromote, if set, runs in its own goroutine each time this node starts serving as
+	// leader (e.g. to register the node's API address).
+	OnPromote func(ctx context.Context)
 }
 
 // Grant is a lock grant.
@@ -184,6 +187,20 @@ func (l *Leader) Promote(ctx context.Context) error {
 	stop, kick := l.stop, l.kick
 	l.mu.Unlock()
 	go l.expiryLoop(stop, kick)
+	if l.cfg.OnPromote != nil {
+		pctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			defer cancel()
+			select {
+			case <-stop:
+			case <-pctx.Done():
+			}
+		}()
+		go func() {
+			defer cancel()
+			l.cfg.OnPromote(pctx)
+		}()
+	}
 	l.lg.Info("serving as leader", "epoch", l.Epoch(), "leases", len(l.leases))
 	return nil
 }

@@ -44,8 +44,15 @@ type Config struct {
 	// RaftAddr is the host:port the raft transport binds and advertises. Port 0 picks a
 	// free port. Default 127.0.0.1:7741.
 	RaftAddr string
-	// Bootstrap makes a node with no existing state start a one-voter cluster of itself.
+	// RaftAdvertise, if set, is the address other nodes dial instead of RaftAddr (for a
+	// node bound to 0.0.0.0).
+	RaftAdvertise string
+	// Bootstrap makes a node with no existing state start a cluster: of itself alone, or
+	// of Peers when they are given (every node of a static cluster bootstraps with the
+	// same Peers). A node without Bootstrap waits to be added (see AddVoter).
 	Bootstrap bool
+	// Peers is the static initial configuration (including this node). Optional.
+	Peers []Peer
 	// Limits bound the state machine; every node must use the same.
 	Limits core.Limits
 	// HeartbeatTimeout and ElectionTimeout default to 500ms, LeaderLeaseTimeout to
@@ -65,6 +72,12 @@ type Config struct {
 	// LeaderChange, if set, receives true when this node becomes leader and false when
 	// it stops being leader. Raft blocks until the value is received.
 	LeaderChange chan<- bool
+}
+
+// Peer is one voter of a static initial configuration.
+type Peer struct {
+	ID       string
+	RaftAddr string
 }
 
 // Validate checks rules that span fields and fills defaults.
@@ -148,7 +161,13 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: raft address %q: %w", cfg.RaftAddr, err)
 	}
-	n.transport, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, nil, 3, 10*time.Second, hlog)
+	var advertise net.Addr
+	if cfg.RaftAdvertise != "" {
+		if advertise, err = net.ResolveTCPAddr("tcp", cfg.RaftAdvertise); err != nil {
+			return nil, fmt.Errorf("replication: raft advertise address %q: %w", cfg.RaftAdvertise, err)
+		}
+	}
+	n.transport, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, advertise, 3, 10*time.Second, hlog)
 	if err != nil {
 		return nil, fmt.Errorf("replication: raft transport on %s: %w", addr, err)
 	}
@@ -175,6 +194,12 @@ func Open(cfg Config) (*Node, error) {
 		}
 		if !has {
 			conf := raft.Configuration{Servers: []raft.Server{{ID: rc.LocalID, Address: n.transport.LocalAddr()}}}
+			if len(cfg.Peers) > 0 {
+				conf.Servers = nil
+				for _, p := range cfg.Peers {
+					conf.Servers = append(conf.Servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.RaftAddr)})
+				}
+			}
 			if berr := raft.BootstrapCluster(rc, store, store, snaps, n.transport, conf); berr != nil {
 				return nil, fmt.Errorf("replication: bootstrap: %w", berr)
 			}
@@ -325,6 +350,58 @@ func (n *Node) Status() Status {
 		AppliedIndex: n.raft.AppliedIndex(),
 	}
 }
+
+// Server is a member of the raft configuration.
+type Server struct {
+	ID       string
+	RaftAddr string
+	Voter    bool
+}
+
+// Configuration returns the latest raft configuration this node knows.
+func (n *Node) Configuration() ([]Server, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, fmt.Errorf("replication: configuration: %w", err)
+	}
+	var out []Server
+	for _, s := range f.Configuration().Servers {
+		out = append(out, Server{ID: string(s.ID), RaftAddr: string(s.Address), Voter: s.Suffrage == raft.Voter})
+	}
+	return out, nil
+}
+
+// AddVoter adds (or re-addresses) a voting member and waits until the change commits.
+// Only the leader can do it (ErrNotLeader otherwise).
+func (n *Node) AddVoter(ctx context.Context, id, raftAddr string) error {
+	return n.await(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, 10*time.Second))
+}
+
+// RemoveServer removes a member and waits until the change commits.
+func (n *Node) RemoveServer(ctx context.Context, id string) error {
+	return n.await(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second))
+}
+
+func (n *Node) await(ctx context.Context, f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost):
+			return fmt.Errorf("%w: %w", ErrNotLeader, err)
+		default:
+			return fmt.Errorf("replication: membership change: %w", err)
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// NodeID returns this node's id.
+func (n *Node) NodeID() string { return n.cfg.NodeID }
 
 // RaftAddr returns the address the raft transport listens on.
 func (n *Node) RaftAddr() string { return string(n.transport.LocalAddr()) }

@@ -27,6 +27,9 @@ type Config struct {
 	Version string
 	// NodeID names this node in Status.
 	NodeID string
+	// APIAddr is this node's API address as other nodes and clients reach it; it is
+	// registered in the cluster so followers can forward to the leader.
+	APIAddr string
 }
 
 // Validate fills defaults and checks rules that span fields.

@@ -35,6 +35,7 @@ var errorCodes = []struct {
 	{replication.ErrNotLeader, connect.CodeUnavailable, "not_leader"},
 	{replication.ErrOutcomeUnknown, connect.CodeUnavailable, "outcome_unknown"},
 	{leader.ErrEpochLost, connect.CodeUnavailable, "epoch_lost"},
+	{errNoSuchMember, connect.CodeNotFound, "no_such_member"},
 	{context.DeadlineExceeded, connect.CodeDeadlineExceeded, "deadline_exceeded"},
 	{context.Canceled, connect.CodeCanceled, "canceled"},
 }
@@ -89,6 +90,9 @@ func Classify(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
 	}
 	return code, detail
 }
+
+// errNoSuchMember is returned by RemoveMember for a node that is not in the cluster.
+var errNoSuchMember = errors.New("server: no such member")
 
 // limitError is a request that exceeds a size bound of the server (not a field rule).
 type limitError struct {

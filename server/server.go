@@ -21,6 +21,9 @@ type Raft interface {
 	Apply(ctx context.Context, cmd core.Command) (core.Result, error)
 	Read(fn func(*core.State))
 	ReadIndex(ctx context.Context) error
+	Configuration() ([]replication.Server, error)
+	AddVoter(ctx context.Context, id, raftAddr string) error
+	RemoveServer(ctx context.Context, id string) error
 }
 
 // Server implements LeaseService, LockService and ClusterService.
@@ -28,6 +31,7 @@ type Server struct {
 	cfg     Config
 	leader  *leader.Leader
 	raft    Raft
+	peers   *peers
 	started time.Time
 }
 
@@ -52,7 +56,7 @@ func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, leader: l, raft: r, started: time.Now()}, nil
+	return &Server{cfg: cfg, leader: l, raft: r, peers: newPeers(), started: time.Now()}, nil
 }
 
 // Handler returns the HTTP handler serving every service with Connect (gRPC, gRPC-Web
@@ -82,7 +86,7 @@ func (s *Server) Handler() http.Handler {
 // ---- LeaseService ---------------------------------------------------------------------
 
 // Grant creates a lease. See the API documentation for the contract.
-func (s *Server) Grant(ctx context.Context, req *leaseholdv1.GrantRequest) (*leaseholdv1.GrantResponse, error) {
+func (s *Server) grant(ctx context.Context, req *leaseholdv1.GrantRequest) (*leaseholdv1.GrantResponse, error) {
 	ttl, err := s.ttl(req.GetTtlMs())
 	if err != nil {
 		return nil, err
@@ -95,7 +99,7 @@ func (s *Server) Grant(ctx context.Context, req *leaseholdv1.GrantRequest) (*lea
 }
 
 // KeepAlive restarts a lease's countdown.
-func (s *Server) KeepAlive(_ context.Context, req *leaseholdv1.KeepAliveRequest) (*leaseholdv1.KeepAliveResponse, error) {
+func (s *Server) keepAlive(_ context.Context, req *leaseholdv1.KeepAliveRequest) (*leaseholdv1.KeepAliveResponse, error) {
 	id, err := leaseID(req.GetLeaseId())
 	if err != nil {
 		return nil, err
@@ -112,7 +116,7 @@ func (s *Server) KeepAlive(_ context.Context, req *leaseholdv1.KeepAliveRequest)
 }
 
 // Revoke ends a lease.
-func (s *Server) Revoke(ctx context.Context, req *leaseholdv1.RevokeRequest) (*leaseholdv1.RevokeResponse, error) {
+func (s *Server) revoke(ctx context.Context, req *leaseholdv1.RevokeRequest) (*leaseholdv1.RevokeResponse, error) {
 	id, err := leaseID(req.GetLeaseId())
 	if err != nil {
 		return nil, err
@@ -126,7 +130,7 @@ func (s *Server) Revoke(ctx context.Context, req *leaseholdv1.RevokeRequest) (*l
 // ---- LockService ----------------------------------------------------------------------
 
 // Acquire takes or waits for a lock.
-func (s *Server) Acquire(ctx context.Context, req *leaseholdv1.AcquireRequest) (*leaseholdv1.AcquireResponse, error) {
+func (s *Server) acquire(ctx context.Context, req *leaseholdv1.AcquireRequest) (*leaseholdv1.AcquireResponse, error) {
 	a, err := s.acquireArgs(req)
 	if err != nil {
 		return nil, err
@@ -177,7 +181,7 @@ func (s *Server) acquireArgs(req *leaseholdv1.AcquireRequest) (leader.AcquireArg
 }
 
 // Release gives up a lock.
-func (s *Server) Release(ctx context.Context, req *leaseholdv1.ReleaseRequest) (*leaseholdv1.ReleaseResponse, error) {
+func (s *Server) release(ctx context.Context, req *leaseholdv1.ReleaseRequest) (*leaseholdv1.ReleaseResponse, error) {
 	if err := core.ValidateName("name", req.GetName()); err != nil {
 		return nil, err
 	}
@@ -195,7 +199,7 @@ func (s *Server) Release(ctx context.Context, req *leaseholdv1.ReleaseRequest) (
 }
 
 // Describe shows one lock.
-func (s *Server) Describe(_ context.Context, req *leaseholdv1.DescribeRequest) (*leaseholdv1.DescribeResponse, error) {
+func (s *Server) describe(_ context.Context, req *leaseholdv1.DescribeRequest) (*leaseholdv1.DescribeResponse, error) {
 	if err := core.ValidateName("name", req.GetName()); err != nil {
 		return nil, err
 	}
@@ -207,7 +211,7 @@ func (s *Server) Describe(_ context.Context, req *leaseholdv1.DescribeRequest) (
 }
 
 // List shows locks under a prefix.
-func (s *Server) List(_ context.Context, req *leaseholdv1.ListRequest) (*leaseholdv1.ListResponse, error) {
+func (s *Server) list(_ context.Context, req *leaseholdv1.ListRequest) (*leaseholdv1.ListResponse, error) {
 	limit := int(req.GetLimit())
 	switch {
 	case limit == 0:
@@ -230,7 +234,7 @@ func (s *Server) List(_ context.Context, req *leaseholdv1.ListRequest) (*leaseho
 }
 
 // ForceRelease releases a lock whoever holds it.
-func (s *Server) ForceRelease(ctx context.Context, req *leaseholdv1.ForceReleaseRequest) (*leaseholdv1.ForceReleaseResponse, error) {
+func (s *Server) forceRelease(ctx context.Context, req *leaseholdv1.ForceReleaseRequest) (*leaseholdv1.ForceReleaseResponse, error) {
 	if err := core.ValidateName("name", req.GetName()); err != nil {
 		return nil, err
 	}
@@ -245,7 +249,7 @@ func (s *Server) ForceRelease(ctx context.Context, req *leaseholdv1.ForceRelease
 }
 
 // CheckToken tells whether a token is the current holder's.
-func (s *Server) CheckToken(_ context.Context, req *leaseholdv1.CheckTokenRequest) (*leaseholdv1.CheckTokenResponse, error) {
+func (s *Server) checkToken(_ context.Context, req *leaseholdv1.CheckTokenRequest) (*leaseholdv1.CheckTokenResponse, error) {
 	if err := core.ValidateName("name", req.GetName()); err != nil {
 		return nil, err
 	}
@@ -278,8 +282,84 @@ func (s *Server) Status(context.Context, *leaseholdv1.StatusRequest) (*leasehold
 		UptimeMs:     time.Since(s.started).Milliseconds(),
 		Epoch:        st.Epoch,
 		LastToken:    st.LastToken,
+		ApiAddr:      s.cfg.APIAddr,
 	}
+	resp.LeaderApiAddr = s.leaderAPIAddr()
 	return resp, nil
+}
+
+// ---- routing ----------------------------------------------------------------------------
+
+// Grant serves LockService/LeaseService.Grant on the leader, forwarding from other
+// nodes.
+func (s *Server) Grant(ctx context.Context, req *leaseholdv1.GrantRequest) (*leaseholdv1.GrantResponse, error) {
+	return call(ctx, s, req, s.grant, func(p *peerClients) func(context.Context, *leaseholdv1.GrantRequest) (*leaseholdv1.GrantResponse, error) {
+		return p.leases.Grant
+	})
+}
+
+// KeepAlive serves LockService/LeaseService.KeepAlive on the leader, forwarding from other
+// nodes.
+func (s *Server) KeepAlive(ctx context.Context, req *leaseholdv1.KeepAliveRequest) (*leaseholdv1.KeepAliveResponse, error) {
+	return call(ctx, s, req, s.keepAlive, func(p *peerClients) func(context.Context, *leaseholdv1.KeepAliveRequest) (*leaseholdv1.KeepAliveResponse, error) {
+		return p.leases.KeepAlive
+	})
+}
+
+// Revoke serves LockService/LeaseService.Revoke on the leader, forwarding from other
+// nodes.
+func (s *Server) Revoke(ctx context.Context, req *leaseholdv1.RevokeRequest) (*leaseholdv1.RevokeResponse, error) {
+	return call(ctx, s, req, s.revoke, func(p *peerClients) func(context.Context, *leaseholdv1.RevokeRequest) (*leaseholdv1.RevokeResponse, error) {
+		return p.leases.Revoke
+	})
+}
+
+// Acquire serves LockService/LeaseService.Acquire on the leader, forwarding from other
+// nodes.
+func (s *Server) Acquire(ctx context.Context, req *leaseholdv1.AcquireRequest) (*leaseholdv1.AcquireResponse, error) {
+	return call(ctx, s, req, s.acquire, func(p *peerClients) func(context.Context, *leaseholdv1.AcquireRequest) (*leaseholdv1.AcquireResponse, error) {
+		return p.locks.Acquire
+	})
+}
+
+// Release serves LockService/LeaseService.Release on the leader, forwarding from other
+// nodes.
+func (s *Server) Release(ctx context.Context, req *leaseholdv1.ReleaseRequest) (*leaseholdv1.ReleaseResponse, error) {
+	return call(ctx, s, req, s.release, func(p *peerClients) func(context.Context, *leaseholdv1.ReleaseRequest) (*leaseholdv1.ReleaseResponse, error) {
+		return p.locks.Release
+	})
+}
+
+// Describe serves LockService/LeaseService.Describe on the leader, forwarding from other
+// nodes.
+func (s *Server) Describe(ctx context.Context, req *leaseholdv1.DescribeRequest) (*leaseholdv1.DescribeResponse, error) {
+	return call(ctx, s, req, s.describe, func(p *peerClients) func(context.Context, *leaseholdv1.DescribeRequest) (*leaseholdv1.DescribeResponse, error) {
+		return p.locks.Describe
+	})
+}
+
+// List serves LockService/LeaseService.List on the leader, forwarding from other
+// nodes.
+func (s *Server) List(ctx context.Context, req *leaseholdv1.ListRequest) (*leaseholdv1.ListResponse, error) {
+	return call(ctx, s, req, s.list, func(p *peerClients) func(context.Context, *leaseholdv1.ListRequest) (*leaseholdv1.ListResponse, error) {
+		return p.locks.List
+	})
+}
+
+// ForceRelease serves LockService/LeaseService.ForceRelease on the leader, forwarding from other
+// nodes.
+func (s *Server) ForceRelease(ctx context.Context, req *leaseholdv1.ForceReleaseRequest) (*leaseholdv1.ForceReleaseResponse, error) {
+	return call(ctx, s, req, s.forceRelease, func(p *peerClients) func(context.Context, *leaseholdv1.ForceReleaseRequest) (*leaseholdv1.ForceReleaseResponse, error) {
+		return p.locks.ForceRelease
+	})
+}
+
+// CheckToken serves LockService/LeaseService.CheckToken on the leader, forwarding from other
+// nodes.
+func (s *Server) CheckToken(ctx context.Context, req *leaseholdv1.CheckTokenRequest) (*leaseholdv1.CheckTokenResponse, error) {
+	return call(ctx, s, req, s.checkToken, func(p *peerClients) func(context.Context, *leaseholdv1.CheckTokenRequest) (*leaseholdv1.CheckTokenResponse, error) {
+		return p.locks.CheckToken
+	})
 }
 
 // ---- conversions ----------------------------------------------------------------------

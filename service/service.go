@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"time"
 
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/leader"
 	"github.com/leasehold/leasehold/replication"
@@ -30,6 +31,16 @@ type Config struct {
 	Server server.Config
 	// Logger, default slog.Default().
 	Logger *slog.Logger
+	// AdvertiseAddr is the API address other nodes and clients use to reach this node.
+	// Default: the address the listener got.
+	AdvertiseAddr string
+	// Join, if set, is the API address of a cluster member: the node asks it to add this
+	// node as a voter (retrying until it succeeds or the node closes). Set
+	// Raft.Bootstrap to false with it.
+	Join string
+	// StaticPeers are registered (id → API address) by whichever node leads, for a
+	// cluster started with a static configuration (Raft.Peers).
+	StaticPeers map[string]string
 }
 
 // Node is a running leasehold node.
@@ -61,13 +72,25 @@ func Start(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("service: listen on %s: %w", cfg.Addr, err)
 	}
-	n := &Node{addr: ln.Addr().String(), serveErr: make(chan error, 1)}
 	changes := make(chan bool, 1)
 	rc := cfg.Raft
+	if rc.NodeID == "" {
+		rc.NodeID = "node1"
+	}
+	n := &Node{addr: ln.Addr().String(), serveErr: make(chan error, 1)}
+	if cfg.AdvertiseAddr == "" {
+		cfg.AdvertiseAddr = n.addr
+	}
+	cfg.Server.APIAddr = cfg.AdvertiseAddr
+	if cfg.Server.NodeID == "" {
+		cfg.Server.NodeID = rc.NodeID
+	}
 	rc.Logger = cfg.Logger
 	rc.Observe = func(e []core.Effect) { n.Leader.OnEffects(e) }
 	rc.LeaderChange = changes
-	n.Leader = leader.New(nil, leader.Config{Limits: rc.Limits, Logger: cfg.Logger})
+	n.Leader = leader.New(nil, leader.Config{Limits: rc.Limits, Logger: cfg.Logger, OnPromote: func(ctx context.Context) {
+		n.registerAll(ctx, rc.NodeID, cfg.AdvertiseAddr, cfg.StaticPeers, cfg.Logger)
+	}})
 	n.Raft, err = replication.Open(rc)
 	if err != nil {
 		_ = ln.Close()
@@ -91,7 +114,55 @@ func Start(cfg Config) (*Node, error) {
 	n.http.Protocols.SetHTTP1(true)
 	n.http.Protocols.SetUnencryptedHTTP2(true)
 	go func() { n.serveErr <- n.http.Serve(ln) }()
+	if cfg.Join != "" {
+		go n.join(ctx, cfg.Join, rc.NodeID, n.Raft.RaftAddr(), cfg.AdvertiseAddr, cfg.Logger)
+	}
 	return n, nil
+}
+
+// registerAll records this node's (and static peers') API address in the replicated
+// state, retrying while this node leads.
+func (n *Node) registerAll(ctx context.Context, id, addr string, peers map[string]string, log *slog.Logger) {
+	want := map[string]string{id: addr}
+	for pid, paddr := range peers {
+		if pid != id {
+			want[pid] = paddr
+		}
+	}
+	for pid, paddr := range want {
+		for ctx.Err() == nil {
+			err := n.Server.Register(ctx, pid, paddr)
+			if err == nil {
+				break
+			}
+			log.Warn("could not register node address, retrying", "node", pid, "addr", paddr, "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// join asks the cluster member at seed to add this node, until it succeeds or ctx ends.
+func (n *Node) join(ctx context.Context, seed, id, raftAddr, apiAddr string, log *slog.Logger) {
+	c := n.Server.PeerCluster(seed)
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		_, err := c.AddMember(rctx, &leaseholdv1.AddMemberRequest{NodeId: id, RaftAddr: raftAddr, ApiAddr: apiAddr})
+		cancel()
+		if err == nil {
+			log.Info("joined the cluster", "seed", seed, "node_id", id)
+			return
+		}
+		log.Warn("join failed, retrying", "seed", seed, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
 }
 
 // Addr returns the API address the node listens on.

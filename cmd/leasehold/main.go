@@ -50,6 +50,8 @@ func run(args []string) int {
 		return runForceRelease(args[1:])
 	case "kv":
 		return runKV(args[1:])
+	case "members":
+		return runMembers(args[1:])
 	case "demo":
 		return runDemo(args[1:])
 	case demoWorkerCmd:
@@ -80,6 +82,7 @@ Usage:
   leasehold unlock NAME --force --reason R  operator release: fences the old holder out
   leasehold kv get|put|del|ls ...           the fenced key-value store (put --fence LOCK=TOKEN)
   leasehold status                          show the node's role, leader and counts
+  leasehold members list|add|remove         cluster membership
   leasehold demo                            the pause scenario, unfenced then fenced, live
   leasehold version
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -25,6 +26,12 @@ func runServer(args []string) int {
 	minTTL := fs.Duration("min-ttl", 100*time.Millisecond, "smallest lease TTL a client may ask for")
 	maxTTL := fs.Duration("max-ttl", time.Hour, "largest lease TTL a client may ask for")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	advertise := fs.String("advertise-addr", "", "API address other nodes and clients use (default: the listen address)")
+	raftAdvertise := fs.String("raft-advertise", "", "raft address other nodes dial (default: --raft-addr)")
+	bootstrap := fs.Bool("bootstrap", true, "start a new cluster if the data dir is empty (off with --join)")
+	join := fs.String("join", "", "API address of a cluster member to join through (implies --bootstrap=false)")
+	var peers peerFlags
+	fs.Var(&peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR (repeat for each node, including this one)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -39,10 +46,23 @@ func runServer(args []string) int {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg := service.Config{
-		Addr:   *addr,
-		Raft:   replication.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, Bootstrap: true},
-		Server: server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID},
-		Logger: log,
+		Addr:          *addr,
+		Raft:          replication.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise, Bootstrap: *bootstrap && *join == ""},
+		Server:        server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID},
+		Logger:        log,
+		AdvertiseAddr: *advertise,
+		Join:          *join,
+	}
+	if len(peers) > 0 {
+		if *join != "" {
+			fmt.Fprintln(os.Stderr, "leasehold server: --peer and --join exclude each other")
+			return exitUsage
+		}
+		cfg.StaticPeers = map[string]string{}
+		for _, p := range peers {
+			cfg.Raft.Peers = append(cfg.Raft.Peers, replication.Peer{ID: p.id, RaftAddr: p.raft})
+			cfg.StaticPeers[p.id] = p.api
+		}
 	}
 	if err := cfg.Server.Validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "leasehold server: %v\n", err)
@@ -76,4 +96,20 @@ func serve(log *slog.Logger, cfg service.Config) error {
 		err = cerr
 	}
 	return err
+}
+
+type peer struct{ id, raft, api string }
+
+// peerFlags collects repeated --peer ID,RAFT_ADDR,API_ADDR flags.
+type peerFlags []peer
+
+func (p *peerFlags) String() string { return fmt.Sprint(*p) }
+
+func (p *peerFlags) Set(v string) error {
+	parts := strings.Split(v, ",")
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+		return fmt.Errorf("want ID,RAFT_ADDR,API_ADDR, got %q", v)
+	}
+	*p = append(*p, peer{id: parts[0], raft: parts[1], api: parts[2]})
+	return nil
 }

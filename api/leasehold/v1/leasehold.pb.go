@@ -1998,6 +1998,359 @@ func (x *KeyValue) GetFenceToken() uint64 {
 	return 0
 }
 
+type Member struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's id (--node-id): 1 to 64 letters, digits, '.', '_' or '-'.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Where the node's raft transport listens (host:port).
+	RaftAddr string `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	// Where the node's API listens (host:port), as the node registered it.
+	ApiAddr string `protobuf:"bytes,3,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
+	// "voter" or "nonvoter".
+	Suffrage string `protobuf:"bytes,4,opt,name=suffrage,proto3" json:"suffrage,omitempty"`
+	// Whether this node is the leader.
+	Leader        bool `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Member) Reset() {
+	*x = Member{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Member) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Member) ProtoMessage() {}
+
+func (x *Member) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Member.ProtoReflect.Descriptor instead.
+func (*Member) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *Member) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *Member) GetRaftAddr() string {
+	if x != nil {
+		return x.RaftAddr
+	}
+	return ""
+}
+
+func (x *Member) GetApiAddr() string {
+	if x != nil {
+		return x.ApiAddr
+	}
+	return ""
+}
+
+func (x *Member) GetSuffrage() string {
+	if x != nil {
+		return x.Suffrage
+	}
+	return ""
+}
+
+func (x *Member) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+type MembersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersRequest) Reset() {
+	*x = MembersRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersRequest) ProtoMessage() {}
+
+func (x *MembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
+func (*MembersRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
+}
+
+type MembersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Members       []*Member              `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersResponse) Reset() {
+	*x = MembersResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersResponse) ProtoMessage() {}
+
+func (x *MembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
+func (*MembersResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *MembersResponse) GetMembers() []*Member {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+type AddMemberRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	RaftAddr      string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	ApiAddr       string                 `protobuf:"bytes,3,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddMemberRequest) Reset() {
+	*x = AddMemberRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddMemberRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddMemberRequest) ProtoMessage() {}
+
+func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
+func (*AddMemberRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *AddMemberRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *AddMemberRequest) GetRaftAddr() string {
+	if x != nil {
+		return x.RaftAddr
+	}
+	return ""
+}
+
+func (x *AddMemberRequest) GetApiAddr() string {
+	if x != nil {
+		return x.ApiAddr
+	}
+	return ""
+}
+
+type AddMemberResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Members       []*Member              `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddMemberResponse) Reset() {
+	*x = AddMemberResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddMemberResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddMemberResponse) ProtoMessage() {}
+
+func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
+func (*AddMemberResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *AddMemberResponse) GetMembers() []*Member {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+type RemoveMemberRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveMemberRequest) Reset() {
+	*x = RemoveMemberRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveMemberRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveMemberRequest) ProtoMessage() {}
+
+func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
+func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *RemoveMemberRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type RemoveMemberResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Members       []*Member              `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveMemberResponse) Reset() {
+	*x = RemoveMemberResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveMemberResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveMemberResponse) ProtoMessage() {}
+
+func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
+func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *RemoveMemberResponse) GetMembers() []*Member {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2006,7 +2359,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2371,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2384,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
 }
 
 type StatusResponse struct {
@@ -2039,7 +2392,7 @@ type StatusResponse struct {
 	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// "leader", "follower", "candidate" or "shutdown".
 	Role string `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
-	// The leader's API address, when known.
+	// The leader's node id, when known.
 	Leader       string `protobuf:"bytes,3,opt,name=leader,proto3" json:"leader,omitempty"`
 	Term         uint64 `protobuf:"varint,4,opt,name=term,proto3" json:"term,omitempty"`
 	CommitIndex  uint64 `protobuf:"varint,5,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
@@ -2047,17 +2400,21 @@ type StatusResponse struct {
 	Leases       uint32 `protobuf:"varint,7,opt,name=leases,proto3" json:"leases,omitempty"`
 	Locks        uint32 `protobuf:"varint,8,opt,name=locks,proto3" json:"locks,omitempty"`
 	// The last token issued or reserved from the sequence.
-	LastToken     uint64 `protobuf:"varint,9,opt,name=last_token,json=lastToken,proto3" json:"last_token,omitempty"`
-	Version       string `protobuf:"bytes,10,opt,name=version,proto3" json:"version,omitempty"`
-	UptimeMs      int64  `protobuf:"varint,11,opt,name=uptime_ms,json=uptimeMs,proto3" json:"uptime_ms,omitempty"`
-	Epoch         string `protobuf:"bytes,12,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	LastToken uint64 `protobuf:"varint,9,opt,name=last_token,json=lastToken,proto3" json:"last_token,omitempty"`
+	Version   string `protobuf:"bytes,10,opt,name=version,proto3" json:"version,omitempty"`
+	UptimeMs  int64  `protobuf:"varint,11,opt,name=uptime_ms,json=uptimeMs,proto3" json:"uptime_ms,omitempty"`
+	Epoch     string `protobuf:"bytes,12,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The leader's API address, when known.
+	LeaderApiAddr string `protobuf:"bytes,13,opt,name=leader_api_addr,json=leaderApiAddr,proto3" json:"leader_api_addr,omitempty"`
+	// This node's API address as registered in the cluster.
+	ApiAddr       string `protobuf:"bytes,14,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2069,7 +2426,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2082,7 +2439,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -2165,6 +2522,20 @@ func (x *StatusResponse) GetUptimeMs() int64 {
 func (x *StatusResponse) GetEpoch() string {
 	if x != nil {
 		return x.Epoch
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetLeaderApiAddr() string {
+	if x != nil {
+		return x.LeaderApiAddr
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetApiAddr() string {
+	if x != nil {
+		return x.ApiAddr
 	}
 	return ""
 }
@@ -2298,8 +2669,27 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x1f\n" +
 	"\vfence_token\x18\x04 \x01(\x04R\n" +
-	"fenceToken\"\x0f\n" +
-	"\rStatusRequest\"\xcb\x02\n" +
+	"fenceToken\"\x8d\x01\n" +
+	"\x06Member\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
+	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +
+	"\bapi_addr\x18\x03 \x01(\tR\aapiAddr\x12\x1a\n" +
+	"\bsuffrage\x18\x04 \x01(\tR\bsuffrage\x12\x16\n" +
+	"\x06leader\x18\x05 \x01(\bR\x06leader\"\x10\n" +
+	"\x0eMembersRequest\"A\n" +
+	"\x0fMembersResponse\x12.\n" +
+	"\amembers\x18\x01 \x03(\v2\x14.leasehold.v1.MemberR\amembers\"c\n" +
+	"\x10AddMemberRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
+	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +
+	"\bapi_addr\x18\x03 \x01(\tR\aapiAddr\"C\n" +
+	"\x11AddMemberResponse\x12.\n" +
+	"\amembers\x18\x01 \x03(\v2\x14.leasehold.v1.MemberR\amembers\".\n" +
+	"\x13RemoveMemberRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"F\n" +
+	"\x14RemoveMemberResponse\x12.\n" +
+	"\amembers\x18\x01 \x03(\v2\x14.leasehold.v1.MemberR\amembers\"\x0f\n" +
+	"\rStatusRequest\"\x8e\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12\x16\n" +
@@ -2314,7 +2704,9 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\aversion\x18\n" +
 	" \x01(\tR\aversion\x12\x1b\n" +
 	"\tuptime_ms\x18\v \x01(\x03R\buptimeMs\x12\x14\n" +
-	"\x05epoch\x18\f \x01(\tR\x05epoch*^\n" +
+	"\x05epoch\x18\f \x01(\tR\x05epoch\x12&\n" +
+	"\x0fleader_api_addr\x18\r \x01(\tR\rleaderApiAddr\x12\x19\n" +
+	"\bapi_addr\x18\x0e \x01(\tR\aapiAddr*^\n" +
 	"\tLockClass\x12\x1a\n" +
 	"\x16LOCK_CLASS_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15LOCK_CLASS_EFFICIENCY\x10\x01\x12\x1a\n" +
@@ -2335,9 +2727,12 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x03Get\x12\x18.leasehold.v1.GetRequest\x1a\x19.leasehold.v1.GetResponse\x12:\n" +
 	"\x03Put\x12\x18.leasehold.v1.PutRequest\x1a\x19.leasehold.v1.PutResponse\x12C\n" +
 	"\x06Delete\x12\x1b.leasehold.v1.DeleteRequest\x1a\x1c.leasehold.v1.DeleteResponse\x12O\n" +
-	"\x04List\x12\".leasehold.v1.KVServiceListRequest\x1a#.leasehold.v1.KVServiceListResponse2U\n" +
+	"\x04List\x12\".leasehold.v1.KVServiceListRequest\x1a#.leasehold.v1.KVServiceListResponse2\xc2\x02\n" +
 	"\x0eClusterService\x12C\n" +
-	"\x06Status\x12\x1b.leasehold.v1.StatusRequest\x1a\x1c.leasehold.v1.StatusResponseB=Z;github.com/leasehold/leasehold/api/leasehold/v1;leaseholdv1b\x06proto3"
+	"\x06Status\x12\x1b.leasehold.v1.StatusRequest\x1a\x1c.leasehold.v1.StatusResponse\x12F\n" +
+	"\aMembers\x12\x1c.leasehold.v1.MembersRequest\x1a\x1d.leasehold.v1.MembersResponse\x12L\n" +
+	"\tAddMember\x12\x1e.leasehold.v1.AddMemberRequest\x1a\x1f.leasehold.v1.AddMemberResponse\x12U\n" +
+	"\fRemoveMember\x12!.leasehold.v1.RemoveMemberRequest\x1a\".leasehold.v1.RemoveMemberResponseB=Z;github.com/leasehold/leasehold/api/leasehold/v1;leaseholdv1b\x06proto3"
 
 var (
 	file_leasehold_v1_leasehold_proto_rawDescOnce sync.Once
@@ -2352,7 +2747,7 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(LockClass)(0),                // 0: leasehold.v1.LockClass
 	(*Holder)(nil),                // 1: leasehold.v1.Holder
@@ -2387,8 +2782,15 @@ var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(*KVServiceListRequest)(nil),  // 30: leasehold.v1.KVServiceListRequest
 	(*KVServiceListResponse)(nil), // 31: leasehold.v1.KVServiceListResponse
 	(*KeyValue)(nil),              // 32: leasehold.v1.KeyValue
-	(*StatusRequest)(nil),         // 33: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),        // 34: leasehold.v1.StatusResponse
+	(*Member)(nil),                // 33: leasehold.v1.Member
+	(*MembersRequest)(nil),        // 34: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),       // 35: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),      // 36: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),     // 37: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),   // 38: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),  // 39: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),         // 40: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),        // 41: leasehold.v1.StatusResponse
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	1,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
@@ -2403,39 +2805,48 @@ var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	23, // 9: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
 	23, // 10: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
 	32, // 11: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
-	3,  // 12: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	5,  // 13: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	8,  // 14: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	10, // 15: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	12, // 16: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	14, // 17: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	16, // 18: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	19, // 19: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	21, // 20: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	24, // 21: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	26, // 22: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	28, // 23: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	30, // 24: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	33, // 25: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	4,  // 26: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	6,  // 27: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	9,  // 28: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	11, // 29: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	13, // 30: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	15, // 31: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	17, // 32: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	20, // 33: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	22, // 34: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	25, // 35: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	27, // 36: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	29, // 37: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	31, // 38: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	34, // 39: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	26, // [26:40] is the sub-list for method output_type
-	12, // [12:26] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	33, // 12: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	33, // 13: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	33, // 14: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	3,  // 15: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	5,  // 16: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	8,  // 17: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	10, // 18: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	12, // 19: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	14, // 20: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	16, // 21: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	19, // 22: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	21, // 23: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	24, // 24: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	26, // 25: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	28, // 26: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	30, // 27: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	40, // 28: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	34, // 29: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	36, // 30: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	38, // 31: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	4,  // 32: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	6,  // 33: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	9,  // 34: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	11, // 35: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	13, // 36: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	15, // 37: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	17, // 38: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	20, // 39: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	22, // 40: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	25, // 41: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	27, // 42: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	29, // 43: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	31, // 44: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	41, // 45: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	35, // 46: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	37, // 47: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	39, // 48: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	32, // [32:49] is the sub-list for method output_type
+	15, // [15:32] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -2451,7 +2862,7 @@ func file_leasehold_v1_leasehold_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -85,6 +85,14 @@ const (
 	KVServiceListProcedure = "/leasehold.v1.KVService/List"
 	// ClusterServiceStatusProcedure is the fully-qualified name of the ClusterService's Status RPC.
 	ClusterServiceStatusProcedure = "/leasehold.v1.ClusterService/Status"
+	// ClusterServiceMembersProcedure is the fully-qualified name of the ClusterService's Members RPC.
+	ClusterServiceMembersProcedure = "/leasehold.v1.ClusterService/Members"
+	// ClusterServiceAddMemberProcedure is the fully-qualified name of the ClusterService's AddMember
+	// RPC.
+	ClusterServiceAddMemberProcedure = "/leasehold.v1.ClusterService/AddMember"
+	// ClusterServiceRemoveMemberProcedure is the fully-qualified name of the ClusterService's
+	// RemoveMember RPC.
+	ClusterServiceRemoveMemberProcedure = "/leasehold.v1.ClusterService/RemoveMember"
 )
 
 // LeaseServiceClient is a client for the leasehold.v1.LeaseService service.
@@ -677,8 +685,18 @@ func (UnimplementedKVServiceHandler) List(context.Context, *v1.KVServiceListRequ
 
 // ClusterServiceClient is a client for the leasehold.v1.ClusterService service.
 type ClusterServiceClient interface {
-	// Status reports this node's view: role, leader, log position and counts.
+	// Status reports this node's view: role, leader, log position and counts. Any node
+	// answers it itself (it is never forwarded).
 	Status(context.Context, *v1.StatusRequest) (*v1.StatusResponse, error)
+	// Members lists the cluster's nodes as the leader's raft configuration has them.
+	Members(context.Context, *v1.MembersRequest) (*v1.MembersResponse, error)
+	// AddMember adds a node as a voter. The node must already be running (started with
+	// --join, or without --bootstrap) and reachable at raft_addr. Adding a node that is
+	// already a member with the same addresses succeeds and changes nothing.
+	AddMember(context.Context, *v1.AddMemberRequest) (*v1.AddMemberResponse, error)
+	// RemoveMember removes a node from the cluster. Removing the leader makes it step
+	// down after the change commits.
+	RemoveMember(context.Context, *v1.RemoveMemberRequest) (*v1.RemoveMemberResponse, error)
 }
 
 // NewClusterServiceClient constructs a client for the leasehold.v1.ClusterService service. By
@@ -698,12 +716,33 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("Status")),
 			connect.WithClientOptions(opts...),
 		),
+		members: connect.NewClient[v1.MembersRequest, v1.MembersResponse](
+			httpClient,
+			baseURL+ClusterServiceMembersProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("Members")),
+			connect.WithClientOptions(opts...),
+		),
+		addMember: connect.NewClient[v1.AddMemberRequest, v1.AddMemberResponse](
+			httpClient,
+			baseURL+ClusterServiceAddMemberProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("AddMember")),
+			connect.WithClientOptions(opts...),
+		),
+		removeMember: connect.NewClient[v1.RemoveMemberRequest, v1.RemoveMemberResponse](
+			httpClient,
+			baseURL+ClusterServiceRemoveMemberProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("RemoveMember")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // clusterServiceClient implements ClusterServiceClient.
 type clusterServiceClient struct {
-	status *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	status       *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	members      *connect.Client[v1.MembersRequest, v1.MembersResponse]
+	addMember    *connect.Client[v1.AddMemberRequest, v1.AddMemberResponse]
+	removeMember *connect.Client[v1.RemoveMemberRequest, v1.RemoveMemberResponse]
 }
 
 // Status calls leasehold.v1.ClusterService.Status.
@@ -715,10 +754,47 @@ func (c *clusterServiceClient) Status(ctx context.Context, req *v1.StatusRequest
 	return nil, err
 }
 
+// Members calls leasehold.v1.ClusterService.Members.
+func (c *clusterServiceClient) Members(ctx context.Context, req *v1.MembersRequest) (*v1.MembersResponse, error) {
+	response, err := c.members.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// AddMember calls leasehold.v1.ClusterService.AddMember.
+func (c *clusterServiceClient) AddMember(ctx context.Context, req *v1.AddMemberRequest) (*v1.AddMemberResponse, error) {
+	response, err := c.addMember.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// RemoveMember calls leasehold.v1.ClusterService.RemoveMember.
+func (c *clusterServiceClient) RemoveMember(ctx context.Context, req *v1.RemoveMemberRequest) (*v1.RemoveMemberResponse, error) {
+	response, err := c.removeMember.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // ClusterServiceHandler is an implementation of the leasehold.v1.ClusterService service.
 type ClusterServiceHandler interface {
-	// Status reports this node's view: role, leader, log position and counts.
+	// Status reports this node's view: role, leader, log position and counts. Any node
+	// answers it itself (it is never forwarded).
 	Status(context.Context, *v1.StatusRequest) (*v1.StatusResponse, error)
+	// Members lists the cluster's nodes as the leader's raft configuration has them.
+	Members(context.Context, *v1.MembersRequest) (*v1.MembersResponse, error)
+	// AddMember adds a node as a voter. The node must already be running (started with
+	// --join, or without --bootstrap) and reachable at raft_addr. Adding a node that is
+	// already a member with the same addresses succeeds and changes nothing.
+	AddMember(context.Context, *v1.AddMemberRequest) (*v1.AddMemberResponse, error)
+	// RemoveMember removes a node from the cluster. Removing the leader makes it step
+	// down after the change commits.
+	RemoveMember(context.Context, *v1.RemoveMemberRequest) (*v1.RemoveMemberResponse, error)
 }
 
 // NewClusterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -734,10 +810,34 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("Status")),
 		connect.WithHandlerOptions(opts...),
 	)
+	clusterServiceMembersHandler := connect.NewUnaryHandlerSimple(
+		ClusterServiceMembersProcedure,
+		svc.Members,
+		connect.WithSchema(clusterServiceMethods.ByName("Members")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceAddMemberHandler := connect.NewUnaryHandlerSimple(
+		ClusterServiceAddMemberProcedure,
+		svc.AddMember,
+		connect.WithSchema(clusterServiceMethods.ByName("AddMember")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceRemoveMemberHandler := connect.NewUnaryHandlerSimple(
+		ClusterServiceRemoveMemberProcedure,
+		svc.RemoveMember,
+		connect.WithSchema(clusterServiceMethods.ByName("RemoveMember")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.v1.ClusterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ClusterServiceStatusProcedure:
 			clusterServiceStatusHandler.ServeHTTP(w, r)
+		case ClusterServiceMembersProcedure:
+			clusterServiceMembersHandler.ServeHTTP(w, r)
+		case ClusterServiceAddMemberProcedure:
+			clusterServiceAddMemberHandler.ServeHTTP(w, r)
+		case ClusterServiceRemoveMemberProcedure:
+			clusterServiceRemoveMemberHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -749,4 +849,16 @@ type UnimplementedClusterServiceHandler struct{}
 
 func (UnimplementedClusterServiceHandler) Status(context.Context, *v1.StatusRequest) (*v1.StatusResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ClusterService.Status is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) Members(context.Context, *v1.MembersRequest) (*v1.MembersResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ClusterService.Members is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) AddMember(context.Context, *v1.AddMemberRequest) (*v1.AddMemberResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ClusterService.AddMember is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) RemoveMember(context.Context, *v1.RemoveMemberRequest) (*v1.RemoveMemberResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ClusterService.RemoveMember is not implemented"))
 }

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+)
+
+const membersUsage = `usage:
+  leasehold members list
+  leasehold members add NODE_ID RAFT_ADDR API_ADDR
+  leasehold members remove NODE_ID`
+
+func runMembers(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, membersUsage)
+		return exitUsage
+	}
+	fs := flag.NewFlagSet("members "+args[0], flag.ContinueOnError)
+	addr := addrFlag(fs)
+	var pos []string
+	rest := args[1:]
+	for len(rest) > 0 && len(rest[0]) > 0 && rest[0][0] != '-' {
+		pos, rest = append(pos, rest[0]), rest[1:]
+	}
+	if err := fs.Parse(rest); err != nil {
+		return exitUsage
+	}
+	pos = append(pos, fs.Args()...)
+	want := map[string]int{"list": 0, "add": 3, "remove": 1}
+	if n, ok := want[args[0]]; !ok || n != len(pos) {
+		fmt.Fprintln(os.Stderr, membersUsage)
+		return exitUsage
+	}
+	ctx := context.Background()
+	c, code := dial(ctx, *addr)
+	if c == nil {
+		return code
+	}
+	var members []*leaseholdv1.Member
+	var err error
+	switch args[0] {
+	case "list":
+		members, err = c.Members(ctx)
+	case "add":
+		members, err = c.AddMember(ctx, pos[0], pos[1], pos[2])
+	case "remove":
+		members, err = c.RemoveMember(ctx, pos[0])
+	}
+	if err != nil {
+		return exitFor("members "+args[0], err)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tRAFT ADDR\tAPI ADDR\tSUFFRAGE\tLEADER")
+	for _, m := range members {
+		lead := ""
+		if m.GetLeader() {
+			lead = "*"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.GetNodeId(), m.GetRaftAddr(), m.GetApiAddr(), m.GetSuffrage(), lead)
+	}
+	_ = tw.Flush()
+	return exitOK
+}
