@@ -27,7 +27,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -73,6 +72,7 @@ func WithHolder(h Holder) Option { return func(o *options) { o.holder = h } }
 // Client is a connection to a leasehold server. It is safe for concurrent use.
 type Client struct {
 	opts    options
+	nodes   *failover
 	leases  leaseholdv1connect.LeaseServiceClient
 	locks   leaseholdv1connect.LockServiceClient
 	cluster leaseholdv1connect.ClusterServiceClient
@@ -83,8 +83,11 @@ type Client struct {
 	closed   bool
 }
 
-// Dial returns a Client for the server at addr ("host:port" or an http:// URL) and
-// checks that the server answers. It does not create a lease until the first Lock.
+// Dial returns a Client for the cluster at addr — one "host:port" (or http:// URL), or
+// several separated by commas — and checks that a node answers. Any node serves any
+// request (followers forward to the leader); when a node cannot be reached the client
+// moves to the next one and retries what is safe to retry. Dial creates no lease until
+// the first Lock.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	o := options{ttl: 10 * time.Second}
 	for _, opt := range opts {
@@ -104,23 +107,33 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		tr.HTTP2 = &http.HTTP2Config{PingTimeout: 2 * time.Second, SendPingTimeout: 5 * time.Second}
 		o.httpClient = &http.Client{Transport: tr}
 	}
-	base := addr
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
+	addrs := splitAddrs(addr)
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("%w: no address given", ErrUnavailable)
 	}
+	fo := newFailover(o.httpClient, addrs)
+	hc := connect.HTTPClient(fo)
+	base := "http://" + placeholderHost
 	copts := []connect.ClientOption{connect.WithSendCompression("identity")}
 	c := &Client{
 		opts:     o,
-		leases:   leaseholdv1connect.NewLeaseServiceClient(o.httpClient, base, copts...),
-		locks:    leaseholdv1connect.NewLockServiceClient(o.httpClient, base, copts...),
-		cluster:  leaseholdv1connect.NewClusterServiceClient(o.httpClient, base, copts...),
-		kv:       leaseholdv1connect.NewKVServiceClient(o.httpClient, base, copts...),
+		nodes:    fo,
+		leases:   leaseholdv1connect.NewLeaseServiceClient(hc, base, copts...),
+		locks:    leaseholdv1connect.NewLockServiceClient(hc, base, copts...),
+		cluster:  leaseholdv1connect.NewClusterServiceClient(hc, base, copts...),
+		kv:       leaseholdv1connect.NewKVServiceClient(hc, base, copts...),
 		sessions: make(map[time.Duration]*session),
 	}
-	if _, err := c.cluster.Status(ctx, &leaseholdv1.StatusRequest{}); err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, addr, err)
+	var err error
+	for range addrs {
+		if _, err = c.cluster.Status(ctx, &leaseholdv1.StatusRequest{}); err == nil {
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
 	}
-	return c, nil
+	return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, addr, err)
 }
 
 // Status returns the server's status.

@@ -120,10 +120,11 @@ func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Lo
 			return nil, err
 		}
 		lastErr = err
+		c.nodes.next()
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%w: %w (last error: %w)", ErrUnavailable, ctx.Err(), lastErr)
-		case <-time.After(backoff):
+		case <-time.After(jitter(backoff)):
 		}
 		backoff = min(backoff*2, time.Second)
 	}
@@ -221,10 +222,11 @@ func (l *Lock) Unlock(ctx context.Context) error {
 			l.lost(fmt.Errorf("%w: release failed: %w", ErrLockLost, err))
 			return fmt.Errorf("%w: %w", ErrLockLost, err)
 		}
+		l.c.nodes.next()
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		case <-time.After(backoff):
+		case <-time.After(jitter(backoff)):
 		}
 		backoff = min(2*backoff, time.Second)
 	}

@@ -155,9 +155,10 @@ func (s *session) keepAlive() {
 			s.end(leaseGoneCause(err))
 			return
 		default:
-			// Unknown: the lease may still be alive. Retry quickly with backoff, but
-			// keep several attempts inside the remaining time.
-			next = min(retry, max(left/4, time.Millisecond))
+			// Unknown: the lease may still be alive. Retry quickly with backoff (on the
+			// next node), keeping several attempts inside the remaining time.
+			s.c.nodes.next()
+			next = min(jitter(retry), max(left/4, time.Millisecond))
 			retry = min(retry*2, interval)
 		}
 		t.Reset(next)
