@@ -4,7 +4,7 @@ TOOL      := $(GO) tool -modfile=tools/go.mod
 PKGS      := ./...
 BIN       := bin/leasehold
 
-.PHONY: all build test test-race test-short verify fmt vet lint tidy-check generate generate-check fuzz bench postgres run clean
+.PHONY: image cluster-up cluster-down all build test test-race test-short verify fmt vet lint tidy-check generate generate-check fuzz bench postgres run clean
 
 all: build
 
@@ -55,6 +55,16 @@ bench: ## the benchmarks behind docs/PERFORMANCE.md
 
 postgres: ## install (Debian) and start PostgreSQL for the fence tests; prints the env to export
 	@bash scripts/postgres.sh
+
+image: build ## a FROM-scratch image leasehold:dev from the static binary (no pull)
+	docker build -t leasehold:dev .
+
+cluster-up: image ## three nodes with docker compose (API on 127.0.0.1:17740, :27740, :37740)
+	docker-compose -p leasehold -f compose.yaml up -d
+	@echo "export LEASEHOLD_ADDR=127.0.0.1:17740,127.0.0.1:27740,127.0.0.1:37740"
+
+cluster-down: ## stop the compose cluster (data volumes are kept)
+	docker-compose -p leasehold -f compose.yaml down
 
 clean:
 	rm -rf bin

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -24,6 +25,7 @@ type Raft interface {
 	Configuration() ([]replication.Server, error)
 	AddVoter(ctx context.Context, id, raftAddr string) error
 	RemoveServer(ctx context.Context, id string) error
+	SnapshotState() ([]byte, error)
 }
 
 // Server implements LeaseService, LockService and ClusterService.
@@ -73,6 +75,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(leaseholdv1connect.NewLockServiceHandler(s, opts...))
 	mux.Handle(leaseholdv1connect.NewClusterServiceHandler(s, opts...))
 	mux.Handle(leaseholdv1connect.NewKVServiceHandler(kvHandler{s}, opts...))
+	mux.HandleFunc("GET /admin/snapshot", s.serveSnapshot)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.leader.Active() {
 			http.Error(w, "not serving: no leader here", http.StatusServiceUnavailable)
@@ -81,6 +84,33 @@ func (s *Server) Handler() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	return mux
+}
+
+// serveSnapshot writes the whole state (leases, locks, token sequence, KV, members) as
+// of a linearizable point, for `leasehold snapshot save`. A follower redirects to the
+// leader.
+func (s *Server) serveSnapshot(w http.ResponseWriter, r *http.Request) {
+	if !s.leader.Active() {
+		addr := s.leaderAPIAddr()
+		if addr == "" || addr == s.cfg.APIAddr {
+			http.Error(w, "no leader known; retry", http.StatusServiceUnavailable)
+			return
+		}
+		http.Redirect(w, r, "http://"+addr+"/admin/snapshot", http.StatusTemporaryRedirect)
+		return
+	}
+	if err := s.raft.ReadIndex(r.Context()); err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	b, err := s.raft.SnapshotState()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	_, _ = w.Write(b)
 }
 
 // ---- LeaseService ---------------------------------------------------------------------

@@ -52,6 +52,8 @@ func run(args []string) int {
 		return runKV(args[1:])
 	case "members":
 		return runMembers(args[1:])
+	case "snapshot":
+		return runSnapshot(args[1:])
 	case "demo":
 		return runDemo(args[1:])
 	case demoWorkerCmd:
@@ -83,6 +85,7 @@ Usage:
   leasehold kv get|put|del|ls ...           the fenced key-value store (put --fence LOCK=TOKEN)
   leasehold status                          show the node's role, leader and counts
   leasehold members list|add|remove         cluster membership
+  leasehold snapshot save|restore FILE      back up the whole state; restore into a new data dir
   leasehold demo                            the pause scenario, unfenced then fenced, live
   leasehold version
 
