@@ -138,8 +138,8 @@ func (c *Command) validate() error {
 	case OpRemoveMember:
 		return ValidateNodeID("node_id", c.Node)
 	case OpReserve:
-		if c.Count == 0 || c.Count > 1<<32 {
-			return Invalid("count", "must be 1 to 2^32")
+		if c.Count == 0 || c.Count > 1<<40 {
+			return Invalid("count", "must be 1 to 2^40")
 		}
 		return nil
 	default:

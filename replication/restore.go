@@ -18,11 +18,21 @@ import (
 // core.State.MarshalSnapshot, e.g. by `leasehold snapshot save`), as a one-voter cluster
 // of nodeID at raftAddr. A node started on dir then serves that state: leases restart
 // their countdowns at full TTL, locks are held by the same leases with the same tokens,
-// and the token sequence continues above every token in the snapshot. Other nodes join
-// it as usual. dir must not exist or be empty.
-func RestoreDataDir(dir, nodeID, raftAddr string, state []byte, limits core.Limits) error {
-	if _, err := core.RestoreState(state, limits); err != nil {
+// and the token sequence continues tokenGap above the last token in the snapshot — so
+// that tokens the old cluster issued after the backup (fewer than tokenGap) are never
+// issued again. Other nodes join it as usual. dir must not exist or be empty.
+func RestoreDataDir(dir, nodeID, raftAddr string, state []byte, limits core.Limits, tokenGap uint64) error {
+	st, err := core.RestoreState(state, limits)
+	if err != nil {
 		return fmt.Errorf("replication: the snapshot does not decode: %w", err)
+	}
+	if tokenGap > 0 {
+		if res := st.Apply(core.Command{Op: core.OpReserve, Count: tokenGap}); res.Err != nil {
+			return fmt.Errorf("replication: advance the token sequence: %w", res.Err)
+		}
+		if state, err = st.MarshalSnapshot(); err != nil {
+			return err
+		}
 	}
 	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
 		return fmt.Errorf("replication: %s is not empty; restore into a new directory", dir)

@@ -33,6 +33,7 @@ func runSnapshot(args []string) int {
 	dataDir := fs.String("data-dir", "", "restore: the new data directory (must be empty)")
 	nodeID := fs.String("node-id", "node1", "restore: the node id the restored node will run with")
 	raftAddr := fs.String("raft-addr", "127.0.0.1:7741", "restore: the raft address the restored node will run with")
+	gap := fs.Uint64("token-gap", 1<<32, "restore: continue the token sequence this far above the backup's last token,\nso tokens issued after the backup are never issued again")
 	if err := fs.Parse(args[2:]); err != nil || fs.NArg() > 0 {
 		fmt.Fprintln(os.Stderr, snapshotUsage)
 		return exitUsage
@@ -49,7 +50,7 @@ func runSnapshot(args []string) int {
 		fmt.Fprintf(os.Stderr, "leasehold snapshot restore: %v\n", err)
 		return exitError
 	}
-	if err := replication.RestoreDataDir(*dataDir, *nodeID, *raftAddr, b, core.Limits{}); err != nil {
+	if err := replication.RestoreDataDir(*dataDir, *nodeID, *raftAddr, b, core.Limits{}, *gap); err != nil {
 		fmt.Fprintf(os.Stderr, "leasehold snapshot restore: %v\n", err)
 		return exitError
 	}
