@@ -1,0 +1,44 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"log"
+
+	"github.com/leasehold/leasehold/client"
+)
+
+// Example_fencedKV writes to leasehold's own fenced key-value store: the store rejects a
+// write whose token is lower than one it has accepted for the key.
+func Example_fencedKV() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "127.0.0.1:7740")
+	if err != nil {
+		log.Fatal(err)
+	}
+	l, err := c.Lock(ctx, "accounts/7", client.Correctness)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Unlock(context.Background())
+
+	_, err = c.Put(ctx, "accounts/7/balance", []byte("80"), client.Fenced(l))
+	var stale *client.StaleTokenError
+	if errors.As(err, &stale) {
+		log.Printf("token %d is stale: the key has accepted %d", stale.Token, stale.Highest)
+	}
+}
+
+// Example_checkToken asks the lock service whether a token is still the holder's, for a
+// resource that can call out before it commits.
+func Example_checkToken() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "127.0.0.1:7740")
+	if err != nil {
+		log.Fatal(err)
+	}
+	current, err := c.CheckToken(ctx, "accounts/7", 34)
+	if err == nil && !current {
+		log.Print("token 34 no longer holds accounts/7: refuse the write")
+	}
+}
