@@ -51,6 +51,7 @@ type options struct {
 	margin     time.Duration
 	httpClient connect.HTTPClient
 	holder     Holder
+	noFastLane bool
 }
 
 // WithTTL sets the default lease TTL for locks that do not ask for their own
@@ -77,6 +78,7 @@ type Client struct {
 	locks   leaseholdv1connect.LockServiceClient
 	cluster leaseholdv1connect.ClusterServiceClient
 	kv      leaseholdv1connect.KVServiceClient
+	fast    *fastLanes
 
 	mu       sync.Mutex
 	sessions map[time.Duration]*session
@@ -124,6 +126,10 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		kv:       leaseholdv1connect.NewKVServiceClient(hc, base, copts...),
 		sessions: make(map[time.Duration]*session),
 	}
+	c.fast = &fastLanes{c: c, disabled: o.noFastLane}
+	c.leases = fastLeaseClient{LeaseServiceClient: c.leases, f: c.fast}
+	c.locks = fastLockClient{LockServiceClient: c.locks, f: c.fast}
+	c.kv = fastKVClient{KVServiceClient: c.kv, f: c.fast}
 	var err error
 	for range addrs {
 		if _, err = c.cluster.Status(ctx, &leaseholdv1.StatusRequest{}); err == nil {
@@ -188,6 +194,7 @@ func (c *Client) Close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	c.fast.close()
 	return errors.Join(errs...)
 }
 

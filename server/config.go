@@ -30,6 +30,8 @@ type Config struct {
 	// APIAddr is this node's API address as other nodes and clients reach it; it is
 	// registered in the cluster so followers can forward to the leader.
 	APIAddr string
+	// FastLaneAddr is reported by Status so clients can find the fast lane.
+	FastLaneAddr string
 }
 
 // Validate fills defaults and checks rules that span fields.

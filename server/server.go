@@ -70,6 +70,9 @@ func (s *Server) Handler() http.Handler {
 		// Small messages are not worth compressing: gzip would be a third of the CPU.
 		connect.WithCompressMinBytes(4 << 10),
 	}
+	for _, c := range jsonCodecs {
+		opts = append(opts, connect.WithCodec(c)) // reject unknown JSON fields (G6)
+	}
 	mux := http.NewServeMux()
 	mux.Handle(leaseholdv1connect.NewLeaseServiceHandler(s, opts...))
 	mux.Handle(leaseholdv1connect.NewLockServiceHandler(s, opts...))
@@ -313,6 +316,7 @@ func (s *Server) Status(context.Context, *leaseholdv1.StatusRequest) (*leasehold
 		Epoch:        st.Epoch,
 		LastToken:    st.LastToken,
 		ApiAddr:      s.cfg.APIAddr,
+		FastLaneAddr: s.cfg.FastLaneAddr,
 	}
 	resp.LeaderApiAddr = s.leaderAPIAddr()
 	return resp, nil

@@ -38,6 +38,9 @@ type Config struct {
 	// node as a voter (retrying until it succeeds or the node closes). Set
 	// Raft.Bootstrap to false with it.
 	Join string
+	// FastLaneAddr is where the fast lane listens (docs/PROTOCOL.md). Default
+	// 127.0.0.1:7742; port 0 picks one; "off" disables it.
+	FastLaneAddr string
 	// StaticPeers are registered (id → API address) by whichever node leads, for a
 	// cluster started with a static configuration (Raft.Peers).
 	StaticPeers map[string]string
@@ -50,6 +53,8 @@ type Node struct {
 	Server *server.Server
 
 	addr     string
+	fastAddr string
+	fastLn   net.Listener
 	http     *http.Server
 	cancel   context.CancelFunc
 	serveErr chan error
@@ -72,12 +77,26 @@ func Start(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("service: listen on %s: %w", cfg.Addr, err)
 	}
+	if cfg.FastLaneAddr == "" {
+		cfg.FastLaneAddr = "127.0.0.1:7742"
+	}
+	var fastLn net.Listener
+	if cfg.FastLaneAddr != "off" {
+		if fastLn, err = net.Listen("tcp", cfg.FastLaneAddr); err != nil {
+			_ = ln.Close()
+			return nil, fmt.Errorf("service: fast lane: listen on %s: %w", cfg.FastLaneAddr, err)
+		}
+	}
 	changes := make(chan bool, 1)
 	rc := cfg.Raft
 	if rc.NodeID == "" {
 		rc.NodeID = "node1"
 	}
-	n := &Node{addr: ln.Addr().String(), serveErr: make(chan error, 1)}
+	n := &Node{addr: ln.Addr().String(), fastLn: fastLn, serveErr: make(chan error, 1)}
+	if fastLn != nil {
+		n.fastAddr = fastLn.Addr().String()
+		cfg.Server.FastLaneAddr = n.fastAddr
+	}
 	if cfg.AdvertiseAddr == "" {
 		cfg.AdvertiseAddr = n.addr
 	}
@@ -94,12 +113,18 @@ func Start(cfg Config) (*Node, error) {
 	n.Raft, err = replication.Open(rc)
 	if err != nil {
 		_ = ln.Close()
+		if fastLn != nil {
+			_ = fastLn.Close()
+		}
 		return nil, err
 	}
 	n.Leader.SetLog(n.Raft)
 	n.Server, err = server.New(cfg.Server, n.Leader, n.Raft)
 	if err != nil {
 		_ = ln.Close()
+		if fastLn != nil {
+			_ = fastLn.Close()
+		}
 		_ = n.Raft.Close()
 		return nil, err
 	}
@@ -114,6 +139,13 @@ func Start(cfg Config) (*Node, error) {
 	n.http.Protocols.SetHTTP1(true)
 	n.http.Protocols.SetUnencryptedHTTP2(true)
 	go func() { n.serveErr <- n.http.Serve(ln) }()
+	if fastLn != nil {
+		go func() {
+			if err := n.Server.ServeFastLane(fastLn, cfg.Logger); err != nil {
+				cfg.Logger.Error("fast lane stopped", "err", err)
+			}
+		}()
+	}
 	if cfg.Join != "" {
 		go n.join(ctx, cfg.Join, rc.NodeID, n.Raft.RaftAddr(), cfg.AdvertiseAddr, cfg.Logger)
 	}
@@ -168,6 +200,9 @@ func (n *Node) join(ctx context.Context, seed, id, raftAddr, apiAddr string, log
 // Addr returns the API address the node listens on.
 func (n *Node) Addr() string { return n.addr }
 
+// FastLaneAddr returns the fast lane's address ("" when disabled).
+func (n *Node) FastLaneAddr() string { return n.fastAddr }
+
 // WaitReady waits until the node serves as leader.
 func (n *Node) WaitReady(ctx context.Context) error {
 	t := time.NewTicker(5 * time.Millisecond)
@@ -191,6 +226,9 @@ func (n *Node) Done() <-chan error { return n.serveErr }
 // the leader runtime and closes raft. It does not revoke any lease: after a restart the
 // leases count down again from their full TTL.
 func (n *Node) Close(ctx context.Context) error {
+	if n.fastLn != nil {
+		_ = n.fastLn.Close() // connections end when their requests fail or finish
+	}
 	herr := n.http.Shutdown(ctx)
 	if errors.Is(herr, context.DeadlineExceeded) || errors.Is(herr, context.Canceled) {
 		herr = n.http.Close()

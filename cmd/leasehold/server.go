@@ -20,6 +20,7 @@ func runServer(args []string) int {
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:7740", "API address (Connect: gRPC, gRPC-Web, JSON over HTTP)")
 	raftAddr := fs.String("raft-addr", "127.0.0.1:7741", "raft transport address")
+	fastAddr := fs.String("fast-lane-addr", "127.0.0.1:7742", "fast-lane address (binary protocol for the hot calls), or off")
 	dataDir := fs.String("data-dir", "./leasehold-data", "directory for the raft log and snapshots")
 	nodeID := fs.String("node-id", "node1", "this node's id in the cluster")
 	defTTL := fs.Duration("default-ttl", 10*time.Second, "lease TTL when a client asks for 0")
@@ -52,6 +53,7 @@ func runServer(args []string) int {
 		Logger:        log,
 		AdvertiseAddr: *advertise,
 		Join:          *join,
+		FastLaneAddr:  *fastAddr,
 	}
 	if len(peers) > 0 {
 		if *join != "" {
@@ -84,7 +86,7 @@ func serve(log *slog.Logger, cfg service.Config) error {
 	if err != nil {
 		return err
 	}
-	log.Info("leasehold serving", "addr", n.Addr(), "raft", n.Raft.RaftAddr(), "data_dir", cfg.Raft.DataDir, "node_id", cfg.Raft.NodeID, "version", version)
+	log.Info("leasehold serving", "addr", n.Addr(), "fast_lane", n.FastLaneAddr(), "raft", n.Raft.RaftAddr(), "data_dir", cfg.Raft.DataDir, "node_id", cfg.Raft.NodeID, "version", version)
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")

@@ -2407,7 +2407,9 @@ type StatusResponse struct {
 	// The leader's API address, when known.
 	LeaderApiAddr string `protobuf:"bytes,13,opt,name=leader_api_addr,json=leaderApiAddr,proto3" json:"leader_api_addr,omitempty"`
 	// This node's API address as registered in the cluster.
-	ApiAddr       string `protobuf:"bytes,14,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
+	ApiAddr string `protobuf:"bytes,14,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
+	// This node's fast-lane address (docs/PROTOCOL.md), empty when it has none.
+	FastLaneAddr  string `protobuf:"bytes,15,opt,name=fast_lane_addr,json=fastLaneAddr,proto3" json:"fast_lane_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2538,6 +2540,76 @@ func (x *StatusResponse) GetApiAddr() string {
 		return x.ApiAddr
 	}
 	return ""
+}
+
+func (x *StatusResponse) GetFastLaneAddr() string {
+	if x != nil {
+		return x.FastLaneAddr
+	}
+	return ""
+}
+
+// FastLaneError is the payload of a fast-lane error frame (docs/PROTOCOL.md).
+type FastLaneError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The RPC code, numbered as in gRPC (3 InvalidArgument, 5 NotFound, 9
+	// FailedPrecondition, 14 Unavailable, ...).
+	Code          uint32       `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string       `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Detail        *ErrorDetail `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FastLaneError) Reset() {
+	*x = FastLaneError{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FastLaneError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FastLaneError) ProtoMessage() {}
+
+func (x *FastLaneError) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FastLaneError.ProtoReflect.Descriptor instead.
+func (*FastLaneError) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *FastLaneError) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *FastLaneError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *FastLaneError) GetDetail() *ErrorDetail {
+	if x != nil {
+		return x.Detail
+	}
+	return nil
 }
 
 var File_leasehold_v1_leasehold_proto protoreflect.FileDescriptor
@@ -2689,7 +2761,7 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"F\n" +
 	"\x14RemoveMemberResponse\x12.\n" +
 	"\amembers\x18\x01 \x03(\v2\x14.leasehold.v1.MemberR\amembers\"\x0f\n" +
-	"\rStatusRequest\"\x8e\x03\n" +
+	"\rStatusRequest\"\xb4\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12\x16\n" +
@@ -2706,7 +2778,12 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\tuptime_ms\x18\v \x01(\x03R\buptimeMs\x12\x14\n" +
 	"\x05epoch\x18\f \x01(\tR\x05epoch\x12&\n" +
 	"\x0fleader_api_addr\x18\r \x01(\tR\rleaderApiAddr\x12\x19\n" +
-	"\bapi_addr\x18\x0e \x01(\tR\aapiAddr*^\n" +
+	"\bapi_addr\x18\x0e \x01(\tR\aapiAddr\x12$\n" +
+	"\x0efast_lane_addr\x18\x0f \x01(\tR\ffastLaneAddr\"p\n" +
+	"\rFastLaneError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x121\n" +
+	"\x06detail\x18\x03 \x01(\v2\x19.leasehold.v1.ErrorDetailR\x06detail*^\n" +
 	"\tLockClass\x12\x1a\n" +
 	"\x16LOCK_CLASS_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15LOCK_CLASS_EFFICIENCY\x10\x01\x12\x1a\n" +
@@ -2747,7 +2824,7 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(LockClass)(0),                // 0: leasehold.v1.LockClass
 	(*Holder)(nil),                // 1: leasehold.v1.Holder
@@ -2791,6 +2868,7 @@ var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(*RemoveMemberResponse)(nil),  // 39: leasehold.v1.RemoveMemberResponse
 	(*StatusRequest)(nil),         // 40: leasehold.v1.StatusRequest
 	(*StatusResponse)(nil),        // 41: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),         // 42: leasehold.v1.FastLaneError
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	1,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
@@ -2808,45 +2886,46 @@ var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	33, // 12: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
 	33, // 13: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
 	33, // 14: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	3,  // 15: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	5,  // 16: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	8,  // 17: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	10, // 18: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	12, // 19: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	14, // 20: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	16, // 21: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	19, // 22: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	21, // 23: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	24, // 24: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	26, // 25: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	28, // 26: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	30, // 27: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	40, // 28: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	34, // 29: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	36, // 30: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	38, // 31: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	4,  // 32: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	6,  // 33: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	9,  // 34: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	11, // 35: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	13, // 36: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	15, // 37: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	17, // 38: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	20, // 39: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	22, // 40: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	25, // 41: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	27, // 42: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	29, // 43: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	31, // 44: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	41, // 45: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	35, // 46: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	37, // 47: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	39, // 48: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	32, // [32:49] is the sub-list for method output_type
-	15, // [15:32] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	2,  // 15: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	3,  // 16: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	5,  // 17: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	8,  // 18: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	10, // 19: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	12, // 20: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	14, // 21: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	16, // 22: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	19, // 23: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	21, // 24: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	24, // 25: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	26, // 26: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	28, // 27: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	30, // 28: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	40, // 29: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	34, // 30: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	36, // 31: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	38, // 32: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	4,  // 33: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	6,  // 34: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	9,  // 35: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	11, // 36: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	13, // 37: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	15, // 38: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	17, // 39: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	20, // 40: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	22, // 41: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	25, // 42: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	27, // 43: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	29, // 44: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	31, // 45: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	41, // 46: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	35, // 47: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	37, // 48: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	39, // 49: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	33, // [33:50] is the sub-list for method output_type
+	16, // [16:33] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -2862,7 +2941,7 @@ func file_leasehold_v1_leasehold_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   41,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   4,
 		},
