@@ -1,0 +1,157 @@
+package server_test
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/fastlane"
+	"github.com/leasehold/leasehold/replication"
+	"github.com/leasehold/leasehold/service"
+)
+
+// startFastLaneNode starts an in-process node and returns its fast-lane address.
+func startFastLaneNode(tb testing.TB) string {
+	tb.Helper()
+	n, err := service.Start(service.Config{
+		Addr:         "127.0.0.1:0",
+		FastLaneAddr: "127.0.0.1:0",
+		Raft:         replication.Config{DataDir: tb.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true},
+		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = n.Close(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.WaitReady(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	return n.FastLaneAddr()
+}
+
+// FuzzFastLane feeds arbitrary bytes after a valid handshake (and, for some inputs,
+// instead of it) and checks the server survives: it keeps accepting connections and
+// answers a well-formed request afterwards. It never panics, hangs or dies.
+func FuzzFastLane(f *testing.F) {
+	frame := func(kind fastlane.Kind, m fastlane.Method, id uint64, payload []byte) []byte {
+		b, _ := fastlane.AppendFrame(nil, kind, m, id, func(b []byte) ([]byte, error) { return append(b, payload...), nil })
+		return b
+	}
+	f.Add(false, frame(fastlane.KindRequest, fastlane.MethodGrant, 1, nil))
+	f.Add(false, frame(fastlane.KindRequest, fastlane.MethodAcquire, 2, []byte{0x0a, 0x03, 'a', '/', 'b'}))
+	f.Add(false, frame(fastlane.KindRequest, 200, 3, []byte{1, 2, 3}))
+	f.Add(false, frame(fastlane.KindCancel, fastlane.MethodAcquire, 9, nil))
+	f.Add(false, []byte{0xff, 0xff, 0xff, 0xff, 1, 1})
+	f.Add(false, []byte{0, 0, 0, 1, 1})
+	f.Add(true, []byte("GET / HTTP/1.1\r\n\r\n"))
+	f.Add(true, []byte("LHFL\x00\x02\x00\x00"))
+	addr := startFastLaneNode(f)
+	f.Fuzz(func(t *testing.T, skipHello bool, data []byte) {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			t.Fatalf("server stopped accepting: %v", err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		if !skipHello {
+			if err := fastlane.ClientHello(conn); err != nil {
+				t.Fatalf("handshake: %v", err)
+			}
+		}
+		_, _ = conn.Write(data)
+		_ = conn.Close()
+
+		// The server still serves a fresh, well-formed request.
+		ok, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			t.Fatalf("server stopped accepting after %q: %v", data, err)
+		}
+		defer ok.Close()
+		_ = ok.SetDeadline(time.Now().Add(5 * time.Second))
+		if err := fastlane.ClientHello(ok); err != nil {
+			t.Fatalf("handshake after garbage: %v", err)
+		}
+		if _, err := ok.Write(frame(fastlane.KindRequest, fastlane.MethodCheckToken, 7, []byte{0x0a, 0x01, 'x', 0x10, 0x01})); err != nil {
+			t.Fatal(err)
+		}
+		r := fastlane.NewReader(ok)
+		resp, err := r.Read()
+		if err != nil {
+			t.Fatalf("no answer after garbage %q: %v", data, err)
+		}
+		if resp.ID != 7 || resp.Kind != fastlane.KindResponse {
+			t.Fatalf("answer after garbage: kind %d id %d", resp.Kind, resp.ID)
+		}
+	})
+}
+
+// TestFastLaneErrors checks the protocol's error rules on a live server: an unknown
+// method and an undecodable payload are answered on the connection, which stays open; a
+// bad frame length closes it; a wrong version is refused in the handshake.
+func TestFastLaneErrors(t *testing.T) {
+	addr := startFastLaneNode(t)
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := fastlane.ClientHello(conn); err != nil {
+		t.Fatal(err)
+	}
+	send := func(kind fastlane.Kind, m fastlane.Method, id uint64, payload []byte) {
+		b, _ := fastlane.AppendFrame(nil, kind, m, id, func(b []byte) ([]byte, error) { return append(b, payload...), nil })
+		if _, err := conn.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := fastlane.NewReader(conn)
+	send(fastlane.KindRequest, 99, 1, nil)
+	if f, err := r.Read(); err != nil || f.Kind != fastlane.KindError || f.ID != 1 {
+		t.Fatalf("unknown method: %+v %v", f, err)
+	}
+	send(fastlane.KindRequest, fastlane.MethodAcquire, 2, []byte{0xff, 0xff, 0xff})
+	if f, err := r.Read(); err != nil || f.Kind != fastlane.KindError || f.ID != 2 {
+		t.Fatalf("undecodable payload: %+v %v", f, err)
+	}
+	// An invalid name is InvalidArgument (code 3) naming the field, as over Connect.
+	send(fastlane.KindRequest, fastlane.MethodCheckToken, 3, []byte{0x0a, 0x03, 'a', ' ', 'b', 0x10, 0x01})
+	f, err := r.Read()
+	if err != nil || f.Kind != fastlane.KindError || f.ID != 3 {
+		t.Fatalf("invalid name: %+v %v", f, err)
+	}
+	if len(f.Payload) < 2 || f.Payload[0] != 0x08 || f.Payload[1] != 3 {
+		t.Fatalf("invalid name: want code 3 first in the error payload, got % x", f.Payload)
+	}
+	// A frame length above the limit closes the connection.
+	var bad [4]byte
+	binary.BigEndian.PutUint32(bad[:], fastlane.MaxFrame+1)
+	_, _ = conn.Write(bad[:])
+	if _, err := r.Read(); err == nil {
+		t.Fatal("connection still open after an oversized frame length")
+	}
+
+	// A client of another version is refused in the handshake.
+	c2, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	_ = c2.SetDeadline(time.Now().Add(5 * time.Second))
+	_, _ = c2.Write([]byte("LHFL\x00\x09\x00\x00"))
+	var resp [16]byte
+	if _, err := io.ReadFull(c2, resp[:]); err != nil {
+		t.Fatal(err)
+	}
+	if v := binary.BigEndian.Uint16(resp[4:6]); v != fastlane.Version {
+		t.Fatalf("server announced version %d", v)
+	}
+	if _, err := c2.Read(resp[:1]); err == nil {
+		t.Fatal("connection of a wrong-version client stayed open")
+	}
+}
