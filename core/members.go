@@ -42,7 +42,8 @@ func ValidateNodeID(field, id string) error {
 	}
 	for i := 0; i < len(id); i++ {
 		c := id[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+		if !ok {
 			return Invalid(field, "has character %q; allowed are letters, digits, '.', '_' and '-'", rune(c))
 		}
 	}

@@ -146,7 +146,6 @@ type Writer struct {
 	w     *bufio.Writer
 	queue chan []byte
 	done  chan struct{}
-	err   error
 }
 
 // NewWriter returns a Writer on w. Call Run in its own goroutine.
@@ -201,7 +200,7 @@ func (w *Writer) Done() <-chan struct{} { return w.done }
 // ClientHello performs the client side of the handshake on conn.
 func ClientHello(conn net.Conn) error {
 	_ = conn.SetDeadline(time.Now().Add(HandshakeTimeout))
-	defer conn.SetDeadline(time.Time{})
+	defer func() { _ = conn.SetDeadline(time.Time{}) }()
 	hello := binary.BigEndian.AppendUint16([]byte(Magic), Version)
 	hello = binary.BigEndian.AppendUint16(hello, 0)
 	if _, err := conn.Write(hello); err != nil {
@@ -226,7 +225,7 @@ func ClientHello(conn net.Conn) error {
 // connection then.
 func ServerHello(conn net.Conn) error {
 	_ = conn.SetDeadline(time.Now().Add(HandshakeTimeout))
-	defer conn.SetDeadline(time.Time{})
+	defer func() { _ = conn.SetDeadline(time.Time{}) }()
 	var hello [8]byte
 	if _, err := io.ReadFull(conn, hello[:]); err != nil {
 		return err

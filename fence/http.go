@@ -241,8 +241,8 @@ func ProblemFromResponse(resp *http.Response) error {
 		return fmt.Errorf("fence: read problem response: %w", err)
 	}
 	var p problem
-	if json.Unmarshal(body, &p) != nil || p.Status != resp.StatusCode {
-		return nil
+	if jerr := json.Unmarshal(body, &p); jerr != nil || p.Status != resp.StatusCode {
+		return nil //nolint:nilerr // not a fence problem body: the caller reads the response as usual
 	}
 	switch {
 	case p.Type == ProblemStale && p.Status == http.StatusConflict && p.Highest > p.Token:

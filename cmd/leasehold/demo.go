@@ -185,7 +185,7 @@ func (d *demo) run(ctx context.Context, label string, fenced bool) (demoResult, 
 	case "REJECTED":
 		d.say("A", "write with token %s REJECTED: %s", tokA, rest)
 	default:
-		return demoResult{}, fmt.Errorf("A said %q", line)
+		return demoResult{}, fmt.Errorf("client A said %q", line)
 	}
 	_ = a.wait()
 	v, err := d.obs.Get(ctx, key)
@@ -228,7 +228,7 @@ func (d *demo) spawn(ctx context.Context, name, lock, key, value string, fenced 
 
 func (w *worker) next() (string, error) {
 	if !w.out.Scan() {
-		return "", fmt.Errorf("%s stopped talking: %v", w.name, w.out.Err())
+		return "", fmt.Errorf("%s stopped talking: %w", w.name, w.out.Err())
 	}
 	return w.out.Text(), nil
 }
