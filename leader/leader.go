@@ -184,7 +184,7 @@ func (l *Leader) Promote(ctx context.Context) error {
 	for _, lk := range delayed {
 		l.startDelayLocked(lk.Name, core.Correctness, lk.DelayMillis)
 	}
-	stop, kick := l.stop, l.kick
+	stop, kick, epoch, counting := l.stop, l.kick, l.epoch, len(l.leases)
 	l.mu.Unlock()
 	go l.expiryLoop(stop, kick)
 	if l.cfg.OnPromote != nil {
@@ -201,7 +201,7 @@ func (l *Leader) Promote(ctx context.Context) error {
 			l.cfg.OnPromote(pctx)
 		}()
 	}
-	l.lg.Info("serving as leader", "epoch", l.Epoch(), "leases", len(l.leases))
+	l.lg.Info("serving as leader", "epoch", epoch, "leases", counting)
 	return nil
 }
 
@@ -257,7 +257,8 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 		case core.EffectGranted:
 			l.notifyLocked(e.Lease, e.Name, outcome{token: e.Token})
 		case core.EffectWaitEnded:
-			l.notifyLocked(e.Lease, e.Name, outcome{err: &LeaseGoneError{Lease: e.Lease, Reason: core.EndExpired}})
+			// Nothing to do here: EffectLeaseEnded follows in the same batch and tells
+			// the waiter, with the reason its lease ended (expired or revoked).
 		case core.EffectLeaseGranted:
 			if l.active {
 				l.addCountdownLocked(e.Lease, e.TTLMillis, time.Now())
@@ -293,7 +294,8 @@ func (l *Leader) effEffectsLocked(effects []core.Effect) {
 		case core.EffectGranted:
 			l.notifyLocked(e.Lease, e.Name, outcome{token: e.Token})
 		case core.EffectWaitEnded:
-			l.notifyLocked(e.Lease, e.Name, outcome{err: &LeaseGoneError{Lease: e.Lease, Reason: core.EndExpired}})
+			// Only DropLease reports it, and OnEffects tells the lease's waiters right
+			// after, with the reason the lease ended.
 		case core.EffectDelayed:
 			l.startDelayLocked(e.Name, core.Efficiency, e.DelayMillis)
 		case core.EffectRevokedHold:
@@ -595,6 +597,17 @@ func (l *Leader) ForceRelease(ctx context.Context, name, reason string) (release
 	}
 	if err == nil {
 		l.lg.Warn("lock force-released", "name", name, "class", "correctness", "released_token", res.Released, "fence_token", res.Token, "reason", reason)
+		// Every later grant must be above the fence token, efficiency grants too: replace
+		// a block reserved before it. The force release stands even if this fails (then
+		// leadership is being lost, and the next leader reserves afresh).
+		l.mu.Lock()
+		stale := l.active && l.effSeq.end != 0 && l.effSeq.next <= res.Token
+		l.mu.Unlock()
+		if stale {
+			if rerr := l.reserve(ctx); rerr != nil {
+				l.lg.Warn("could not reserve efficiency tokens above a force release's fence", "err", rerr)
+			}
+		}
 	}
 	return res.Released, res.Token, err
 }
@@ -770,7 +783,9 @@ func (l *Leader) reserve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("leader: reserve tokens: %w", err)
 	}
-	if l.active {
+	// Reservations that complete out of order must not move tokens backwards: keep the
+	// current block when this one starts below its next token (it was reserved earlier).
+	if l.active && res.Token >= l.effSeq.next {
 		l.effSeq = block{next: res.Token, end: res.Token + l.cfg.ReserveBlock}
 	}
 	return nil
