@@ -3,7 +3,9 @@ package core
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"slices"
 )
 
@@ -24,6 +26,10 @@ func EncodeCommand(c Command) ([]byte, error) {
 	if err := json.NewEncoder(&buf).Encode(c); err != nil {
 		return nil, fmt.Errorf("core: encode command: %w", err)
 	}
+	if buf.Len() > MaxCommandSize {
+		// Every replica would skip it as corrupt: refuse it here instead.
+		return nil, fmt.Errorf("%w: command of %d bytes exceeds %d", ErrInvalid, buf.Len(), MaxCommandSize)
+	}
 	return buf.Bytes(), nil
 }
 
@@ -41,6 +47,9 @@ func DecodeCommand(b []byte) (Command, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		return Command{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return Command{}, fmt.Errorf("%w: trailing data after the command", ErrCorrupt)
 	}
 	return c, nil
 }
@@ -95,21 +104,34 @@ func RestoreState(b []byte, limits Limits) (*State, error) {
 	if err := dec.Decode(&snap); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: trailing data after the snapshot", ErrCorrupt)
+	}
 	s := NewState(limits)
 	s.seq = snap.Seq
 	for _, l := range snap.Leases {
-		if l == nil || l.ID.IsZero() || s.leases[l.ID] != nil {
+		if l == nil || l.ID.IsZero() || l.TTLMillis <= 0 || s.leases[l.ID] != nil {
 			return nil, fmt.Errorf("%w: bad lease in snapshot", ErrCorrupt)
 		}
 		s.leases[l.ID] = l
 	}
+	held := make(map[uint64]bool)
 	for _, l := range snap.Locks {
 		if err := s.checkRestoredLock(l); err != nil {
 			return nil, err
 		}
+		if l.Hold != nil {
+			if held[l.Hold.Token] {
+				return nil, fmt.Errorf("%w: token %d held twice in snapshot", ErrCorrupt, l.Hold.Token)
+			}
+			held[l.Hold.Token] = true
+		}
 		s.locks.restore(l)
 	}
 	for _, t := range snap.Tombstones {
+		if t.ID.IsZero() {
+			return nil, fmt.Errorf("%w: bad tombstone in snapshot", ErrCorrupt)
+		}
 		s.remember(t.ID, t.Reason)
 	}
 	for _, m := range snap.Members {
@@ -142,10 +164,26 @@ func (s *State) checkRestoredLock(l *Lock) error {
 	case l.Hold != nil && (s.leases[l.Hold.Lease] == nil || l.Hold.Token > s.seq):
 		return bad(l.Name + " held by an unknown lease or a future token")
 	}
+	switch {
+	case l.Class != Correctness:
+		return bad(l.Name + " is not a correctness lock")
+	case l.Hold != nil && (l.Delayed || l.Hold.Token == 0 || l.Hold.DelayMillis < 0):
+		return bad(l.Name + " has an impossible hold")
+	case l.Delayed != (l.DelayMillis > 0):
+		return bad(l.Name + " has an impossible delay")
+	}
+	seen := make(map[LeaseID]bool, len(l.Waiters)+1)
+	if l.Hold != nil {
+		seen[l.Hold.Lease] = true
+	}
 	for _, w := range l.Waiters {
 		if s.leases[w.Lease] == nil {
 			return bad(l.Name + " waited for by an unknown lease")
 		}
+		if seen[w.Lease] || w.DelayMillis < 0 {
+			return bad(l.Name + " has a lease twice or a negative delay in its queue")
+		}
+		seen[w.Lease] = true
 	}
 	return nil
 }

@@ -67,6 +67,7 @@ func (s *State) KVRevision() uint64 { return s.kv.rev }
 // ListKV returns up to limit live entries under prefix in key order, and whether more
 // matched.
 func (s *State) ListKV(prefix string, limit int) ([]*Entry, bool) {
+	limit = max(0, limit)
 	var keys []string
 	for k, e := range s.kv.entries {
 		if !e.Deleted && strings.HasPrefix(k, prefix) {

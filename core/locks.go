@@ -58,6 +58,7 @@ type Locks struct {
 	locks   map[string]*Lock
 	byLease map[LeaseID]map[string]struct{} // holds and waits of each lease
 	limits  Limits
+	waiting int // waiters over all locks
 }
 
 // NewLocks returns an empty table with the given limits (zero fields take defaults).
@@ -68,6 +69,10 @@ func NewLocks(limits Limits) *Locks {
 		limits:  limits.withDefaults(),
 	}
 }
+
+// Waiting returns the number of queued waiters over all locks: the most tokens the table
+// can consume (granting them) without a new Acquire.
+func (t *Locks) Waiting() int { return t.waiting }
 
 // Len returns the number of locks in the table.
 func (t *Locks) Len() int { return len(t.locks) }
@@ -104,6 +109,7 @@ func (t *Locks) DelayedLocks() []*Lock {
 // List returns up to limit locks whose names start with prefix, in name order, and
 // whether more matched.
 func (t *Locks) List(prefix string, limit int) ([]*Lock, bool) {
+	limit = max(0, min(limit, len(t.locks)+1))
 	names := make([]string, 0, min(len(t.locks), limit+1))
 	for name := range t.locks {
 		if strings.HasPrefix(name, prefix) {
@@ -160,6 +166,7 @@ func (t *Locks) Acquire(a AcquireArgs, seq Sequence) Result {
 		return Result{Err: fmt.Errorf("%w: %q has %d", ErrTooManyWaiters, a.Name, len(l.Waiters))}
 	}
 	l.Waiters = append(l.Waiters, Waiter{Lease: a.Lease, Holder: a.Holder, DelayMillis: a.DelayMillis})
+	t.waiting++
 	t.index(a.Lease, a.Name)
 	return t.queuedResult(l)
 }
@@ -205,6 +212,7 @@ func (t *Locks) CancelWait(lease LeaseID, name string) Result {
 		return Result{Err: fmt.Errorf("%w: %q", ErrNotWaiting, name)}
 	}
 	l.Waiters = slices.Delete(l.Waiters, i, i+1)
+	t.waiting--
 	t.unindex(lease, name)
 	t.dropIfUnused(l)
 	return Result{}
@@ -259,6 +267,7 @@ func (t *Locks) DropLease(lease LeaseID, expired bool, seq Sequence, r *Result) 
 		i := slices.IndexFunc(l.Waiters, func(w Waiter) bool { return w.Lease == lease })
 		if i >= 0 {
 			l.Waiters = slices.Delete(l.Waiters, i, i+1)
+			t.waiting--
 			r.Effects = append(r.Effects, Effect{Kind: EffectWaitEnded, Lease: lease, Name: name})
 			t.dropIfUnused(l)
 		}
@@ -278,6 +287,7 @@ func (t *Locks) grantNext(l *Lock, seq Sequence, r *Result) {
 	}
 	w := l.Waiters[0]
 	l.Waiters = slices.Delete(l.Waiters, 0, 1)
+	t.waiting--
 	l.Hold = &Hold{Lease: w.Lease, Token: seq.Next(), Holder: w.Holder, DelayMillis: w.DelayMillis}
 	r.Effects = append(r.Effects, Effect{Kind: EffectGranted, Lease: w.Lease, Name: l.Name, Token: l.Hold.Token})
 }
@@ -324,4 +334,5 @@ func (t *Locks) restore(l *Lock) {
 	for _, w := range l.Waiters {
 		t.index(w.Lease, l.Name)
 	}
+	t.waiting += len(l.Waiters)
 }

@@ -103,8 +103,9 @@ const (
 	OpGrant Op = 1
 	// OpRevoke ends lease Lease on the client's request.
 	OpRevoke Op = 2
-	// OpExpire ends lease Lease because the leader's countdown ran out. A lease that no
-	// longer exists is ignored, so a late or repeated expiry is harmless.
+	// OpExpire ends lease Lease because the leader's countdown ran out. For a lease that
+	// no longer exists it returns ErrLeaseNotFound and changes nothing, so a late or
+	// repeated expiry is harmless.
 	OpExpire Op = 3
 	// OpAcquire takes lock Name (Class must be Correctness) for Lease, queueing if Wait.
 	OpAcquire Op = 4

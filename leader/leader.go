@@ -302,6 +302,12 @@ func (l *Leader) effEffectsLocked(effects []core.Effect) {
 			l.lost[e.Lease] = append(l.lost[e.Lease], LostLock{Name: e.Name, Token: e.Token, Reason: e.Note})
 		}
 	}
+	l.refillLocked()
+}
+
+// refillLocked starts a background reservation when the block is half used, so that the
+// acquire path rarely waits for one.
+func (l *Leader) refillLocked() {
 	if l.effSeq.end != 0 && l.effSeq.remaining() < l.cfg.ReserveBlock/2 && !l.refill {
 		l.refill = true
 		go func() { _ = l.reserve(context.Background()) }()
@@ -435,11 +441,14 @@ func (l *Leader) acquireEfficiency(ctx context.Context, a AcquireArgs) (Grant, e
 			l.mu.Unlock()
 			return Grant{}, ErrNotLeader
 		}
-		if l.effSeq.remaining() > 0 {
+		// One token for a grant now, one for a place in a queue, and one for every
+		// waiter already queued (see tokensNeededLocked).
+		need := l.tokensNeededLocked(2)
+		if l.effSeq.remaining() >= need {
 			break
 		}
 		l.mu.Unlock()
-		if err := l.reserve(ctx); err != nil {
+		if err := l.reserveAtLeast(ctx, need); err != nil {
 			return Grant{}, err
 		}
 	}
@@ -455,6 +464,7 @@ func (l *Leader) acquireEfficiency(ctx context.Context, a AcquireArgs) (Grant, e
 		return Grant{}, fmt.Errorf("%w: %q is in use as correctness", core.ErrClassConflict, a.Name)
 	}
 	res := l.eff.Acquire(a.AcquireArgs, &l.effSeq)
+	l.refillLocked()
 	g := Grant{Token: res.Token, Class: core.Efficiency, Epoch: l.epoch}
 	if err := l.acquireErr(a, res); err != nil || !res.Queued {
 		return g, err
@@ -582,7 +592,7 @@ func (l *Leader) ForceRelease(ctx context.Context, name, reason string) (release
 		l.mu.Unlock()
 		return 0, 0, ErrNotLeader
 	}
-	if l.eff.Get(name) != nil && l.effSeq.remaining() > 0 {
+	if l.eff.Get(name) != nil && l.effSeq.remaining() >= l.tokensNeededLocked(1) {
 		defer l.mu.Unlock()
 		r := core.Result{Token: l.effSeq.Next()}
 		l.eff.ForceRelease(name, reason, &l.effSeq, &r)
@@ -762,18 +772,37 @@ func (l *Leader) notifyLeaseLocked(lease core.LeaseID, err error) {
 // block is a range of tokens reserved through the log for efficiency grants.
 type block struct{ next, end uint64 } // [next, end)
 
-func (b *block) remaining() uint64 { return b.end - b.next }
+func (b *block) remaining() uint64 {
+	if b.next >= b.end {
+		return 0
+	}
+	return b.end - b.next
+}
 
-// Next implements core.Sequence. Reservations are refilled long before a block runs
-// out; running dry would need half a block of grants during one commit.
+// Next implements core.Sequence. It never runs dry: see tokensNeededLocked.
 func (b *block) Next() uint64 {
 	v := b.next
 	b.next++
 	return v
 }
 
-func (l *Leader) reserve(ctx context.Context) error {
-	res, err := l.log.Apply(ctx, core.Command{Op: core.OpReserve, Count: l.cfg.ReserveBlock})
+// tokensNeededLocked is how many tokens the efficiency block must still hold before an
+// operation that may itself consume extra tokens. The table consumes tokens without an
+// Acquire only by granting queued waiters (on a release, an expiry, a force release or
+// the end of a lock-delay), at most one per waiter; so if every operation that adds a
+// grant or a waiter first makes sure the block covers all waiters plus its own needs,
+// the block can never run dry inside OnEffects, where nothing can wait for a commit.
+func (l *Leader) tokensNeededLocked(extra int) uint64 {
+	return uint64(l.eff.Waiting() + extra)
+}
+
+func (l *Leader) reserve(ctx context.Context) error { return l.reserveAtLeast(ctx, 0) }
+
+// reserveAtLeast reserves a new block of ReserveBlock tokens, or of 2×need when that is
+// larger, and installs it in place of the current one (whose unused tokens are skipped).
+func (l *Leader) reserveAtLeast(ctx context.Context, need uint64) error {
+	count := max(l.cfg.ReserveBlock, 2*need)
+	res, err := l.log.Apply(ctx, core.Command{Op: core.OpReserve, Count: count})
 	if err == nil {
 		err = res.Err
 	}
@@ -786,7 +815,7 @@ func (l *Leader) reserve(ctx context.Context) error {
 	// Reservations that complete out of order must not move tokens backwards: keep the
 	// current block when this one starts below its next token (it was reserved earlier).
 	if l.active && res.Token >= l.effSeq.next {
-		l.effSeq = block{next: res.Token, end: res.Token + l.cfg.ReserveBlock}
+		l.effSeq = block{next: res.Token, end: res.Token + count}
 	}
 	return nil
 }
