@@ -101,13 +101,3 @@ type limitError struct {
 }
 
 func (e *limitError) Error() string { return e.field + ": " + e.msg }
-
-// errorInterceptor maps handler errors through ToConnect, in one place.
-func errorInterceptor() connect.Interceptor {
-	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			resp, err := next(ctx, req)
-			return resp, ToConnect(err)
-		}
-	})
-}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -115,7 +116,9 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 		reqs.Add(1)
 		go func(method fastlane.Method, id uint64) {
 			defer reqs.Done()
+			start := time.Now()
 			resp, err := s.dispatchFast(rctx, method, req)
+			s.metrics.observe(fastProcedures[method], start, err)
 			mu.Lock()
 			delete(inflight, id)
 			mu.Unlock()
@@ -133,6 +136,20 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 			w.Send(frame)
 		}(f.Method, f.ID)
 	}
+}
+
+// fastProcedures names fast-lane methods as their Connect procedures, so metrics of
+// both transports add up.
+var fastProcedures = map[fastlane.Method]string{
+	fastlane.MethodGrant:      "/leasehold.v1.LeaseService/Grant",
+	fastlane.MethodKeepAlive:  "/leasehold.v1.LeaseService/KeepAlive",
+	fastlane.MethodRevoke:     "/leasehold.v1.LeaseService/Revoke",
+	fastlane.MethodAcquire:    "/leasehold.v1.LockService/Acquire",
+	fastlane.MethodRelease:    "/leasehold.v1.LockService/Release",
+	fastlane.MethodCheckToken: "/leasehold.v1.LockService/CheckToken",
+	fastlane.MethodPut:        "/leasehold.v1.KVService/Put",
+	fastlane.MethodGet:        "/leasehold.v1.KVService/Get",
+	fastlane.MethodDelete:     "/leasehold.v1.KVService/Delete",
 }
 
 // decodeRequest unmarshals a request payload for method. Unknown methods and payloads

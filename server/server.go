@@ -34,6 +34,7 @@ type Server struct {
 	leader  *leader.Leader
 	raft    Raft
 	peers   *peers
+	metrics *metrics
 	started time.Time
 }
 
@@ -58,14 +59,16 @@ func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, leader: l, raft: r, peers: newPeers(), started: time.Now()}, nil
+	s := &Server{cfg: cfg, leader: l, raft: r, peers: newPeers(), started: time.Now()}
+	s.metrics = newMetrics(s)
+	return s, nil
 }
 
 // Handler returns the HTTP handler serving every service with Connect (gRPC, gRPC-Web
 // and Connect's JSON/binary protocol), plus /healthz.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(errorInterceptor()),
+		connect.WithInterceptors(s.metrics.interceptor()),
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
 		// Small messages are not worth compressing: gzip would be a third of the CPU.
 		connect.WithCompressMinBytes(4 << 10),
@@ -79,6 +82,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle(leaseholdv1connect.NewClusterServiceHandler(s, opts...))
 	mux.Handle(leaseholdv1connect.NewKVServiceHandler(kvHandler{s}, opts...))
 	mux.HandleFunc("GET /admin/snapshot", s.serveSnapshot)
+	mux.Handle("GET /metrics", s.metrics.handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.leader.Active() {
 			http.Error(w, "not serving: no leader here", http.StatusServiceUnavailable)

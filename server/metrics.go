@@ -1,0 +1,82 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics are the node's Prometheus metrics, served at /metrics.
+type metrics struct {
+	registry *prometheus.Registry
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+}
+
+func newMetrics(s *Server) *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_requests_total",
+			Help: "RPCs served over Connect, by procedure and result code.",
+		}, []string{"procedure", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "leasehold_request_seconds",
+			Help:    "Time to serve an RPC over Connect, by procedure.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 18),
+		}, []string{"procedure"}),
+	}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
+	}
+	m.registry.MustRegister(
+		m.requests, m.latency,
+		gauge("leasehold_leases", "Live leases.", func() float64 { return float64(s.leader.Stats().Leases) }),
+		gauge("leasehold_locks", "Locks held, waited for or delayed (both classes).", func() float64 { return float64(s.leader.Stats().Locks) }),
+		gauge("leasehold_efficiency_locks", "Efficiency locks in this leader's memory.", func() float64 { return float64(s.leader.Stats().EfficiencyLocks) }),
+		gauge("leasehold_last_token", "The last token issued or reserved.", func() float64 { return float64(s.leader.Stats().LastToken) }),
+		gauge("leasehold_is_leader", "1 when this node serves as leader.", func() float64 {
+			if s.leader.Active() {
+				return 1
+			}
+			return 0
+		}),
+		gauge("leasehold_raft_commit_index", "Raft commit index on this node.", func() float64 { return float64(s.raft.Status().CommitIndex) }),
+		gauge("leasehold_raft_applied_index", "Raft applied index on this node.", func() float64 { return float64(s.raft.Status().AppliedIndex) }),
+		prometheus.NewGoCollector(),
+		prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+}
+
+// observe records one served RPC.
+func (m *metrics) observe(procedure string, start time.Time, err error) {
+	code := "ok"
+	if err != nil {
+		code = connect.CodeOf(err).String()
+	}
+	m.requests.WithLabelValues(procedure, code).Inc()
+	m.latency.WithLabelValues(procedure).Observe(time.Since(start).Seconds())
+}
+
+// interceptor maps handler errors through ToConnect (the one error table) and records
+// metrics.
+func (m *metrics) interceptor() connect.Interceptor {
+	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			start := time.Now()
+			resp, err := next(ctx, req)
+			err = ToConnect(err)
+			m.observe(req.Spec().Procedure, start, err)
+			return resp, err
+		}
+	})
+}
