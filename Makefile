@@ -35,6 +35,7 @@ lint:
 
 tidy-check:
 	$(GO) mod tidy -diff
+	cd bench && $(GO) mod tidy -diff && $(GO) vet ./...
 
 generate: ## regenerate Go code from proto/ (buf and plugins pinned in tools/go.mod)
 	$(TOOL) buf lint
@@ -50,8 +51,10 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	  done; \
 	done
 
-bench: ## the benchmarks behind docs/PERFORMANCE.md
-	$(GO) test -run '^$$' -bench . -benchtime 5s -count 1 ./bench/... ./core/...
+bench: ## the benchmarks behind docs/PERFORMANCE.md: Go benchmarks, then leasehold vs Redis, etcd and ZooKeeper (make bench-peers-install first) and the scale runs; tables and chart in bench/out/ (extra flags: BENCH_ARGS=...)
+	$(GO) test -run '^$$' -bench . -benchtime 5s -count 1 ./core/...
+	cd bench && $(GO) test -run '^$$' -bench . -benchtime 5s -count 1 -timeout 30m ./...
+	cd bench && $(GO) run ./cmd/lockbench -root .. -out out -name lockbench -scenarios all -duration 10s -warmup 2s -timeout 90m $(BENCH_ARGS)
 
 postgres: ## install (Debian) and start PostgreSQL for the fence tests; prints the env to export
 	@bash scripts/postgres.sh
@@ -68,3 +71,24 @@ cluster-down: ## stop the compose cluster (data volumes are kept)
 
 clean:
 	rm -rf bin
+
+.PHONY: bench-quick bench-peers-install
+
+bench-quick: ## about a minute: uncontended W=1 and 64 and contended, leasehold both classes, Redis both modes, etcd and ZooKeeper when installed; results in bench/out/quick.*
+	cd bench && $(GO) run ./cmd/lockbench -root .. -out out -name quick -systems leasehold-efficiency,leasehold-correctness,redis-mem,redis-aof,etcd,zookeeper -scenarios uncontended-1,uncontended-64,contended-16 -duration 2s -warmup 1s -timeout 10m $(BENCH_ARGS)
+
+bench-peers-install: ## install the benchmark's peers from Debian: redis-server (7), etcd-server, zookeeper (pulls a JRE); the benchmark runs its own servers, never the packages' services
+	$$( [ "$$(id -u)" -eq 0 ] || echo sudo ) apt-get update
+	$$( [ "$$(id -u)" -eq 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server etcd-server zookeeper
+
+# ---- nemesis: faults against a real three-node cluster (test/nemesis) ---------------------
+# Partitions need root (network namespaces); without root they are left out with a warning.
+NEMESIS_DURATION ?= 10m
+
+.PHONY: nemesis failover-bench
+
+nemesis: ## long nemesis run: NEMESIS_DURATION (default 10m) of faults + workload, then the checks; NEMESIS_SEED=... reproduces a schedule
+	NEMESIS_DURATION=$(NEMESIS_DURATION) $(GO) test -count=1 -v -timeout 0 -run '^TestNemesisLong$$' ./test/nemesis/
+
+failover-bench: ## kill -9 of the leader → first correctness grant, 12 rounds: median and max
+	LEASEHOLD_FAILOVER_BENCH=1 $(GO) test -count=1 -v -timeout 20m -run '^TestFailoverTime$$' ./test/nemesis/

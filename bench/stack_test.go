@@ -14,8 +14,9 @@ import (
 func startStack(tb testing.TB) string {
 	tb.Helper()
 	n, err := service.Start(service.Config{
-		Addr: "127.0.0.1:0",
-		Raft: replication.Config{DataDir: tb.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true},
+		Addr:         "127.0.0.1:0",
+		FastLaneAddr: "127.0.0.1:0",
+		Raft:         replication.Config{DataDir: tb.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true},
 	})
 	if err != nil {
 		tb.Fatal(err)

@@ -1,0 +1,142 @@
+// Package peers starts the lock services the benchmark compares — leasehold itself and
+// its peers Redis, etcd and ZooKeeper, each a real server process on loopback with its
+// data in a temporary directory — and implements, for each, the lock recipe its users
+// write:
+//
+//   - Redis: SET key token NX PX ttl to acquire (retried after a short sleep while the
+//     lock is taken), a compare-and-delete Lua script to release (go-redis v9).
+//   - etcd: concurrency.NewSession (one per worker) and concurrency.NewMutex.
+//   - ZooKeeper: the ephemeral-sequential recipe of zk.NewLock (one session per worker).
+//   - leasehold: client.Dial (one client, so one lease, per worker) and Lock/Unlock with
+//     client.Efficiency or client.Correctness.
+//
+// A System is started once, serves every scenario, and is stopped before the next
+// System starts, so two servers never compete for the CPU.
+package peers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/leasehold/leasehold/bench/internal/proc"
+)
+
+// ErrNotInstalled is returned by Start when the system's server program is missing.
+var ErrNotInstalled = errors.New("peers: not installed")
+
+// Held is a held lock.
+type Held interface {
+	// Release gives the lock up; an error means it was not (or no longer) held.
+	Release(ctx context.Context) error
+}
+
+// Worker is one benchmark worker's connection or session: what one process (or one
+// goroutine with its own session) of a user's program would hold.
+type Worker interface {
+	// Acquire blocks until the lock name is held or ctx ends.
+	Acquire(ctx context.Context, name string) (Held, error)
+	// Close ends the worker's session and releases whatever it still holds.
+	Close(ctx context.Context) error
+}
+
+// System is a lock service under test.
+type System interface {
+	// Name identifies the system in the report ("redis-mem", "leasehold-efficiency").
+	Name() string
+	// Describe says how the server is configured and which recipe is used.
+	Describe() string
+	// Start launches the server processes with their data under dir and waits until
+	// they serve.
+	Start(ctx context.Context, dir string) error
+	// Version is the server's version as the server reports it, after Start.
+	Version() string
+	// PIDs are the server processes, for RSS and CPU.
+	PIDs() []int
+	// NewWorker opens one worker's session.
+	NewWorker(ctx context.Context) (Worker, error)
+	// Stop stops the servers this System started (and only those).
+	Stop()
+}
+
+// Options are shared by every system.
+type Options struct {
+	// TTL is the lock or session TTL for every system (Redis PX, etcd session TTL,
+	// ZooKeeper session timeout, leasehold lease TTL).
+	TTL time.Duration
+	// RedisRetry is how long the Redis recipe sleeps (±50% jitter) before retrying a
+	// SET NX that found the lock taken.
+	RedisRetry time.Duration
+	// LeaseholdBin is the leasehold binary (built from the parent module).
+	LeaseholdBin string
+	// ZooKeeperHeap is the JVM's -Xmx for ZooKeeper (upstream's default is 1000m).
+	ZooKeeperHeap string
+}
+
+// Names lists every system the harness knows, in report order.
+var Names = []string{
+	"leasehold-efficiency", "leasehold-correctness",
+	"redis-mem", "redis-aof", "etcd", "etcd-3", "zookeeper",
+}
+
+// New returns the named system.
+func New(name string, o Options) (System, error) {
+	switch name {
+	case "leasehold-efficiency":
+		return newLeasehold(o, false), nil
+	case "leasehold-correctness":
+		return newLeasehold(o, true), nil
+	case "redis-mem":
+		return newRedis(o, false), nil
+	case "redis-aof":
+		return newRedis(o, true), nil
+	case "etcd":
+		return newEtcd(o, 1), nil
+	case "etcd-3":
+		return newEtcd(o, 3), nil
+	case "zookeeper":
+		return newZooKeeper(o), nil
+	}
+	return nil, fmt.Errorf("peers: unknown system %q (known: %s)", name, strings.Join(Names, ", "))
+}
+
+// lookPath finds a server program or returns ErrNotInstalled naming the Debian package.
+func lookPath(prog, pkg string) (string, error) {
+	p, err := exec.LookPath(prog)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s not found in PATH (Debian package %s; run make bench-peers-install)", ErrNotInstalled, prog, pkg)
+	}
+	return p, nil
+}
+
+// debVersion returns the installed Debian package version, or "".
+func debVersion(pkg string) string {
+	out, err := exec.Command("dpkg-query", "-W", "-f", "${Version}", pkg).Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// stopAll stops processes in reverse start order.
+func stopAll(ps []*proc.Process) {
+	for i := len(ps) - 1; i >= 0; i-- {
+		ps[i].Stop(10 * time.Second)
+	}
+}
+
+func pidsOf(ps []*proc.Process) []int {
+	pids := make([]int, len(ps))
+	for i, p := range ps {
+		pids[i] = p.PID()
+	}
+	return pids
+}
+
+// heldFunc adapts a function to Held.
+type heldFunc func(ctx context.Context) error
+
+func (f heldFunc) Release(ctx context.Context) error { return f(ctx) }

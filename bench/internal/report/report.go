@@ -1,0 +1,331 @@
+// Package report turns a benchmark run into the markdown tables and the SVG chart that
+// go in docs/PERFORMANCE.md, and a JSON file with every number.
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/leasehold/leasehold/bench/internal/run"
+	"github.com/leasehold/leasehold/bench/internal/scale"
+)
+
+// System is one system as the report lists it.
+type System struct {
+	Name     string
+	Version  string
+	Setup    string
+	Skipped  string // why it did not run; empty when it ran
+	Baseline bool   // a leasehold system: ratios are computed against the others
+}
+
+// Report is one run of the benchmark.
+type Report struct {
+	Started  time.Time
+	Elapsed  time.Duration
+	Machine  Machine
+	Fsync    Fsync
+	Warmup   time.Duration
+	Duration time.Duration
+	Notes    []string
+
+	Systems   []System
+	Scenarios []run.Scenario
+	Results   []run.Result
+	Locks     []scale.LocksResult
+	Leases    []scale.LeasesResult
+}
+
+func (r *Report) result(system, scenario string) (run.Result, bool) {
+	for _, x := range r.Results {
+		if x.System == system && x.Scenario == scenario && x.Failed == "" {
+			return x, true
+		}
+	}
+	return run.Result{}, false
+}
+
+func (r *Report) ran() []System {
+	var out []System
+	for _, s := range r.Systems {
+		if s.Skipped == "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// JSON writes every number.
+func (r *Report) JSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// ReadJSON reads a report written by JSON, to render it again.
+func ReadJSON(rd io.Reader) (*Report, error) {
+	var r Report
+	if err := json.NewDecoder(rd).Decode(&r); err != nil {
+		return nil, fmt.Errorf("report: %w", err)
+	}
+	for i := range r.Results {
+		x := &r.Results[i]
+		x.Fairness = run.Ratio(float64(x.MaxPerWorker), float64(x.MinPerWorker))
+	}
+	return &r, nil
+}
+
+// Markdown writes the report as markdown.
+func (r *Report) Markdown(w io.Writer) error {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+
+	p("## Lock benchmark: leasehold, Redis, etcd and ZooKeeper on one machine\n\n")
+	p("Run %s, %v in all. ", r.Started.UTC().Format("2006-01-02 15:04 MST"), r.Elapsed.Round(time.Second))
+	if len(r.Scenarios) > 0 {
+		p("Each scenario: %v warm-up, then %v measured; only acquire+release pairs that start and end inside the measured window count. ", r.Warmup, r.Duration)
+	}
+	p("Every server is a separate process on loopback with its data in a temporary directory, started fresh for its system and stopped before the next one starts; the clients run in the benchmark process on the same machine.\n\n")
+	for _, n := range r.Notes {
+		p("%s\n\n", n)
+	}
+
+	m := r.Machine
+	p("### Machine\n\n")
+	p("| | |\n|---|---|\n")
+	p("| CPUs (nproc) | %d × %s |\n", m.NProc, m.CPUModel)
+	p("| memory | %s |\n", m.Memory)
+	p("| kernel | %s (Debian %s) |\n", m.Kernel, m.Debian)
+	p("| Go | %s |\n", m.GoVersion)
+	p("| load average (1, 5, 15 min) | before %s; after %s |\n", m.LoadBefore, m.LoadAfter)
+	f := r.Fsync
+	if f.Err != "" {
+		p("| fsync (4 KiB write + fdatasync) | failed: %s |\n", f.Err)
+	} else {
+		p("| fsync (4 KiB write + fdatasync, %s) | p50 %s, p99 %s (%d samples) |\n", f.FSType, dur(f.P50), dur(f.P99), f.Samples)
+	}
+	p("\n")
+
+	if len(r.Systems) > 0 {
+		r.systems(&b)
+	}
+
+	if len(r.Results) > 0 {
+		p("### Summary: acquire+release pairs per second\n\n| system |")
+		for _, sc := range r.Scenarios {
+			p(" %s |", sc.Name)
+		}
+		p("\n|---|%s\n", strings.Repeat("---:|", len(r.Scenarios)))
+		for _, s := range r.ran() {
+			p("| %s |", s.Name)
+			for _, sc := range r.Scenarios {
+				if x, ok := r.result(s.Name, sc.Name); ok {
+					p(" %s |", rate(x.PairsPerSec))
+				} else {
+					p(" — |")
+				}
+			}
+			p("\n")
+		}
+		p("\n")
+	}
+
+	for _, sc := range r.Scenarios {
+		r.scenario(&b, sc)
+	}
+	r.scale(&b)
+
+	p("Column notes: *acquire* is the time from the call until the lock is held (for a contended lock it includes waiting in line; Redis waits by retrying); *release* until the release is acknowledged. *server RSS* is VmRSS of the server process(es) at the end of the window; *server CPU* is the cores the server process(es) kept busy during the window, and *CPU/pair* that time divided by the pairs done; *client CPU* is the cores the benchmark process itself (all the clients) used — on a small machine clients and server share the CPUs. *ratio* columns are leasehold ÷ peer from this same run: above 1 means leasehold does more pairs per second; for latency and memory, below 1 means leasehold is lower.\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func (r *Report) systems(b *strings.Builder) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	p("### Systems\n\n| system | version | setup and recipe |\n|---|---|---|\n")
+	for _, s := range r.Systems {
+		if s.Skipped != "" {
+			p("| %s | — | **SKIPPED: %s** |\n", s.Name, cell(s.Skipped))
+			continue
+		}
+		p("| %s | %s | %s |\n", s.Name, cell(s.Version), cell(s.Setup))
+	}
+	p("\n")
+}
+
+func (r *Report) scenario(b *strings.Builder, sc run.Scenario) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	p("### %s\n\n", sc.Title())
+	p("| system | pairs/s | acquire p50 | acquire p99 | acquire p999 | release p50 | release p99 |")
+	if sc.Shared {
+		p(" fairness (max/min per worker) |")
+	}
+	p(" server RSS | server CPU | CPU/pair | client CPU | errors |\n|---|")
+	cols := 11
+	if sc.Shared {
+		cols++
+	}
+	p("%s\n", strings.Repeat("---:|", cols))
+	for _, s := range r.ran() {
+		var x run.Result
+		found := false
+		for _, y := range r.Results {
+			if y.System == s.Name && y.Scenario == sc.Name {
+				x, found = y, true
+			}
+		}
+		if !found {
+			continue
+		}
+		if x.Failed != "" {
+			p("| %s | **FAILED: %s** |%s\n", s.Name, cell(x.Failed), strings.Repeat(" |", cols-1))
+			continue
+		}
+		p("| %s | %s | %s | %s | %s | %s | %s |", s.Name, rate(x.PairsPerSec),
+			dur(x.AcqP50), dur(x.AcqP99), dur(x.AcqP999), dur(x.RelP50), dur(x.RelP99))
+		if sc.Shared {
+			p(" %s (%d–%d) |", ratio(x.Fairness), x.MinPerWorker, x.MaxPerWorker)
+		}
+		errs := fmt.Sprint(x.Errors)
+		if x.Errors > 0 {
+			errs += ": " + cell(trunc(x.FirstError, 80))
+		}
+		p(" %s | %.2f | %s | %.2f | %s |\n", mib(x.ServerRSS), x.ServerCPU, dur(x.CPUPerPair), x.BenchCPU, errs)
+	}
+	p("\n")
+
+	var bases, others []System
+	for _, s := range r.ran() {
+		if _, ok := r.result(s.Name, sc.Name); !ok {
+			continue
+		}
+		if s.Baseline {
+			bases = append(bases, s)
+		} else {
+			others = append(others, s)
+		}
+	}
+	if len(bases) == 0 || len(others) == 0 {
+		return
+	}
+	p("Ratios, leasehold ÷ peer:\n\n| peer |")
+	for _, bs := range bases {
+		short := strings.TrimPrefix(bs.Name, "leasehold-")
+		p(" %s pairs/s | %s acquire p99 | %s server RSS |", short, short, short)
+	}
+	p("\n|---|%s\n", strings.Repeat("---:|", 3*len(bases)))
+	for _, o := range others {
+		y, _ := r.result(o.Name, sc.Name)
+		p("| %s |", o.Name)
+		for _, bs := range bases {
+			x, _ := r.result(bs.Name, sc.Name)
+			p(" %s | %s | %s |", ratio(run.Ratio(x.PairsPerSec, y.PairsPerSec)),
+				ratio(run.Ratio(float64(x.AcqP99), float64(y.AcqP99))),
+				ratio(run.Ratio(float64(x.ServerRSS), float64(y.ServerRSS))))
+		}
+		p("\n")
+	}
+	p("\n")
+}
+
+func (r *Report) scale(b *strings.Builder) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	if len(r.Locks) > 0 {
+		p("### Scale: many held locks (leasehold %s)\n\n", r.Locks[0].Version)
+		p("| system | locks | leases | fill time (acquires in flight) | grants/s while filling | server RSS, no lock held | server RSS, all held | bytes per lock | server CPU while holding | locks lost | release (revoke all) |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, x := range r.Locks {
+			if x.Failed != "" {
+				p("| %s | **FAILED: %s** | | | | | | | | | |\n", x.System, cell(x.Failed))
+				continue
+			}
+			p("| %s | %d (server reports %d) | %d | %v (%d) | %s | %s | %s | %.0f | %.2f | %d | %v |\n",
+				x.System, x.Locks, x.ServerLocks, x.Leases, x.Fill.Round(100*time.Millisecond), x.Fillers, rate(x.FillRate),
+				mib(x.RSSBefore), mib(x.RSSAfter), x.BytesPerLock, x.HoldCPU, x.Lost, x.Release.Round(time.Millisecond))
+		}
+		p("\n")
+	}
+	if len(r.Leases) > 0 {
+		p("### Scale: many live leases (leasehold %s)\n\n", r.Leases[0].Version)
+		p("| leases | clients | TTL | setup | keepalives/s (client schedule) | server CPU | CPU per keepalive | server RSS | benchmark CPU | leases lost |\n")
+		p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, x := range r.Leases {
+			if x.Failed != "" {
+				p("| %d | **FAILED: %s** | | | | | | | | |\n", x.Leases, cell(x.Failed))
+				continue
+			}
+			p("| %d (server reports %d) | %d | %v | %v | %s | %.2f over %v | %s | %s | %.2f | %d |\n",
+				x.Leases, x.ServerLeases, x.Clients, x.TTL, x.Setup.Round(time.Second), rate(x.KeepalivesPerSec),
+				x.ServerCPU, x.Window.Round(time.Second), dur(x.CPUPerKeepalive), mib(x.RSS), x.BenchCPU, x.Lost)
+		}
+		p("\n")
+	}
+}
+
+// dur formats a latency with three significant digits.
+func dur(d time.Duration) string {
+	us := float64(d) / float64(time.Microsecond)
+	switch {
+	case d == 0:
+		return "—"
+	case us < 10:
+		return fmt.Sprintf("%.2f µs", us)
+	case us < 100:
+		return fmt.Sprintf("%.1f µs", us)
+	case us < 1000:
+		return fmt.Sprintf("%.0f µs", us)
+	case us < 10000:
+		return fmt.Sprintf("%.2f ms", us/1000)
+	case us < 100000:
+		return fmt.Sprintf("%.1f ms", us/1000)
+	case us < 1e6:
+		return fmt.Sprintf("%.0f ms", us/1000)
+	}
+	return fmt.Sprintf("%.2f s", us/1e6)
+}
+
+func rate(v float64) string {
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+func ratio(v float64) string {
+	switch {
+	case math.IsNaN(v):
+		return "—"
+	case math.IsInf(v, 1):
+		return "∞"
+	case v >= 10:
+		return fmt.Sprintf("%.0f×", v)
+	}
+	return fmt.Sprintf("%.2f×", v)
+}
+
+func mib(b int64) string {
+	if b == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+}
+
+// cell makes s safe inside a markdown table cell.
+func cell(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	return strings.ReplaceAll(s, "|", "\\|")
+}
+
+func trunc(s string, n int) string {
+	if len([]rune(s)) <= n {
+		return s
+	}
+	return string([]rune(s)[:n]) + "…"
+}
