@@ -30,7 +30,6 @@ var errFastLaneBroken = errors.New("client: fast-lane connection broken")
 type flConn struct {
 	conn    net.Conn
 	w       *fastlane.Writer
-	stop    chan struct{}
 	dead    chan struct{}
 	nextID  atomic.Uint64
 	mu      sync.Mutex
@@ -55,12 +54,7 @@ func dialFastLane(ctx context.Context, addr string) (*flConn, error) {
 		_ = conn.Close()
 		return nil, err
 	}
-	c := &flConn{conn: conn, w: fastlane.NewWriter(conn), stop: make(chan struct{}), dead: make(chan struct{}), pending: make(map[uint64]chan flResult)}
-	go func() {
-		if err := c.w.Run(c.stop); err != nil {
-			c.fail(err)
-		}
-	}()
+	c := &flConn{conn: conn, w: fastlane.NewWriter(conn), dead: make(chan struct{}), pending: make(map[uint64]chan flResult)}
 	go c.readLoop()
 	return c, nil
 }
@@ -92,7 +86,6 @@ func (c *flConn) fail(err error) {
 	}
 	c.err = err
 	close(c.dead)
-	close(c.stop)
 	_ = c.conn.Close()
 	clear(c.pending)
 }
@@ -125,6 +118,7 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 	c.pending[id] = ch
 	c.mu.Unlock()
 	if !c.w.Send(frame) {
+		c.fail(errFastLaneBroken)
 		return connect.NewError(connect.CodeUnavailable, errFastLaneBroken)
 	}
 	select {

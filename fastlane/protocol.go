@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 )
 
@@ -139,63 +140,55 @@ func AppendFrame(dst []byte, kind Kind, method Method, id uint64, appendPayload 
 	return dst, nil
 }
 
-// Writer batches frames onto a connection: Send queues, and one goroutine (Run) writes
-// whatever is queued and flushes when the queue is empty, so many responses share one
-// syscall under load and a lone response goes out at once.
+// Writer batches frames onto a connection without a goroutine of its own: Send appends
+// the frame to a pending buffer, and the sender that finds no write in progress writes
+// everything pending — its own frame and whatever others appended meanwhile — until
+// nothing is left. A lone frame goes out at once from its sender's goroutine; under load
+// many frames share one write. Safe for concurrent use.
 type Writer struct {
-	w     *bufio.Writer
-	queue chan []byte
-	done  chan struct{}
+	w        io.Writer
+	mu       sync.Mutex
+	pending  []byte
+	spare    []byte
+	flushing bool
+	err      error
 }
 
-// NewWriter returns a Writer on w. Call Run in its own goroutine.
-func NewWriter(w io.Writer) *Writer {
-	return &Writer{w: bufio.NewWriterSize(w, 32<<10), queue: make(chan []byte, 1024), done: make(chan struct{})}
-}
+// NewWriter returns a Writer on w.
+func NewWriter(w io.Writer) *Writer { return &Writer{w: w} }
 
-// Send queues an encoded frame. It returns false once the writer has stopped.
+// Send writes frame, or leaves it to the sender already writing. It returns false once a
+// write has failed; the connection is then unusable.
 func (w *Writer) Send(frame []byte) bool {
-	select {
-	case w.queue <- frame:
-		return true
-	case <-w.done:
+	w.mu.Lock()
+	if w.err != nil {
+		w.mu.Unlock()
 		return false
 	}
-}
-
-// Run writes queued frames until stop is closed or a write fails; it returns the write
-// error (nil after stop).
-func (w *Writer) Run(stop <-chan struct{}) error {
-	defer close(w.done)
-	for {
-		var f []byte
-		select {
-		case f = <-w.queue:
-		case <-stop:
-			return w.w.Flush()
+	w.pending = append(w.pending, frame...)
+	if w.flushing {
+		w.mu.Unlock()
+		return true
+	}
+	w.flushing = true
+	for len(w.pending) > 0 && w.err == nil {
+		out := w.pending
+		w.pending = w.spare[:0]
+		w.mu.Unlock()
+		_, err := w.w.Write(out)
+		w.mu.Lock()
+		if cap(out) <= 1<<20 {
+			w.spare = out[:0]
 		}
-		if _, err := w.w.Write(f); err != nil {
-			return err
-		}
-	drain:
-		for {
-			select {
-			case f = <-w.queue:
-				if _, err := w.w.Write(f); err != nil {
-					return err
-				}
-			default:
-				break drain
-			}
-		}
-		if err := w.w.Flush(); err != nil {
-			return err
+		if err != nil {
+			w.err = err
 		}
 	}
+	w.flushing = false
+	ok := w.err == nil
+	w.mu.Unlock()
+	return ok
 }
-
-// Done is closed when Run has returned.
-func (w *Writer) Done() <-chan struct{} { return w.done }
 
 // ClientHello performs the client side of the handshake on conn.
 func ClientHello(conn net.Conn) error {

@@ -54,9 +54,6 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	w := fastlane.NewWriter(conn)
-	stop := make(chan struct{})
-	writerDone := make(chan error, 1)
-	go func() { writerDone <- w.Run(stop) }()
 	var (
 		mu       sync.Mutex
 		inflight = make(map[uint64]context.CancelFunc)
@@ -65,8 +62,6 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 	defer func() {
 		cancel()
 		reqs.Wait()
-		close(stop)
-		<-writerDone //nolint:errcheck // the connection is going away; a flush error changes nothing
 	}()
 	r := fastlane.NewReader(conn)
 	for {
