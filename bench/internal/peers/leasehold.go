@@ -20,8 +20,10 @@ import (
 type Leasehold struct {
 	o           Options
 	correctness bool
-	p           *proc.Process
-	addr        string
+	nodes       int // 0 or 1: one node; 3: a three-node cluster
+	ps          []*proc.Process
+	addrs       []string
+	addr        string // every node's API address, comma-separated (what clients dial)
 	fastLane    bool
 	version     string
 }
@@ -33,8 +35,11 @@ func newLeasehold(o Options, correctness bool) *Leasehold {
 // NewLeasehold returns a leasehold system of the given class, for the scale scenarios.
 func NewLeasehold(o Options, correctness bool) *Leasehold { return newLeasehold(o, correctness) }
 
-// Name is "leasehold-efficiency" or "leasehold-correctness".
+// Name is "leasehold-efficiency", "leasehold-correctness" or "leasehold-correctness-3".
 func (l *Leasehold) Name() string {
+	if l.nodes == 3 {
+		return "leasehold-correctness-3"
+	}
 	if l.correctness {
 		return "leasehold-correctness"
 	}
@@ -51,8 +56,12 @@ func (l *Leasehold) Describe() string {
 	if l.fastLane {
 		lane = "server offers the fast lane; the client picks its transport"
 	}
-	return fmt.Sprintf("one leasehold node (separate process, `leasehold server`), %s; recipe client.Dial (one client, so one lease of TTL %v, per worker) + Lock(ctx, name, %s) / Unlock — %s",
-		lane, l.o.TTL, class, how)
+	nodes := "one leasehold node (separate process, `leasehold server`)"
+	if l.nodes == 3 {
+		nodes = "three leasehold nodes on loopback (separate processes; clients given all three addresses)"
+	}
+	return fmt.Sprintf("%s, %s; recipe client.Dial (one client, so one lease of TTL %v, per worker) + Lock(ctx, name, %s) / Unlock — %s",
+		nodes, lane, l.o.TTL, class, how)
 }
 
 // Start runs `leasehold server` on free loopback ports with its data under dir.
@@ -66,40 +75,87 @@ func (l *Leasehold) Start(ctx context.Context, dir string) error {
 	}
 	help, _ := exec.Command(bin, "server", "-h").CombinedOutput()
 	l.fastLane = strings.Contains(string(help), "fast-lane-addr")
-	ports, err := proc.FreePorts(3)
-	if err != nil {
-		return err
+	n := max(1, l.nodes)
+	l.ps, l.addrs = nil, nil
+	for i := range n {
+		ports, err := proc.FreePorts(3)
+		if err != nil {
+			return err
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+		name := l.Name()
+		if n > 1 {
+			name = fmt.Sprintf("%s-n%d", l.Name(), i+1)
+		}
+		args := []string{bin, "server",
+			"--node-id", fmt.Sprintf("n%d", i+1),
+			"--addr", addr,
+			"--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[1]),
+			"--data-dir", filepath.Join(dir, fmt.Sprintf("leasehold-data-%d", i+1)),
+			"--log-level", "warn",
+		}
+		if l.fastLane {
+			args = append(args, "--fast-lane-addr", fmt.Sprintf("127.0.0.1:%d", ports[2]))
+		}
+		if i > 0 {
+			args = append(args, "--join", l.addrs[0])
+		}
+		p, err := proc.Start(name, filepath.Join(dir, fmt.Sprintf("leasehold-%d.log", i+1)), nil, args...)
+		if err != nil {
+			return err
+		}
+		l.ps = append(l.ps, p)
+		l.addrs = append(l.addrs, addr)
+		if err := p.WaitTCP(ctx, addr); err != nil {
+			return err
+		}
+		if i == 0 {
+			l.addr = addr
+			if err := l.waitServing(ctx, p); err != nil {
+				return err
+			}
+		}
 	}
-	l.addr = fmt.Sprintf("127.0.0.1:%d", ports[0])
-	args := []string{bin, "server",
-		"--addr", l.addr,
-		"--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[1]),
-		"--data-dir", filepath.Join(dir, "leasehold-data"),
-		"--log-level", "warn",
+	l.addr = strings.Join(l.addrs, ",")
+	if n > 1 {
+		return l.waitMembers(ctx, n)
 	}
-	if l.fastLane {
-		args = append(args, "--fast-lane-addr", fmt.Sprintf("127.0.0.1:%d", ports[2]))
-	}
-	l.p, err = proc.Start(l.Name(), filepath.Join(dir, "leasehold.log"), nil, args...)
-	if err != nil {
-		return err
-	}
-	if err := l.p.WaitTCP(ctx, l.addr); err != nil {
-		return err
-	}
-	// Serving once a lock can be taken (the node has become leader).
+	return nil
+}
+
+// waitServing waits until a lock can be taken (the node has become leader).
+func (l *Leasehold) waitServing(ctx context.Context, p *proc.Process) error {
 	for {
 		err := l.probe(ctx)
 		if err == nil {
 			return nil
 		}
-		if ok, perr := l.p.Exited(); ok {
-			return fmt.Errorf("leasehold: server exited (%s); log:\n%s", proc.ExitText(perr), l.p.LogTail(20))
+		if ok, perr := p.Exited(); ok {
+			return fmt.Errorf("leasehold: server exited (%s); log:\n%s", proc.ExitText(perr), p.LogTail(20))
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("leasehold: not serving: %w (last: %s); log:\n%s", ctx.Err(), proc.ExitText(err), l.p.LogTail(20))
+			return fmt.Errorf("leasehold: not serving: %w (last: %s); log:\n%s", ctx.Err(), proc.ExitText(err), p.LogTail(20))
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitMembers waits until the cluster has n voters.
+func (l *Leasehold) waitMembers(ctx context.Context, n int) error {
+	c, err := client.Dial(ctx, l.addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	for {
+		ms, err := c.Members(ctx)
+		if err == nil && len(ms) == n {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("leasehold: cluster of %d not formed: %w (last: %v)", n, ctx.Err(), err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -135,13 +191,19 @@ func (l *Leasehold) Addr() string { return l.addr }
 // Version is the server's version string (the build's `git describe`).
 func (l *Leasehold) Version() string { return l.version }
 
-// PIDs is the server process.
-func (l *Leasehold) PIDs() []int { return []int{l.p.PID()} }
+// PIDs are the server processes.
+func (l *Leasehold) PIDs() []int {
+	var pids []int
+	for _, p := range l.ps {
+		pids = append(pids, p.PID())
+	}
+	return pids
+}
 
-// Stop stops the server.
+// Stop stops the servers.
 func (l *Leasehold) Stop() {
-	if l.p != nil {
-		l.p.Stop(10 * time.Second)
+	for i := len(l.ps) - 1; i >= 0; i-- {
+		l.ps[i].Stop(10 * time.Second)
 	}
 }
 

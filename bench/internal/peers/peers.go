@@ -78,7 +78,7 @@ type Options struct {
 
 // Names lists every system the harness knows, in report order.
 var Names = []string{
-	"leasehold-efficiency", "leasehold-correctness",
+	"leasehold-efficiency", "leasehold-correctness", "leasehold-correctness-3",
 	"redis-mem", "redis-aof", "etcd", "etcd-3", "zookeeper",
 }
 
@@ -89,6 +89,10 @@ func New(name string, o Options) (System, error) {
 		return newLeasehold(o, false), nil
 	case "leasehold-correctness":
 		return newLeasehold(o, true), nil
+	case "leasehold-correctness-3":
+		l := newLeasehold(o, true)
+		l.nodes = 3
+		return l, nil
 	case "redis-mem":
 		return newRedis(o, false), nil
 	case "redis-aof":
