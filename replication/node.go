@@ -1,5 +1,6 @@
 // Package replication runs leasehold's state machine on hashicorp/raft: the durable log
-// and stable store (raft-boltdb, fsynced on every commit), snapshots, and the commit
+// and stable store (replication/wal, one fsync per commit; or raft-boltdb), snapshots,
+// and the commit
 // path every write takes. A single node is a one-voter cluster, so one code path serves
 // both.
 package replication
@@ -8,16 +9,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"go.etcd.io/bbolt"
 
 	"github.com/leasehold/leasehold/core"
 )
@@ -39,8 +38,10 @@ var (
 type Config struct {
 	// NodeID names this node in the cluster. Default "node1".
 	NodeID string
-	// DataDir holds the raft log (raft.db) and snapshots. Required.
+	// DataDir holds the raft log (wal/ or raft.db) and snapshots. Required.
 	DataDir string
+	// LogStore is LogStoreAuto (default), LogStoreWAL or LogStoreBolt.
+	LogStore string
 	// RaftAddr is the host:port the raft transport binds and advertises. Port 0 picks a
 	// free port. Default 127.0.0.1:7741.
 	RaftAddr string
@@ -117,7 +118,9 @@ type Node struct {
 	cfg       Config
 	raft      *raft.Raft
 	fsm       *fsm
-	store     *raftboltdb.BoltStore
+	logs      raft.LogStore
+	stable    raft.StableStore
+	closer    io.Closer
 	transport *raft.NetworkTransport
 }
 
@@ -131,17 +134,11 @@ func Open(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("replication: create data dir: %w", err)
 	}
-	store, err := raftboltdb.New(raftboltdb.Options{
-		Path:        filepath.Join(cfg.DataDir, "raft.db"),
-		BoltOptions: &bbolt.Options{Timeout: time.Second},
-	})
+	logs, stable, closer, err := openLogStore(cfg.DataDir, cfg.LogStore)
 	if err != nil {
-		if errors.Is(err, bbolt.ErrTimeout) {
-			return nil, fmt.Errorf("%w: %s", ErrDataDirInUse, cfg.DataDir)
-		}
-		return nil, fmt.Errorf("replication: open log store: %w", err)
+		return nil, err
 	}
-	n := &Node{cfg: cfg, store: store}
+	n := &Node{cfg: cfg, logs: logs, stable: stable, closer: closer}
 	ok := false
 	defer func() {
 		if !ok {
@@ -188,7 +185,7 @@ func Open(cfg Config) (*Node, error) {
 	rc.NoLegacyTelemetry = true
 
 	if cfg.Bootstrap {
-		has, herr := raft.HasExistingState(store, store, snaps)
+		has, herr := raft.HasExistingState(logs, stable, snaps)
 		if herr != nil {
 			return nil, fmt.Errorf("replication: inspect state: %w", herr)
 		}
@@ -200,12 +197,12 @@ func Open(cfg Config) (*Node, error) {
 					conf.Servers = append(conf.Servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.RaftAddr)})
 				}
 			}
-			if berr := raft.BootstrapCluster(rc, store, store, snaps, n.transport, conf); berr != nil {
+			if berr := raft.BootstrapCluster(rc, logs, stable, snaps, n.transport, conf); berr != nil {
 				return nil, fmt.Errorf("replication: bootstrap: %w", berr)
 			}
 		}
 	}
-	n.raft, err = raft.NewRaft(rc, n.fsm, store, store, snaps, n.transport)
+	n.raft, err = raft.NewRaft(rc, n.fsm, logs, stable, snaps, n.transport)
 	if err != nil {
 		return nil, fmt.Errorf("replication: start raft: %w", err)
 	}
@@ -421,8 +418,8 @@ func (n *Node) closeStores() {
 	if n.transport != nil {
 		_ = n.transport.Close()
 	}
-	if n.store != nil {
-		_ = n.store.Close()
+	if n.closer != nil {
+		_ = n.closer.Close()
 	}
 }
 

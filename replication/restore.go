@@ -3,13 +3,9 @@ package replication
 import (
 	"fmt"
 	"os"
-	"path/filepath"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"go.etcd.io/bbolt"
 
 	"github.com/leasehold/leasehold/core"
 )
@@ -57,13 +53,13 @@ func RestoreDataDir(dir, nodeID, raftAddr string, state []byte, limits core.Limi
 	if err := sink.Close(); err != nil {
 		return fmt.Errorf("replication: write snapshot: %w", err)
 	}
-	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dir, "raft.db"), BoltOptions: &bbolt.Options{Timeout: time.Second}})
+	_, stable, closer, err := openLogStore(dir, LogStoreAuto)
 	if err != nil {
-		return fmt.Errorf("replication: open log store: %w", err)
+		return err
 	}
-	defer store.Close()
+	defer closer.Close()
 	// The snapshot is at term 1; the node's first election starts term 2.
-	if err := store.SetUint64([]byte("CurrentTerm"), 1); err != nil {
+	if err := stable.SetUint64([]byte("CurrentTerm"), 1); err != nil {
 		return fmt.Errorf("replication: write term: %w", err)
 	}
 	return nil

@@ -20,6 +20,7 @@ func runServer(args []string) int {
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:7740", "API address (Connect: gRPC, gRPC-Web, JSON over HTTP)")
 	raftAddr := fs.String("raft-addr", "127.0.0.1:7741", "raft transport address")
+	logStore := fs.String("log-store", "auto", "raft log store: wal (one fsync per commit), bolt (raft-boltdb), or auto (bolt for a data dir that has raft.db, else wal)")
 	fastAddr := fs.String("fast-lane-addr", "127.0.0.1:7742", "fast-lane address (binary protocol for the hot calls), or off")
 	dataDir := fs.String("data-dir", "./leasehold-data", "directory for the raft log and snapshots")
 	nodeID := fs.String("node-id", "node1", "this node's id in the cluster")
@@ -48,7 +49,7 @@ func runServer(args []string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg := service.Config{
 		Addr:          *addr,
-		Raft:          replication.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise, Bootstrap: *bootstrap && *join == ""},
+		Raft:          replication.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise, Bootstrap: *bootstrap && *join == "", LogStore: *logStore},
 		Server:        server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID},
 		Logger:        log,
 		AdvertiseAddr: *advertise,

@@ -1,0 +1,540 @@
+// Package wal is a raft log store and stable store for hashicorp/raft that makes every
+// StoreLogs call durable with one write and one fsync.
+//
+// # Files
+//
+// A directory holds append-only segment files named wal-<first index>.seg (a new one is
+// started once the current one passes Options.SegmentSize), a meta file with the
+// StableStore keys and the first-index marker, and a LOCK file. Each record carries
+// its own CRC-32C; see record.go for the layout.
+//
+// # Guarantees
+//
+//   - StoreLogs returns nil only after every entry of the batch is on stable storage
+//     (one write, one fsync; plus an fsync of the directory when it starts a new
+//     segment). If it returns an error, none of the batch is visible to readers; after
+//     a crash some prefix of it may reappear, which raft tolerates (the entries were
+//     never acknowledged, so a leader reports their outcome as unknown).
+//   - DeleteRange is durable when it returns. A prefix delete (compaction) and a delete
+//     of everything are atomic across a crash: the first-index marker is written before
+//     any file is touched. A suffix delete interrupted by a crash leaves a prefix of the
+//     old log (as if fewer entries had been deleted), never a log with holes.
+//   - Open validates every record. A torn final write (the one StoreLogs was doing when
+//     the process or machine died) is cut away; any other damage fails Open with
+//     ErrCorrupt naming the file and offset, rather than silently losing acknowledged
+//     entries. Damage confined to the final batch of the log cannot be told from a torn
+//     write and is cut away like one.
+//   - After an fsync, truncate or unlink fails, the Log refuses all further writes
+//     (ErrFailed): after a failed fsync the kernel may have dropped the dirty pages, so
+//     what is on disk is unknown until the directory is reopened and re-validated.
+//
+// # Concurrency
+//
+// All methods are safe for concurrent use. Lock order: writeMu, then metaMu, then mu;
+// methods whose names end in Locked need writeMu held.
+// Writers (StoreLogs, DeleteRange) are serialised by writeMu and do their write and
+// fsync without holding mu, so GetLog, FirstIndex and LastIndex — which take mu for
+// reading — wait for a writer only while it publishes the new index entries, never for
+// its fsync.
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+)
+
+// Errors returned by Log.
+var (
+	// ErrCorrupt is returned (wrapped, with the file and offset) by Open when a record
+	// other than the torn tail of the last segment fails its checks, or segments do not
+	// join up, and by GetLog when a stored record no longer matches its checksum.
+	ErrCorrupt = errors.New("wal: corrupt log")
+	// ErrOutOfOrder is returned by StoreLogs when the batch does not continue the log
+	// exactly (a gap, an overwrite, or indexes not consecutive). Nothing was written.
+	ErrOutOfOrder = errors.New("wal: entries out of order")
+	// ErrMiddleDelete is returned by DeleteRange for a range that keeps entries on both
+	// sides of it; raft only deletes a prefix, a suffix, or everything.
+	ErrMiddleDelete = errors.New("wal: cannot delete from the middle of the log")
+	// ErrFailed is returned (wrapped with the original cause) by every write after an
+	// fsync, truncate or unlink failed. Reads still work; reopen to recover.
+	ErrFailed = errors.New("wal: an earlier write failed; reopen the log")
+	// ErrClosed is returned by every method after Close.
+	ErrClosed = errors.New("wal: log is closed")
+	// ErrLocked is returned by Open when another Log (in this or another process) has
+	// the directory open.
+	ErrLocked = errors.New("wal: directory is locked by another process")
+)
+
+// DefaultSegmentSize is the segment size used when Options.SegmentSize is zero.
+const DefaultSegmentSize = 64 << 20
+
+// Options configures a Log. The zero value is a valid configuration.
+type Options struct {
+	// SegmentSize is the size after which the next StoreLogs starts a new segment file.
+	// A batch is never split, so a segment can exceed it by one batch. Zero means
+	// DefaultSegmentSize.
+	SegmentSize int64
+	// Logger receives a line when Open cuts a torn tail. Nil means no logging.
+	Logger *slog.Logger
+
+	// dataSync makes StoreLogs call fdatasync instead of fsync. Benchmarks only: on an
+	// append the file size changes, so fdatasync must commit the same inode update as
+	// fsync, and BenchmarkStoreLogsPaired shows no difference (see sync_linux.go).
+	dataSync bool
+	// syncHook, if set, replaces the segment sync (tests inject failures with it).
+	syncHook func(*os.File) error
+	// crashHook, if set, is called at each step of a write that a crash could
+	// interrupt (tests panic in it to stop the operation there).
+	crashHook func(step string)
+}
+
+// Log is a raft.LogStore and raft.StableStore backed by a directory. Create it with Open.
+type Log struct {
+	dir  string
+	opts Options
+	lock *os.File
+
+	writeMu sync.Mutex // serialises StoreLogs, DeleteRange and Close
+	buf     []byte     // encoding scratch; writeMu
+	failed  error      // sticky; writeMu
+
+	metaMu sync.Mutex // guards meta and the meta file
+	meta   metaState
+
+	mu     sync.RWMutex // guards the fields below (see segment for its fields)
+	segs   []*segment
+	first  uint64 // 0 when the log is empty
+	last   uint64 // 0 when the log is empty
+	closed bool
+
+	syncs atomic.Uint64
+}
+
+var (
+	_ raft.LogStore          = (*Log)(nil)
+	_ raft.StableStore       = (*Log)(nil)
+	_ raft.MonotonicLogStore = (*Log)(nil)
+)
+
+// Open opens the log in dir, creating the directory if needed, validates every record
+// and cuts a torn tail (see the package comment). It fails with ErrLocked if the
+// directory is already open and with ErrCorrupt if acknowledged data is damaged.
+func Open(dir string, opts Options) (*Log, error) {
+	if opts.SegmentSize <= 0 {
+		opts.SegmentSize = DefaultSegmentSize
+	}
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, fmt.Errorf("wal: create %s: %w", dir, err)
+		}
+		if err := syncDir(filepath.Dir(filepath.Clean(dir))); err != nil {
+			return nil, err
+		}
+	}
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	l := &Log{dir: dir, opts: opts, lock: lock}
+	if err := l.recover(); err != nil {
+		l.closeFiles()
+		return nil, err
+	}
+	return l, nil
+}
+
+// recover loads the meta file and the segments and validates them.
+func (l *Log) recover() error {
+	meta, err := loadMeta(l.dir)
+	if err != nil {
+		return err
+	}
+	l.meta = meta
+	entries, err := os.ReadDir(l.dir)
+	if err != nil {
+		return fmt.Errorf("wal: read %s: %w", l.dir, err)
+	}
+	var bases []uint64
+	for _, e := range entries {
+		if base, ok := parseSegmentName(e.Name()); ok && e.Type().IsRegular() {
+			bases = append(bases, base)
+		}
+	}
+	slices.Sort(bases)
+
+	// Segments wholly below the marker are left over from a compaction that crashed
+	// after writing the marker: finish it without reading them.
+	var stale []*segment
+	for len(bases) > 1 && bases[1] <= meta.marker {
+		stale = append(stale, &segment{path: segmentPath(l.dir, bases[0])})
+		bases = bases[1:]
+	}
+	if err := l.removeSegmentsLocked(stale); err != nil {
+		return err
+	}
+
+	for i, base := range bases {
+		s, err := l.loadSegment(base, i == len(bases)-1)
+		if err != nil {
+			return err
+		}
+		if s == nil { // empty last segment, removed
+			continue
+		}
+		if n := len(l.segs); n > 0 && l.segs[n-1].lastIndex()+1 != base {
+			return fmt.Errorf("%w: %s ends at index %d but %s starts at %d", ErrCorrupt,
+				l.segs[n-1].path, l.segs[n-1].lastIndex(), s.path, base)
+		}
+		l.segs = append(l.segs, s)
+	}
+	if len(l.segs) == 0 {
+		return nil
+	}
+	last := l.segs[len(l.segs)-1].lastIndex()
+	if base := l.segs[0].base; base > max(meta.marker, 1) && meta.marker <= last {
+		return fmt.Errorf("%w: the log starts at index %d but its first segment %s starts at %d: a segment file is missing",
+			ErrCorrupt, max(meta.marker, 1), l.segs[0].path, base)
+	}
+	if meta.marker > last {
+		// A delete of everything crashed after writing its marker.
+		segs := l.segs
+		l.segs = nil
+		return l.removeSegmentsLocked(segs)
+	}
+	l.first = max(meta.marker, l.segs[0].base)
+	l.last = last
+	return nil
+}
+
+// loadSegment reads and validates one segment. For the last segment a torn tail is cut
+// off, and nil is returned (after removing the file) if no record is left.
+func (l *Log) loadSegment(base uint64, isLast bool) (*segment, error) {
+	path := segmentPath(l.dir, base)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("wal: read %s: %w", path, err)
+	}
+	res, err := scanSegment(path, data, base)
+	if err != nil {
+		return nil, err
+	}
+	if res.bad {
+		if !isLast || !classifyTail(data, res) {
+			return nil, fmt.Errorf("%w: %s offset %d: %w", ErrCorrupt, path, res.badOff, res.reason)
+		}
+		if l.opts.Logger != nil {
+			l.opts.Logger.Warn("wal: cutting torn tail of last segment (never acknowledged)",
+				"file", path, "offset", res.badOff, "bytes", int64(len(data))-res.badOff,
+				"entries_kept", len(res.offsets))
+		}
+	}
+	if len(res.offsets) == 0 {
+		if !isLast {
+			return nil, fmt.Errorf("%w: %s offset 0: segment before the last one holds no entries", ErrCorrupt, path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("wal: remove empty %s: %w", path, err)
+		}
+		return nil, syncDir(l.dir)
+	}
+	// Every segment is opened for writing: a suffix delete can make any of them the
+	// one appended to.
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("wal: open %s: %w", path, err)
+	}
+	if res.end != int64(len(data)) {
+		err := f.Truncate(res.end)
+		if err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			_ = f.Close()
+			return nil, fmt.Errorf("wal: cut torn tail of %s: %w", path, err)
+		}
+	}
+	return &segment{base: base, path: path, f: f, offsets: res.offsets, size: res.end}, nil
+}
+
+// FirstIndex returns the first index in the log, or 0 if it is empty.
+func (l *Log) FirstIndex() (uint64, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return 0, ErrClosed
+	}
+	return l.first, nil
+}
+
+// LastIndex returns the last index in the log, or 0 if it is empty.
+func (l *Log) LastIndex() (uint64, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return 0, ErrClosed
+	}
+	return l.last, nil
+}
+
+// GetLog reads the entry at index into log. It returns raft.ErrLogNotFound itself (not
+// wrapped: raft's replication compares it with ==) when the index is outside
+// [FirstIndex, LastIndex], and an ErrCorrupt error if the record fails its checksum.
+// log's Data and Extensions are freshly allocated and belong to the caller.
+func (l *Log) GetLog(index uint64, log *raft.Log) error {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return ErrClosed
+	}
+	if l.last == 0 || index < l.first || index > l.last {
+		return raft.ErrLogNotFound
+	}
+	s := l.segmentForLocked(index)
+	off, end := s.span(index)
+	buf := make([]byte, end-off)
+	if _, err := s.f.ReadAt(buf, off); err != nil {
+		return fmt.Errorf("wal: read index %d from %s offset %d: %w", index, s.path, off, err)
+	}
+	r, n, err := decodeRecord(buf)
+	if err != nil || n != len(buf) || r.index != index {
+		return fmt.Errorf("%w: %s offset %d: record of index %d fails its checks", ErrCorrupt, s.path, off, index)
+	}
+	r.toLog(log)
+	return nil
+}
+
+// segmentForLocked returns the segment holding index, which must be in the log.
+func (l *Log) segmentForLocked(index uint64) *segment {
+	i := sort.Search(len(l.segs), func(i int) bool { return l.segs[i].base > index })
+	return l.segs[i-1]
+}
+
+// StoreLog stores one entry; see StoreLogs.
+func (l *Log) StoreLog(log *raft.Log) error { return l.StoreLogs([]*raft.Log{log}) }
+
+// StoreLogs appends logs, which must have consecutive indexes continuing the log (any
+// index if the log is empty), with one write and one fsync. When it returns nil
+// every entry is on stable storage. On error no entry of the batch is visible; see the
+// package comment for what a crash may leave.
+func (l *Log) StoreLogs(logs []*raft.Log) error {
+	if len(logs) == 0 {
+		return nil
+	}
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
+	if err := l.writableLocked(); err != nil {
+		return err
+	}
+	next := logs[0].Index
+	if next == 0 {
+		return fmt.Errorf("%w: index 0 is not a valid raft index", ErrOutOfOrder)
+	}
+	if l.last != 0 && next != l.last+1 {
+		return fmt.Errorf("%w: batch starts at index %d but the log ends at %d", ErrOutOfOrder, next, l.last)
+	}
+	total := 0
+	for i, e := range logs {
+		if e.Index != next+uint64(i) {
+			return fmt.Errorf("%w: entry %d of the batch has index %d, want %d", ErrOutOfOrder, i, e.Index, next+uint64(i))
+		}
+		if sz := recordSize(e); sz-headerSize > maxPayload {
+			return fmt.Errorf("wal: entry %d is %d bytes, more than the %d allowed", e.Index, sz, maxPayload)
+		}
+		total += recordSize(e)
+	}
+
+	s, err := l.activeSegmentLocked(next)
+	if err != nil {
+		return err
+	}
+	start := s.size
+	end := start + int64(total)
+	buf := l.buf[:0]
+	offsets := make([]int64, len(logs))
+	for i, e := range logs {
+		offsets[i] = start + int64(len(buf))
+		buf = appendRecord(buf, e, start, end)
+	}
+	if cap(buf) <= 4<<20 {
+		l.buf = buf
+	}
+
+	l.crashPoint("store: before write")
+	if _, err := s.f.WriteAt(buf, start); err != nil {
+		// Take back whatever part of the batch reached the file so the next batch
+		// starts at a record boundary.
+		if terr := s.f.Truncate(start); terr != nil {
+			l.failed = fmt.Errorf("truncate %s after failed write: %w", s.path, terr)
+		}
+		return fmt.Errorf("wal: write %s: %w", s.path, err)
+	}
+	l.crashPoint("store: before sync")
+	if err := l.sync(s.f); err != nil {
+		l.failed = fmt.Errorf("sync %s: %w", s.path, err)
+		return fmt.Errorf("wal: sync %s: %w", s.path, err)
+	}
+
+	l.crashPoint("store: synced")
+	l.mu.Lock()
+	s.offsets = append(s.offsets, offsets...)
+	s.size = end
+	if l.last == 0 {
+		l.first = next // activeSegmentLocked moved the marker to next
+	}
+	l.last = logs[len(logs)-1].Index
+	l.mu.Unlock()
+	return nil
+}
+
+// activeSegmentLocked returns the segment the next batch (starting at index next) goes
+// to, starting a new one when the log is empty or the current one is full.
+func (l *Log) activeSegmentLocked(next uint64) (*segment, error) {
+	if l.last == 0 {
+		// Empty log: at most one segment remains, holding no entries (a new segment
+		// whose first write failed). Start afresh at next.
+		if len(l.segs) == 1 && l.segs[0].base == next {
+			return l.segs[0], nil
+		}
+		if len(l.segs) > 0 {
+			old := l.segs
+			l.mu.Lock()
+			l.segs = nil
+			l.mu.Unlock()
+			if err := l.removeSegmentsLocked(old); err != nil {
+				return nil, err
+			}
+		}
+		// The first segment always starts at the marker (or at 1 with no marker), so
+		// that Open can tell a missing first segment from a compacted one. After a
+		// delete of everything the marker may even be above next (raft installed a
+		// snapshot older than the deleted entries): the new entries would be hidden
+		// after a restart unless it is moved first.
+		if max(l.meta.marker, 1) != next {
+			if err := l.setMarker(next); err != nil {
+				return nil, err
+			}
+		}
+		return l.newSegmentLocked(next)
+	}
+	s := l.segs[len(l.segs)-1]
+	if s.size >= l.opts.SegmentSize && len(s.offsets) > 0 {
+		return l.newSegmentLocked(next)
+	}
+	return s, nil
+}
+
+// newSegmentLocked creates the segment file for base and makes its name durable.
+func (l *Log) newSegmentLocked(base uint64) (*segment, error) {
+	path := segmentPath(l.dir, base)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o640)
+	if err != nil {
+		return nil, fmt.Errorf("wal: create segment: %w", err)
+	}
+	l.crashPoint("segment: created")
+	if err := syncDir(l.dir); err != nil {
+		_ = f.Close()
+		l.failed = err
+		return nil, err
+	}
+	s := &segment{base: base, path: path, f: f}
+	l.mu.Lock()
+	l.segs = append(l.segs, s)
+	l.mu.Unlock()
+	return s, nil
+}
+
+func (l *Log) crashPoint(step string) {
+	if l.opts.crashHook != nil {
+		l.opts.crashHook(step)
+	}
+}
+
+func (l *Log) sync(f *os.File) error {
+	l.syncs.Add(1)
+	if l.opts.syncHook != nil {
+		return l.opts.syncHook(f)
+	}
+	if l.opts.dataSync {
+		return fdatasync(f)
+	}
+	return f.Sync()
+}
+
+// setMarker durably records that indexes below m are deleted. If the meta file may have
+// changed on disk without the change being durable, the Log is marked failed.
+func (l *Log) setMarker(m uint64) error {
+	l.metaMu.Lock()
+	defer l.metaMu.Unlock()
+	next := metaState{marker: m, kv: l.meta.kv}
+	l.crashPoint("marker: before write")
+	committed, err := writeMeta(l.dir, next)
+	if err != nil {
+		if committed {
+			l.failed = err
+		}
+		return err
+	}
+	l.meta.marker = m
+	l.crashPoint("marker: written")
+	return nil
+}
+
+func (l *Log) writableLocked() error {
+	l.mu.RLock()
+	closed := l.closed
+	l.mu.RUnlock()
+	if closed {
+		return ErrClosed
+	}
+	if l.failed != nil {
+		return fmt.Errorf("%w: %w", ErrFailed, l.failed)
+	}
+	return nil
+}
+
+// IsMonotonic implements raft.MonotonicLogStore: the log cannot hold a gap, so after
+// installing or restoring a snapshot raft deletes all entries instead of appending past
+// a gap.
+func (l *Log) IsMonotonic() bool { return true }
+
+// Syncs returns how many fsync calls the Log has made on segment files,
+// for tests and benchmarks. Directory and meta-file syncs are not counted.
+func (l *Log) Syncs() uint64 { return l.syncs.Load() }
+
+// Close closes the files and releases the directory lock. Every later call fails with
+// ErrClosed. Close does not sync: everything acknowledged is already durable.
+func (l *Log) Close() error {
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
+	l.metaMu.Lock()
+	defer l.metaMu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	l.closeFiles()
+	return nil
+}
+
+func (l *Log) closeFiles() {
+	for _, s := range l.segs {
+		_ = s.f.Close()
+	}
+	l.segs = nil
+	if l.lock != nil {
+		_ = l.lock.Close()
+		l.lock = nil
+	}
+}
