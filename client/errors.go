@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -89,8 +90,21 @@ func detail(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
 
 // retryable reports whether err means "no server could serve this right now": the
 // connection failed, the node has no leader, or the outcome is unknown.
-func retryable(err error) bool {
-	return connect.CodeOf(err) == connect.CodeUnavailable
+func retryable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable:
+		return true
+	case connect.CodeCanceled, connect.CodeDeadlineExceeded, connect.CodeUnknown, connect.CodeInternal:
+		if ce := new(connect.Error); !errors.As(err, &ce) {
+			return false
+		}
+		_, d := detail(err)
+		return d.GetReason() == ""
+	}
+	return false
 }
 
 // leaseGoneCause maps a NotFound keepalive to the cause a lock context reports.

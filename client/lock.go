@@ -103,10 +103,12 @@ func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Lo
 	}
 	backoff := 20 * time.Millisecond
 	var lastErr error
+	var tried *session
 	for {
 		s, err := c.session(ctx, o.ttl)
 		if err == nil {
 			var l *Lock
+			tried = s
 			l, err = c.acquire(ctx, s, name, o, h)
 			if err == nil {
 				return l, nil
@@ -116,13 +118,19 @@ func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Lo
 				continue // a fresh lease, at once
 			}
 		}
-		if !retryable(err) {
+		if !retryable(ctx, err) {
+			if tried != nil && ctx.Err() != nil {
+				go c.abandon(tried, name, o.class)
+			}
 			return nil, err
 		}
 		lastErr = err
 		c.nodes.next()
 		select {
 		case <-ctx.Done():
+			if tried != nil {
+				go c.abandon(tried, name, o.class)
+			}
 			return nil, fmt.Errorf("%w: %w (last error: %w)", ErrUnavailable, ctx.Err(), lastErr)
 		case <-time.After(jitter(backoff)):
 		}
@@ -217,7 +225,10 @@ func (l *Lock) Unlock(ctx context.Context) error {
 			l.lost(ErrUnlocked)
 			return nil
 		}
-		if !retryable(err) {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		if !retryable(ctx, err) {
 			l.s.remove(l)
 			l.lost(fmt.Errorf("%w: release failed: %w", ErrLockLost, err))
 			return fmt.Errorf("%w: %w", ErrLockLost, err)
@@ -243,4 +254,24 @@ func (c lockContext) Value(key any) any           { return c.l.ctx.Value(key) }
 func (c lockContext) Err() error {
 	c.l.s.checkDeadline()
 	return c.l.ctx.Err()
+}
+
+// abandon takes lease s out of name's queue, or releases the grant it got, after a Lock
+// whose outcome was unknown gave up. An Acquire with wait 0 on the same lease returns
+// the lease's grant (idempotent) or cancels its place in the queue.
+func (c *Client) abandon(s *session, name string, class leaseholdv1.LockClass) {
+	backoff := 50 * time.Millisecond
+	for s.alive() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := c.locks.Acquire(ctx, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: s.id, WaitMs: 0})
+		if err == nil {
+			_, err = c.locks.Release(ctx, &leaseholdv1.ReleaseRequest{Name: name, LeaseId: s.id, Token: resp.GetToken()})
+		}
+		cancel()
+		if err == nil || !retryable(context.Background(), err) {
+			return
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, time.Second)
+	}
 }

@@ -92,11 +92,8 @@ func (s *session) end(cause error) {
 	for l := range locks {
 		l.lost(cause)
 	}
-	s.c.mu.Lock()
-	if s.c.sessions[s.ttl] == s {
-		delete(s.c.sessions, s.ttl)
-	}
-	s.c.mu.Unlock()
+	// Client.session calls alive (and so end) with c.mu held; it replaces dead
+	// sessions itself, so end must not take c.mu.
 }
 
 func (s *session) add(l *Lock) error {

@@ -229,6 +229,7 @@ func (n *Node) Close(ctx context.Context) error {
 	if n.fastLn != nil {
 		_ = n.fastLn.Close() // connections end when their requests fail or finish
 	}
+	n.Leader.Demote() // fail waiting acquires (Unavailable: clients retry after the restart)
 	herr := n.http.Shutdown(ctx)
 	if errors.Is(herr, context.DeadlineExceeded) || errors.Is(herr, context.Canceled) {
 		herr = n.http.Close()

@@ -123,6 +123,10 @@ func runStatus(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "usage: leasehold status [--addr HOST:PORT]")
+		return exitUsage
+	}
 	ctx := context.Background()
 	c, code := dial(ctx, *addr)
 	if c == nil {

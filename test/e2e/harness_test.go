@@ -1,0 +1,542 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/client"
+)
+
+// Paths of the binaries built once by TestMain.
+var (
+	leaseholdBin   string
+	pauseclientBin string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	root, err := moduleRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	dir, err := os.MkdirTemp("", "leasehold-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	leaseholdBin = filepath.Join(dir, "leasehold")
+	pauseclientBin = filepath.Join(dir, "pauseclient")
+	for _, b := range []struct{ out, pkg string }{
+		{leaseholdBin, "./cmd/leasehold"},
+		{pauseclientBin, "./test/cmd/pauseclient"},
+	} {
+		if err := goBuild(root, b.out, b.pkg); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+			return 1
+		}
+	}
+	return m.Run()
+}
+
+// moduleRoot walks up from the working directory (the package directory under `go
+// test`) to the directory holding leasehold's go.mod.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.Contains(b, []byte("module github.com/leasehold/leasehold\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("cannot find the go.mod of github.com/leasehold/leasehold above the working directory")
+		}
+		dir = parent
+	}
+}
+
+func goBuild(root, out, pkg string) error {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		return fmt.Errorf("go build %s: the go command is not in PATH: %w", pkg, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, gobin, "build", "-o", out, pkg)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build -o %s %s: %w\n%s", out, pkg, err, b)
+	}
+	return nil
+}
+
+// freePorts returns n distinct loopback ports that were free a moment ago.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, n)
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("free port: %v", err)
+		}
+		defer ln.Close() // held until all are picked, so they differ
+		ports[i] = ln.Addr().(*net.TCPAddr).Port
+	}
+	return ports
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t testing.TB) int { return freePorts(t, 1)[0] }
+
+// ---- server processes -------------------------------------------------------------
+
+// Server is a `leasehold server` process on loopback ports with its own data dir. Its
+// stderr goes to a log file that is printed only when the test fails. Restart starts a
+// new process on the same ports and data dir.
+type Server struct {
+	t        testing.TB
+	Addr     string // API address, host:port
+	RaftAddr string
+	FastAddr string // fast-lane address
+	Dir      string // data dir
+	extra    []string
+	logPath  string
+
+	mu   sync.Mutex
+	proc *serverProc // the current process; nil when none runs
+}
+
+type serverProc struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited and been waited for
+	err  error         // cmd.Wait's error, valid after done
+	log  *os.File
+}
+
+// StartServer starts a server and waits until it serves as leader. extra flags are
+// appended to the command line.
+func StartServer(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	base := t.TempDir()
+	ports := freePorts(t, 3)
+	s := &Server{
+		t:        t,
+		Addr:     fmt.Sprintf("127.0.0.1:%d", ports[0]),
+		RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]),
+		FastAddr: fmt.Sprintf("127.0.0.1:%d", ports[2]),
+		Dir:      filepath.Join(base, "data"),
+		extra:    extra,
+		logPath:  filepath.Join(base, "server.log"),
+	}
+	t.Cleanup(func() {
+		s.Kill9()
+		if t.Failed() {
+			if b, err := os.ReadFile(s.logPath); err == nil {
+				t.Logf("server %s log (%s):\n%s", s.Addr, s.logPath, b)
+			}
+		}
+	})
+	s.start()
+	return s
+}
+
+func (s *Server) start() {
+	s.t.Helper()
+	f, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		s.t.Fatalf("server log: %v", err)
+	}
+	fmt.Fprintf(f, "==== %s: starting leasehold server\n", time.Now().Format(time.RFC3339Nano))
+	args := append([]string{"server",
+		"--addr", s.Addr, "--raft-addr", s.RaftAddr, "--fast-lane-addr", s.FastAddr,
+		"--data-dir", s.Dir, "--min-ttl", "100ms",
+	}, s.extra...)
+	cmd := exec.Command(leaseholdBin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		s.t.Fatalf("start server: %v", err)
+	}
+	p := &serverProc{cmd: cmd, done: make(chan struct{}), log: f}
+	go func() {
+		p.err = cmd.Wait()
+		fmt.Fprintf(f, "==== %s: server exited: %v\n", time.Now().Format(time.RFC3339Nano), p.err)
+		f.Close()
+		close(p.done)
+	}()
+	s.mu.Lock()
+	s.proc = p
+	s.mu.Unlock()
+	s.waitHealthy(p, 30*time.Second)
+}
+
+// waitHealthy waits until /healthz answers 200 (the node serves as leader).
+func (s *Server) waitHealthy(p *serverProc, timeout time.Duration) {
+	s.t.Helper()
+	hc := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(timeout)
+	for {
+		select {
+		case <-p.done:
+			s.t.Fatalf("server %s exited before it was healthy: %v", s.Addr, p.err)
+		default:
+		}
+		resp, err := hc.Get("http://" + s.Addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("server %s not healthy after %v (last: %v)", s.Addr, timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (s *Server) current() *serverProc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proc
+}
+
+// Pid returns the running process's pid.
+func (s *Server) Pid() int {
+	p := s.current()
+	if p == nil {
+		s.t.Fatalf("server %s is not running", s.Addr)
+	}
+	return p.cmd.Process.Pid
+}
+
+// Kill9 kills the server with SIGKILL and waits for it. It does nothing if no server
+// process runs.
+func (s *Server) Kill9() {
+	p := s.current()
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		s.t.Errorf("server %s did not die within 10s of SIGKILL", s.Addr)
+	}
+	s.mu.Lock()
+	s.proc = nil
+	s.mu.Unlock()
+}
+
+// Stop sends SIGTERM and waits up to timeout for the process to exit. It returns the
+// exit code (-1 if killed by a signal) and how long the exit took; when the process
+// outlives timeout it is killed and the test fails.
+func (s *Server) Stop(timeout time.Duration) (int, time.Duration) {
+	s.t.Helper()
+	p := s.current()
+	if p == nil {
+		s.t.Fatalf("Stop: server %s is not running", s.Addr)
+	}
+	start := time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		s.Kill9()
+		s.t.Fatalf("server %s did not exit within %v of SIGTERM", s.Addr, timeout)
+	}
+	took := time.Since(start)
+	s.mu.Lock()
+	s.proc = nil
+	s.mu.Unlock()
+	return p.cmd.ProcessState.ExitCode(), took
+}
+
+// Restart starts a new server process on the same ports and data dir and waits until
+// it is healthy. The previous process must have exited.
+func (s *Server) Restart() {
+	s.t.Helper()
+	if s.current() != nil {
+		s.t.Fatalf("Restart: server %s is still running", s.Addr)
+	}
+	s.start()
+}
+
+// Signal sends sig (SIGSTOP, SIGCONT, ...) to the running server.
+func (s *Server) Signal(sig syscall.Signal) {
+	s.t.Helper()
+	if err := syscall.Kill(s.Pid(), sig); err != nil {
+		s.t.Fatalf("signal %v to server: %v", sig, err)
+	}
+}
+
+// Client dials the server; the client is closed when the test ends.
+func (s *Server) Client(t testing.TB, opts ...client.Option) *client.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, s.Addr, opts...)
+	if err != nil {
+		t.Fatalf("dial %s: %v", s.Addr, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
+	return c
+}
+
+// ---- other processes ----------------------------------------------------------------
+
+// Line is one line a process wrote to stdout, with the time the test read it.
+type Line struct {
+	Text string
+	At   time.Time
+}
+
+// Proc is a helper process (a client, or a `leasehold lock`). Its stdout is read line by
+// line as it comes; stderr is collected. It is killed when the test ends.
+type Proc struct {
+	t     testing.TB
+	Cmd   *exec.Cmd
+	Lines chan Line // stdout lines; closed at EOF
+	done  chan struct{}
+	werr  error
+
+	stderrPath string
+
+	mu     sync.Mutex
+	stdout []string
+}
+
+// StartProc starts bin with args. stdout and stderr are a pipe and a file passed to the
+// process directly, so waiting for the process does not wait for grandchildren that
+// inherited them.
+func StartProc(t testing.TB, bin string, args ...string) *Proc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	p := &Proc{t: t, Cmd: cmd, Lines: make(chan Line, 4096), done: make(chan struct{})}
+	p.stderrPath = filepath.Join(t.TempDir(), "stderr")
+	errf, err := os.Create(p.stderrPath)
+	if err != nil {
+		t.Fatalf("stderr file: %v", err)
+	}
+	defer errf.Close()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatalf("stdout pipe: %v", err)
+	}
+	cmd.Stdout, cmd.Stderr = pw, errf
+	err = cmd.Start()
+	pw.Close()
+	if err != nil {
+		pr.Close()
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	go func() {
+		defer close(p.Lines)
+		defer pr.Close()
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			l := Line{Text: sc.Text(), At: time.Now()}
+			p.mu.Lock()
+			p.stdout = append(p.stdout, l.Text)
+			p.mu.Unlock()
+			select {
+			case p.Lines <- l:
+			default: // nobody is reading; the line is still in Stdout()
+			}
+		}
+	}()
+	go func() {
+		p.werr = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			t.Logf("%s %s (pid %d):\nstdout:\n%s\nstderr:\n%s", filepath.Base(bin), strings.Join(args, " "), p.Pid(), strings.Join(p.Stdout(), "\n"), p.Stderr())
+		}
+	})
+	return p
+}
+
+// Pid returns the process id.
+func (p *Proc) Pid() int { return p.Cmd.Process.Pid }
+
+// Signal sends sig to the process.
+func (p *Proc) Signal(sig syscall.Signal) {
+	p.t.Helper()
+	if err := syscall.Kill(p.Pid(), sig); err != nil {
+		p.t.Fatalf("signal %v to pid %d: %v", sig, p.Pid(), err)
+	}
+}
+
+// Kill ends the process: SIGCONT and SIGTERM first (so that `leasehold lock` forwards
+// it to CMD's group), then SIGKILL if it lingers.
+func (p *Proc) Kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.Cmd.Process.Signal(syscall.SIGCONT)
+	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return
+	case <-time.After(2 * time.Second):
+	}
+	_ = p.Cmd.Process.Signal(syscall.SIGKILL)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.t.Errorf("pid %d did not die within 10s of SIGKILL", p.Pid())
+	}
+}
+
+// Wait waits up to timeout for the process to exit and returns its exit code (-1 when a
+// signal ended it). The test fails if it does not exit in time.
+func (p *Proc) Wait(timeout time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		p.t.Fatalf("pid %d (%s) did not exit within %v", p.Pid(), filepath.Base(p.Cmd.Path), timeout)
+	}
+	return p.Cmd.ProcessState.ExitCode()
+}
+
+// Done is closed when the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Stdout returns every line read so far.
+func (p *Proc) Stdout() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.stdout...)
+}
+
+// Stderr returns what the process wrote to stderr so far.
+func (p *Proc) Stderr() string {
+	b, _ := os.ReadFile(p.stderrPath)
+	return string(b)
+}
+
+// Expect returns the next stdout line starting with prefix, skipping others, or fails
+// the test after timeout or at EOF.
+func (p *Proc) Expect(prefix string, timeout time.Duration) Line {
+	p.t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case l, ok := <-p.Lines:
+			if !ok {
+				p.t.Fatalf("%s: stdout ended before a line starting with %q; stderr:\n%s", filepath.Base(p.Cmd.Path), prefix, p.Stderr())
+			}
+			if strings.HasPrefix(l.Text, prefix) {
+				return l
+			}
+		case <-deadline:
+			p.t.Fatalf("%s: no line starting with %q within %v; stdout so far: %q; stderr:\n%s", filepath.Base(p.Cmd.Path), prefix, timeout, p.Stdout(), p.Stderr())
+		}
+	}
+}
+
+// CLIResult is the outcome of one `leasehold` CLI run.
+type CLIResult struct {
+	Code           int
+	Stdout, Stderr string
+	Took           time.Duration
+}
+
+// RunCLI runs `leasehold args...` to completion (killed after timeout) and returns its
+// exit code and output.
+func RunCLI(t testing.TB, timeout time.Duration, args ...string) CLIResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, leaseholdBin, args...)
+	cmd.WaitDelay = time.Second
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	err := cmd.Run()
+	r := CLIResult{Code: cmd.ProcessState.ExitCode(), Stdout: stdout.String(), Stderr: stderr.String(), Took: time.Since(start)}
+	if ctx.Err() != nil {
+		t.Fatalf("leasehold %s: still running after %v (killed); stdout %q stderr %q", strings.Join(args, " "), timeout, r.Stdout, r.Stderr)
+	}
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("leasehold %s: %v", strings.Join(args, " "), err)
+	}
+	return r
+}
+
+// processGone reports whether pid no longer runs: it does not exist, or it is a zombie
+// waiting to be reaped (a killed orphan whose new parent has not reaped it yet).
+func processGone(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	// pid (comm) S ...: the state follows the last ')'.
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] == 'Z' || s[i+2] == 'X'
+	}
+	return false
+}
+
+// eventually polls cond every 10ms until it is true or timeout passes.
+func eventually(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// stacksWith returns the stacks of the goroutines whose stack mentions fn.
+func stacksWith(fn string) string {
+	var buf bytes.Buffer
+	_ = pprof.Lookup("goroutine").WriteTo(&buf, 2)
+	var out []string
+	for _, g := range strings.Split(buf.String(), "\n\n") {
+		if strings.Contains(g, fn) {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
+}
