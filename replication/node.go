@@ -262,6 +262,23 @@ func (n *Node) Barrier(ctx context.Context) error {
 	}
 }
 
+// VerifyLeader confirms with a quorum that this node is still the leader. It fails with
+// ErrNotLeader on a node that was deposed, even one that has not noticed yet (a leader
+// that was paused, or cut off, while another was elected). Concurrent calls share
+// heartbeat rounds.
+func (n *Node) VerifyLeader(ctx context.Context) error {
+	if n.raft.State() != raft.Leader {
+		return ErrNotLeader
+	}
+	if err := n.await(ctx, n.raft.VerifyLeader()); err != nil {
+		if errors.Is(err, ErrNotLeader) || ctx.Err() != nil {
+			return err
+		}
+		return fmt.Errorf("%w: %w", ErrNotLeader, err)
+	}
+	return nil
+}
+
 // ReadIndex makes the next Read linearizable: it notes the commit index, confirms with a
 // quorum that this node is still the leader, and waits until everything up to that index
 // is applied. A read served after it reflects every write acknowledged before it began.

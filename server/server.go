@@ -22,6 +22,7 @@ type Raft interface {
 	Apply(ctx context.Context, cmd core.Command) (core.Result, error)
 	Read(fn func(*core.State))
 	ReadIndex(ctx context.Context) error
+	VerifyLeader(ctx context.Context) error
 	Configuration() ([]replication.Server, error)
 	AddVoter(ctx context.Context, id, raftAddr string) error
 	RemoveServer(ctx context.Context, id string) error
@@ -136,13 +137,21 @@ func (s *Server) grant(ctx context.Context, req *leaseholdv1.GrantRequest) (*lea
 }
 
 // KeepAlive restarts a lease's countdown.
-func (s *Server) keepAlive(_ context.Context, req *leaseholdv1.KeepAliveRequest) (*leaseholdv1.KeepAliveResponse, error) {
+func (s *Server) keepAlive(ctx context.Context, req *leaseholdv1.KeepAliveRequest) (*leaseholdv1.KeepAliveResponse, error) {
 	id, err := leaseID(req.GetLeaseId())
 	if err != nil {
 		return nil, err
 	}
 	ttl, epoch, lost, err := s.leader.KeepAlive(id)
 	if err != nil {
+		return nil, err
+	}
+	// Acknowledge only once a quorum confirms this node still leads, after the keepalive
+	// arrived. A leader that was paused or cut off while another was elected would
+	// otherwise acknowledge keepalives the new leader never sees, and the new leader
+	// would expire the lease sooner than TTL after them (G4). Any newer leader was
+	// elected after this confirmation, so it restarts the countdown later still.
+	if err := s.raft.VerifyLeader(ctx); err != nil {
 		return nil, err
 	}
 	resp := &leaseholdv1.KeepAliveResponse{TtlMs: ttl.Milliseconds(), Epoch: epoch}
@@ -286,12 +295,16 @@ func (s *Server) forceRelease(ctx context.Context, req *leaseholdv1.ForceRelease
 }
 
 // CheckToken tells whether a token is the current holder's.
-func (s *Server) checkToken(_ context.Context, req *leaseholdv1.CheckTokenRequest) (*leaseholdv1.CheckTokenResponse, error) {
+func (s *Server) checkToken(ctx context.Context, req *leaseholdv1.CheckTokenRequest) (*leaseholdv1.CheckTokenResponse, error) {
 	if err := core.ValidateName("name", req.GetName()); err != nil {
 		return nil, err
 	}
 	if req.GetToken() == 0 {
 		return nil, core.Invalid("token", "must be positive")
+	}
+	// A deposed leader must not vouch for a token that a newer leader has superseded.
+	if err := s.raft.VerifyLeader(ctx); err != nil {
+		return nil, err
 	}
 	holder, err := s.leader.CheckToken(req.GetName())
 	if err != nil {
