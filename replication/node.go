@@ -164,7 +164,17 @@ func Open(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("replication: raft advertise address %q: %w", cfg.RaftAdvertise, err)
 		}
 	}
-	n.transport, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, advertise, 3, 10*time.Second, hlog)
+	// MaxRPCsInFlight 1 turns raft's pipelined replication off: its pipeline can deadlock
+	// (the sender blocked on inprogressCh while the response decoder waits on doneCh,
+	// hashicorp/raft#612), which the nemesis suite hit as a node hanging on shutdown and a
+	// follower no longer receiving entries. Synchronous AppendEntries cost little on the
+	// small batches a lock service sends.
+	n.transport, err = raft.NewTCPTransportWithConfig(cfg.RaftAddr, advertise, &raft.NetworkTransportConfig{
+		MaxPool:         3,
+		Timeout:         10 * time.Second,
+		Logger:          hlog,
+		MaxRPCsInFlight: 1,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("replication: raft transport on %s: %w", addr, err)
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -143,6 +144,13 @@ func (s *Server) keepAlive(ctx context.Context, req *leaseholdv1.KeepAliveReques
 		return nil, err
 	}
 	ttl, epoch, lost, err := s.leader.KeepAlive(id)
+	if errors.Is(err, core.ErrLeaseNotFound) {
+		// A deposed leader that has not noticed may think the lease expired when the new
+		// leader still has it: only a confirmed leader may say a lease is gone.
+		if verr := s.raft.VerifyLeader(ctx); verr != nil {
+			return nil, verr
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
