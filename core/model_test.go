@@ -514,8 +514,7 @@ func (c *byteChooser) intn(n int) int {
 var genNames = []string{"a", "orders/42", "jobs/nightly:digest", "z@x+1"}
 
 type genSlot struct {
-	id  LeaseID
-	gen uint32
+	id LeaseID
 }
 
 // generator produces commands that exercise the interesting cases: mostly meaningful
@@ -730,9 +729,9 @@ func effectsEqual(a, b []Effect) bool {
 func matchPrediction(got, want Result) error {
 	switch {
 	case want.Err == nil && got.Err != nil:
-		return fmt.Errorf("unexpected error %v", got.Err)
+		return fmt.Errorf("unexpected error %w", got.Err)
 	case want.Err != nil && !errors.Is(got.Err, want.Err):
-		return fmt.Errorf("error %v, want %v", got.Err, want.Err)
+		return fmt.Errorf("error %w, want %w", got.Err, want.Err)
 	}
 	g, w := got, want
 	g.Err, w.Err = nil, nil
@@ -749,7 +748,7 @@ func matchPrediction(got, want Result) error {
 // sameResult compares the Results of two States fed the same command.
 func sameResult(a, b Result) error {
 	if (a.Err == nil) != (b.Err == nil) || a.Err != nil && a.Err.Error() != b.Err.Error() {
-		return fmt.Errorf("errors differ: %v vs %v", a.Err, b.Err)
+		return fmt.Errorf("errors differ: %w vs %w", a.Err, b.Err)
 	}
 	x, y := a, b
 	x.Err, y.Err, x.Effects, y.Effects = nil, nil, nil, nil

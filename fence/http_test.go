@@ -80,9 +80,13 @@ func TestHTTPTwoClients(t *testing.T) {
 	}
 
 	if resp := post(newer); resp.StatusCode != http.StatusOK || ProblemFromResponse(resp) != nil {
+		_ = resp.Body.Close()
 		t.Fatalf("newer client: status %d", resp.StatusCode)
+	} else {
+		_ = resp.Body.Close()
 	}
 	resp := post(older)
+	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusConflict {
 		t.Fatalf("older client: status %d; want 409", resp.StatusCode)
 	}
@@ -102,6 +106,7 @@ func TestHTTPTwoClients(t *testing.T) {
 	}
 	// The holder of the highest token keeps writing; equal tokens are admitted.
 	if resp := post(newer); resp.StatusCode != http.StatusOK {
+		_ = resp.Body.Close()
 		t.Errorf("newer client again: status %d", resp.StatusCode)
 	}
 	if n := srv.calls.Load(); n != 2 {

@@ -66,7 +66,7 @@ func TestMemoryOrder(t *testing.T) {
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := g.Admit(cctx, "orders/42", 9); err != context.Canceled {
+	if err := g.Admit(cctx, "orders/42", 9); err != context.Canceled { //nolint:errorlint // unwrapped on purpose
 		t.Errorf("Admit with a cancelled context = %v; want context.Canceled unchanged", err)
 	}
 	if h, _ := g.Highest("orders/42"); h != 8 {

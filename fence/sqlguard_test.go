@@ -415,7 +415,7 @@ func testSQLConcurrent(t *testing.T, env *sqlEnv, isolation sql.IsolationLevel) 
 		if admitErr != nil {
 			var se *StaleError
 			if !errors.As(admitErr, &se) || se.Highest <= token {
-				return fmt.Errorf("admit %d: stale error without a higher token: %v", token, admitErr)
+				return fmt.Errorf("admit %d: stale error without a higher token: %w", token, admitErr)
 			}
 		}
 		if _, err := tx.ExecContext(ctx, upsertPayload, "hot", int64(token), writer); err != nil {

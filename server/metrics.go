@@ -7,6 +7,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -47,8 +48,8 @@ func newMetrics(s *Server) *metrics {
 		}),
 		gauge("leasehold_raft_commit_index", "Raft commit index on this node.", func() float64 { return float64(s.raft.Status().CommitIndex) }),
 		gauge("leasehold_raft_applied_index", "Raft applied index on this node.", func() float64 { return float64(s.raft.Status().AppliedIndex) }),
-		prometheus.NewGoCollector(),
-		prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
 }

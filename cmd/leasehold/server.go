@@ -34,6 +34,7 @@ func runServer(args []string) int {
 	join := fs.String("join", "", "API address of a cluster member to join through (implies --bootstrap=false)")
 	var peers peerFlags
 	fs.Var(&peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR (repeat for each node, including this one)")
+	fs.Var(peerList{&peers}, "peers", "static cluster members as one list: ID,RAFT_ADDR,API_ADDR;ID,RAFT_ADDR,API_ADDR;...")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -114,5 +115,26 @@ func (p *peerFlags) Set(v string) error {
 		return fmt.Errorf("want ID,RAFT_ADDR,API_ADDR, got %q", v)
 	}
 	*p = append(*p, peer{id: parts[0], raft: parts[1], api: parts[2]})
+	return nil
+}
+
+// peerList is --peers: the whole static membership in one flag, members separated by ';'.
+type peerList struct{ p *peerFlags }
+
+func (l peerList) String() string {
+	if l.p == nil {
+		return ""
+	}
+	return l.p.String()
+}
+
+func (l peerList) Set(v string) error {
+	for _, m := range strings.Split(v, ";") {
+		if m = strings.TrimSpace(m); m != "" {
+			if err := l.p.Set(m); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }

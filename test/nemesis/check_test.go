@@ -184,7 +184,7 @@ func checkGrants(h *History, r *Report) {
 			}
 			i++
 		}
-		if maxG != nil && g.Token <= maxTok && !(g.Name == maxG.Name && g.Token == maxG.Token) {
+		if maxG != nil && g.Token <= maxTok && (g.Name != maxG.Name || g.Token != maxG.Token) {
 			r.add("tokens never go backwards (G1)", g.Ack, "token %d granted to a Lock call made after token %d was acknowledged:\n  earlier %v\n  later   %v", g.Token, maxTok, maxG, g)
 		}
 	}

@@ -304,7 +304,7 @@ func (n *Node) signal(sig syscall.Signal) error {
 	}
 	select {
 	case <-p.done:
-		return fmt.Errorf("%s: not running (exited: %v)", n.ID, p.err)
+		return fmt.Errorf("%s: not running (exited: %w)", n.ID, p.err)
 	default:
 	}
 	return p.cmd.Process.Signal(sig)

@@ -192,8 +192,8 @@ var kvModel = (&porcupine.NondeterministicModel{
 
 func describeOp(in kvInput, out kvOutput) string {
 	var call string
-	switch {
-	case in.Op == opGet:
+	switch in.Op {
+	case opGet:
 		call = fmt.Sprintf("get(%s)", in.Key)
 	default:
 		call = fmt.Sprintf("put(%s, %q", in.Key, in.Value)

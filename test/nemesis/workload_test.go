@@ -55,7 +55,6 @@ type History struct {
 	counts    map[string]int
 	events    []event
 	notes     []string
-	nextID    int
 }
 
 func newHistory() *History {
