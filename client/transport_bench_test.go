@@ -3,36 +3,19 @@ package client_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/client"
-	"github.com/leasehold/leasehold/replication"
-	"github.com/leasehold/leasehold/service"
+	"github.com/leasehold/leasehold/internal/testnode"
 )
 
 // BenchmarkTransport compares the fast lane with Connect for uncontended
 // acquire+release pairs (one op = one pair), efficiency and correctness, at 1 and 64
 // concurrent workers with one client each.
 func BenchmarkTransport(b *testing.B) {
-	n, err := service.Start(service.Config{
-		Addr:         "127.0.0.1:0",
-		FastLaneAddr: "127.0.0.1:0",
-		Raft:         replication.Config{DataDir: b.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true},
-		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer n.Close(context.Background())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := n.WaitReady(ctx); err != nil {
-		b.Fatal(err)
-	}
+	n := testnode.Start(b)
 	for _, tr := range []struct {
 		name string
 		opts []client.Option

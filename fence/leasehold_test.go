@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"io"
-	"log/slog"
 	mrand "math/rand/v2"
 	"slices"
 	"sync"
@@ -13,8 +11,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/client"
-	"github.com/leasehold/leasehold/replication"
-	"github.com/leasehold/leasehold/service"
+	"github.com/leasehold/leasehold/internal/testnode"
 )
 
 func TestSQLiteGuardWithLeaseholdLocks(t *testing.T) { testWithLeaseholdLocks(t, openSQLite(t)) }
@@ -37,19 +34,7 @@ func testWithLeaseholdLocks(t *testing.T, env *sqlEnv) {
 	runFor := 2 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	node, err := service.Start(service.Config{
-		Addr:         "127.0.0.1:0",
-		FastLaneAddr: "127.0.0.1:0",
-		Raft:         replication.Config{DataDir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true},
-		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close(context.Background())
-	if err := node.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	node := testnode.Start(t)
 	g := env.newGuard(t)
 	history := env.tableName(t, "lhistory")
 	serial := "BIGSERIAL PRIMARY KEY"

@@ -1,38 +1,20 @@
 package server_test
 
 import (
-	"context"
 	"encoding/binary"
 	"io"
-	"log/slog"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/fastlane"
-	"github.com/leasehold/leasehold/replication"
-	"github.com/leasehold/leasehold/service"
+	"github.com/leasehold/leasehold/internal/testnode"
 )
 
 // startFastLaneNode starts an in-process node and returns its fast-lane address.
 func startFastLaneNode(tb testing.TB) string {
 	tb.Helper()
-	n, err := service.Start(service.Config{
-		Addr:         "127.0.0.1:0",
-		FastLaneAddr: "127.0.0.1:0",
-		Raft:         replication.Config{DataDir: tb.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true},
-		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = n.Close(context.Background()) })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := n.WaitReady(ctx); err != nil {
-		tb.Fatal(err)
-	}
-	return n.FastLaneAddr()
+	return testnode.Start(tb).FastLaneAddr()
 }
 
 // FuzzFastLane feeds arbitrary bytes after a valid handshake (and, for some inputs,

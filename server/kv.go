@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"unicode/utf8"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/core"
@@ -62,15 +61,9 @@ func (s *Server) del(ctx context.Context, req *leaseholdv1.DeleteRequest) (*leas
 
 // listKV returns keys under a prefix.
 func (s *Server) listKV(ctx context.Context, req *leaseholdv1.KVServiceListRequest) (*leaseholdv1.KVServiceListResponse, error) {
-	limit := int(req.GetLimit())
-	switch {
-	case limit == 0:
-		limit = 1000
-	case limit > 10000:
-		return nil, core.Invalid("limit", "is %d, the maximum is 10000", limit)
-	}
-	if p := req.GetPrefix(); len(p) > core.MaxNameLen || !utf8.ValidString(p) {
-		return nil, core.Invalid("prefix", "must be valid UTF-8 of at most %d bytes", core.MaxNameLen)
+	limit, err := listBounds(req.GetPrefix(), req.GetLimit())
+	if err != nil {
+		return nil, err
 	}
 	if err := s.readBarrier(ctx, req.GetStale()); err != nil {
 		return nil, err

@@ -266,15 +266,9 @@ func (s *Server) describe(_ context.Context, req *leaseholdv1.DescribeRequest) (
 
 // List shows locks under a prefix.
 func (s *Server) list(_ context.Context, req *leaseholdv1.ListRequest) (*leaseholdv1.ListResponse, error) {
-	limit := int(req.GetLimit())
-	switch {
-	case limit == 0:
-		limit = 1000
-	case limit > 10000:
-		return nil, core.Invalid("limit", "is %d, the maximum is 10000", limit)
-	}
-	if p := req.GetPrefix(); len(p) > core.MaxNameLen || !utf8.ValidString(p) {
-		return nil, core.Invalid("prefix", "must be valid UTF-8 of at most %d bytes", core.MaxNameLen)
+	limit, err := listBounds(req.GetPrefix(), req.GetLimit())
+	if err != nil {
+		return nil, err
 	}
 	views, truncated, err := s.leader.List(req.GetPrefix(), limit)
 	if err != nil {
@@ -419,6 +413,20 @@ func (s *Server) CheckToken(ctx context.Context, req *leaseholdv1.CheckTokenRequ
 	return call(ctx, s, req, s.checkToken, func(p *peerClients) func(context.Context, *leaseholdv1.CheckTokenRequest) (*leaseholdv1.CheckTokenResponse, error) {
 		return p.locks.CheckToken
 	})
+}
+
+// listBounds checks a List request's prefix and limit (0 means 1000, at most 10 000).
+func listBounds(prefix string, limit uint32) (int, error) {
+	switch {
+	case limit == 0:
+		limit = 1000
+	case limit > 10000:
+		return 0, core.Invalid("limit", "is %d, the maximum is 10000", limit)
+	}
+	if len(prefix) > core.MaxNameLen || !utf8.ValidString(prefix) {
+		return 0, core.Invalid("prefix", "must be valid UTF-8 of at most %d bytes", core.MaxNameLen)
+	}
+	return int(limit), nil
 }
 
 // ---- conversions ----------------------------------------------------------------------
