@@ -137,7 +137,24 @@ func testWithLeaseholdLocks(t *testing.T, env *sqlEnv) {
 	if len(rejected) == 0 || heldWrites < writers {
 		t.Fatalf("the run did not exercise the guard: %d held writes, %d rejected", heldWrites, len(rejected))
 	}
-	rows, err := env.db.QueryContext(ctx, "SELECT token FROM "+history+" ORDER BY seq")
+	hist := readHistory(ctx, t, env, history)
+	for i := 1; i < len(hist); i++ {
+		if hist[i] <= hist[i-1] {
+			t.Fatalf("history position %d: token %d committed after token %d", i, hist[i], hist[i-1])
+		}
+	}
+	slices.Sort(admitted)
+	sorted := slices.Clone(hist)
+	slices.Sort(sorted)
+	if !slices.Equal(sorted, admitted) {
+		t.Fatalf("history holds %d writes, %d were admitted; they differ", len(hist), len(admitted))
+	}
+}
+
+// readHistory returns the tokens of a history table in commit (serial) order.
+func readHistory(ctx context.Context, t *testing.T, env *sqlEnv, table string) []uint64 {
+	t.Helper()
+	rows, err := env.db.QueryContext(ctx, "SELECT token FROM "+table+" ORDER BY seq")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,15 +170,5 @@ func testWithLeaseholdLocks(t *testing.T, env *sqlEnv) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	for i := 1; i < len(hist); i++ {
-		if hist[i] <= hist[i-1] {
-			t.Fatalf("history position %d: token %d committed after token %d", i, hist[i], hist[i-1])
-		}
-	}
-	slices.Sort(admitted)
-	sorted := slices.Clone(hist)
-	slices.Sort(sorted)
-	if !slices.Equal(sorted, admitted) {
-		t.Fatalf("history holds %d writes, %d were admitted; they differ", len(hist), len(admitted))
-	}
+	return hist
 }

@@ -472,21 +472,7 @@ func testSQLConcurrent(t *testing.T, env *sqlEnv, isolation sql.IsolationLevel) 
 		t.Fatalf("the run did not exercise the guard: %d committed, %d stale", len(committed), len(stale))
 	}
 
-	rows, err := env.db.QueryContext(ctx, "SELECT token FROM "+history+" ORDER BY seq")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var hist []uint64
-	for rows.Next() {
-		var tok int64
-		if err := rows.Scan(&tok); err != nil {
-			t.Fatal(err)
-		}
-		hist = append(hist, uint64(tok))
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	hist := readHistory(ctx, t, env, history)
 	for i := 1; i < len(hist); i++ {
 		if hist[i] <= hist[i-1] {
 			t.Fatalf("history position %d: token %d committed after token %d", i, hist[i], hist[i-1])
