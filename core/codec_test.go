@@ -2,6 +2,8 @@ package core
 
 import (
 	"bytes"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"reflect"
 	"strings"
@@ -33,7 +35,7 @@ func TestCommandRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b[0] != commandV1 {
+		if b[0] != commandV2 {
 			t.Fatalf("%v: version byte %d", c.Op, b[0])
 		}
 		got, err := DecodeCommand(b)
@@ -46,15 +48,56 @@ func TestCommandRoundTrip(t *testing.T) {
 	}
 }
 
+// encodeV1 writes c in the version-1 (JSON) format that logs written before version 2
+// hold.
+func encodeV1(t testing.TB, c Command) []byte {
+	t.Helper()
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]byte{commandV1}, append(b, '\n')...)
+}
+
+// TestDecodeCommandV1 keeps logs written before the binary format readable: every
+// version-1 command decodes to what was encoded.
+func TestDecodeCommandV1(t *testing.T) {
+	for _, c := range sampleCommands() {
+		got, err := DecodeCommand(encodeV1(t, c))
+		if err != nil {
+			t.Fatalf("%v: %v", c.Op, err)
+		}
+		if !reflect.DeepEqual(got, c) {
+			t.Fatalf("%v:\n got  %+v\n want %+v", c.Op, got, c)
+		}
+	}
+}
+
 func TestDecodeCommandRejects(t *testing.T) {
-	good, _ := EncodeCommand(Command{Op: OpRevoke, Lease: leaseA})
+	v1 := encodeV1(t, Command{Op: OpRevoke, Lease: leaseA})
+	v2, _ := EncodeCommand(Command{Op: OpRelease, Lease: leaseA, Name: "a", Token: 7})
+	mask := func(m uint64, rest ...byte) []byte { // a v2 release with the given mask
+		return append(binary.AppendUvarint([]byte{commandV2, byte(OpRelease)}, m), rest...)
+	}
 	for name, b := range map[string][]byte{
 		"empty":         nil,
-		"version 0":     append([]byte{0}, good[1:]...),
-		"version 2":     append([]byte{2}, good[1:]...),
+		"version 0":     append([]byte{0}, v1[1:]...),
+		"version 3":     append([]byte{3}, v2[1:]...),
+		"v1 as v2":      append([]byte{commandV2}, v1[1:]...),
+		"v2 as v1":      append([]byte{commandV1}, v2[1:]...),
 		"version only":  {commandV1},
+		"v2 only":       {commandV2},
+		"v2 no mask":    {commandV2, byte(OpRelease)},
+		"v2 truncated":  v2[:len(v2)-1],
+		"v2 bad varint": mask(1<<fToken, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff),
+		"v2 zero lease": mask(1<<fLease, make([]byte, 16)...),
+		"v2 zero token": mask(1<<fToken, 0),
+		"v2 empty name": mask(1<<fName, 0),
+		"v2 long name":  mask(1<<fName, 200, 1, 'a'),
+		"v2 big pid":    mask(1<<fHolderPID, 0x80, 0x80, 0x80, 0x80, 0x10),
+		"v2 unknown":    mask(1 << numFields),
 		"not json":      []byte("\x01hello"),
-		"truncated":     good[:len(good)-4],
+		"truncated":     v1[:len(v1)-4],
 		"unknown field": []byte("\x01{\"op\":2,\"surprise\":1}"),
 		"bad lease hex": []byte("\x01{\"op\":2,\"lease\":\"zz\"}"),
 		"zero lease":    []byte("\x01{\"op\":2,\"lease\":\"00000000000000000000000000000000\"}"),
@@ -83,10 +126,12 @@ func TestDecodeCommandRejects(t *testing.T) {
 //	}
 func TestDecodeCommandRejectsTrailingData(t *testing.T) {
 	good, _ := EncodeCommand(Command{Op: OpExpire, Lease: leaseA})
-	for _, tail := range []string{"garbage", "{\"op\":1}", "]"} {
-		b := append(bytes.Clone(good), tail...)
-		if c, err := DecodeCommand(b); !errors.Is(err, ErrCorrupt) {
-			t.Errorf("DecodeCommand(%q) = %+v, %v; want ErrCorrupt", b, c, err)
+	for _, good := range [][]byte{good, encodeV1(t, Command{Op: OpExpire, Lease: leaseA})} {
+		for _, tail := range []string{"garbage", "{\"op\":1}", "]", "\x00"} {
+			b := append(bytes.Clone(good), tail...)
+			if c, err := DecodeCommand(b); !errors.Is(err, ErrCorrupt) {
+				t.Errorf("DecodeCommand(%q) = %+v, %v; want ErrCorrupt", b, c, err)
+			}
 		}
 	}
 	snap := mustSnapshot(t, populatedState(t))

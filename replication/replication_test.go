@@ -18,7 +18,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // open starts a one-node cluster on dir and waits until it leads and has applied every
 // committed entry (as the leader runtime does before serving: entries of earlier terms
 // are applied only once the new leader commits in its own term).
-func open(t *testing.T, dir, store string) *replication.Node {
+func open(t testing.TB, dir, store string) *replication.Node {
 	t.Helper()
 	n, err := replication.Open(replication.Config{DataDir: dir, RaftAddr: "127.0.0.1:0", Bootstrap: true, LogStore: store, Logger: quiet()})
 	if err != nil {
@@ -38,7 +38,7 @@ func open(t *testing.T, dir, store string) *replication.Node {
 	return n
 }
 
-func apply(t *testing.T, n *replication.Node, c core.Command) core.Result {
+func apply(t testing.TB, n *replication.Node, c core.Command) core.Result {
 	t.Helper()
 	res, err := n.Apply(context.Background(), c)
 	if err != nil || res.Err != nil {
