@@ -122,6 +122,7 @@ type Node struct {
 	stable    raft.StableStore
 	closer    io.Closer
 	transport *raft.NetworkTransport
+	verifier  verifier
 }
 
 // Open opens (or creates) the data directory, restores the latest snapshot, replays the
@@ -216,6 +217,7 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: start raft: %w", err)
 	}
+	n.verifier.round = n.raft.VerifyLeader
 	ok = true
 	return n, nil
 }
@@ -274,14 +276,14 @@ func (n *Node) Barrier(ctx context.Context) error {
 
 // VerifyLeader confirms with a quorum that this node is still the leader. It fails with
 // ErrNotLeader on a node that was deposed, even one that has not noticed yet (a leader
-// that was paused, or cut off, while another was elected). Concurrent calls share
-// heartbeat rounds.
+// that was paused, or cut off, while another was elected). The confirming round started
+// after the call; concurrent callers share rounds (see verifier).
 func (n *Node) VerifyLeader(ctx context.Context) error {
 	if n.raft.State() != raft.Leader {
 		return ErrNotLeader
 	}
-	if err := n.await(ctx, n.raft.VerifyLeader()); err != nil {
-		if errors.Is(err, ErrNotLeader) || ctx.Err() != nil {
+	if err := n.verifier.verify(ctx); err != nil {
+		if ctx.Err() != nil {
 			return err
 		}
 		return fmt.Errorf("%w: %w", ErrNotLeader, err)
@@ -298,16 +300,8 @@ func (n *Node) ReadIndex(ctx context.Context) error {
 		return ErrNotLeader
 	}
 	idx := n.raft.CommitIndex()
-	f := n.raft.VerifyLeader()
-	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrNotLeader, err)
-		}
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := n.VerifyLeader(ctx); err != nil {
+		return err
 	}
 	for n.raft.AppliedIndex() < idx {
 		select {
