@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,6 +55,7 @@ func runPairs(b *testing.B, addr string, opts []client.Option, class client.Lock
 	var wg sync.WaitGroup
 	b.ResetTimer()
 	start := time.Now()
+	cpu0 := cpuTime()
 	for w := range workers {
 		wg.Add(1)
 		go func() {
@@ -80,4 +82,13 @@ func runPairs(b *testing.B, addr string, opts []client.Option, class client.Lock
 	}
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "pairs/s")
+	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/pair")
+}
+
+// cpuTime is the CPU time (user and system) the process — clients and server — has
+// used so far: per-pair CPU is steadier than throughput on a machine doing other work.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 )
@@ -141,10 +142,11 @@ func AppendFrame(dst []byte, kind Kind, method Method, id uint64, appendPayload 
 }
 
 // Writer batches frames onto a connection without a goroutine of its own: Send appends
-// the frame to a pending buffer, and the sender that finds no write in progress writes
-// everything pending — its own frame and whatever others appended meanwhile — until
-// nothing is left. A lone frame goes out at once from its sender's goroutine; under load
-// many frames share one write. Safe for concurrent use.
+// the frame to a pending buffer, and the sender that finds no write in progress lets
+// the other ready goroutines run once, then writes everything pending — its own frame
+// and whatever others appended meanwhile — until nothing is left. A lone frame goes out
+// at once from its sender's goroutine; under load many frames share one write. Safe for
+// concurrent use.
 type Writer struct {
 	w        io.Writer
 	mu       sync.Mutex
@@ -171,6 +173,13 @@ func (w *Writer) Send(frame []byte) bool {
 		return true
 	}
 	w.flushing = true
+	// Let goroutines that are ready to run go first: when one event (a commit, a
+	// leadership round, a read of many requests) finishes many requests at once, their
+	// answers join this write instead of each paying for a write of its own. With
+	// nothing else ready, Gosched returns at once.
+	w.mu.Unlock()
+	runtime.Gosched()
+	w.mu.Lock()
 	for len(w.pending) > 0 && w.err == nil {
 		out := w.pending
 		w.pending = w.spare[:0]

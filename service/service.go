@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
@@ -44,6 +45,9 @@ type Config struct {
 	// StaticPeers are registered (id → API address) by whichever node leads, for a
 	// cluster started with a static configuration (Raft.Peers).
 	StaticPeers map[string]string
+	// Pprof serves Go's profiler (net/http/pprof) under /debug/pprof/ on the API
+	// address. Off by default: profiles expose internals and cost CPU while they run.
+	Pprof bool
 }
 
 // Node is a running leasehold node.
@@ -131,8 +135,12 @@ func Start(cfg Config) (*Node, error) {
 	var ctx context.Context
 	ctx, n.cancel = context.WithCancel(context.Background())
 	go n.Leader.Run(ctx, changes)
+	handler := n.Server.Handler()
+	if cfg.Pprof {
+		handler = withPprof(handler)
+	}
 	n.http = &http.Server{
-		Handler:           n.Server.Handler(),
+		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		Protocols:         new(http.Protocols),
 	}
@@ -237,4 +245,16 @@ func (n *Node) Close(ctx context.Context) error {
 	n.cancel()
 	n.Leader.Demote()
 	return errors.Join(herr, n.Raft.Close())
+}
+
+// withPprof serves net/http/pprof's handlers under /debug/pprof/ and h elsewhere.
+func withPprof(h http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }

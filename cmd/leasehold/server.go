@@ -31,6 +31,7 @@ func runServer(args []string) int {
 	advertise := fs.String("advertise-addr", "", "API address other nodes and clients use (default: the listen address)")
 	raftAdvertise := fs.String("raft-advertise", "", "raft address other nodes dial (default: --raft-addr)")
 	bootstrap := fs.Bool("bootstrap", true, "start a new cluster if the data dir is empty (off with --join)")
+	enablePprof := fs.Bool("pprof", false, "serve Go's profiler under /debug/pprof/ on the API address (for diagnosing CPU or memory use)")
 	join := fs.String("join", "", "API address of a cluster member to join through (implies --bootstrap=false)")
 	var peers peerFlags
 	fs.Var(&peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR (repeat for each node, including this one)")
@@ -56,6 +57,7 @@ func runServer(args []string) int {
 		AdvertiseAddr: *advertise,
 		Join:          *join,
 		FastLaneAddr:  *fastAddr,
+		Pprof:         *enablePprof,
 	}
 	if len(peers) > 0 {
 		if *join != "" {

@@ -55,6 +55,7 @@ type flags struct {
 	scaleClients       int
 	scaleLeaseTTL      time.Duration
 	scaleWindow        time.Duration
+	profile            bool
 	startTimeout       time.Duration
 	prefix             string
 }
@@ -85,6 +86,7 @@ func main() {
 	flag.IntVar(&f.scaleClients, "scale-clients", 100, "scale-leases: number of clients (connections) the leases are spread over")
 	flag.DurationVar(&f.scaleLeaseTTL, "scale-lease-ttl", 10*time.Second, "scale-leases: lease TTL (each lease gets TTL + k ms)")
 	flag.DurationVar(&f.scaleWindow, "scale-window", 30*time.Second, "scale-leases: measured window")
+	flag.BoolVar(&f.profile, "profile", false, "scale-leases: run leasehold with --pprof and write its CPU profile over the window to OUT/NAME-scale-leases.cpu.pprof")
 	flag.DurationVar(&f.startTimeout, "start-timeout", 90*time.Second, "how long a server may take to start")
 	fromJSON := flag.String("from-json", "", "render the report of an earlier run from its JSON file, without running anything")
 	flag.Parse()
@@ -165,7 +167,7 @@ func mainErr(f flags) int {
 	rep.Fsync = report.MeasureFsync(tmp, f.fsyncSamples, 10*time.Second)
 	fmt.Fprintf(logw, "lockbench: fsync (4 KiB + fdatasync, %s): p50 %v p99 %v (%d samples) %s\n", rep.Fsync.FSType, rep.Fsync.P50, rep.Fsync.P99, rep.Fsync.Samples, rep.Fsync.Err)
 
-	opts := peers.Options{TTL: f.ttl, RedisRetry: f.redisRetry, LeaseholdBin: f.leaseholdBin, ZooKeeperHeap: f.zkHeap}
+	opts := peers.Options{TTL: f.ttl, RedisRetry: f.redisRetry, LeaseholdBin: f.leaseholdBin, ZooKeeperHeap: f.zkHeap, LeaseholdPprof: f.profile}
 	needLeasehold := scaleLocks || scaleLeases || slices.ContainsFunc(systems, func(s string) bool { return strings.HasPrefix(s, "leasehold") })
 	if needLeasehold && opts.LeaseholdBin == "" {
 		opts.LeaseholdBin = filepath.Join(tmp, "leasehold")
@@ -249,8 +251,12 @@ func mainErr(f flags) int {
 	}
 	if scaleLeases && ctx.Err() == nil {
 		sys := peers.NewLeasehold(opts, false)
+		profile := ""
+		if f.profile {
+			profile = filepath.Join(f.out, f.prefix+"-scale-leases.cpu.pprof")
+		}
 		err := withLeasehold(ctx, sys, tmp, "scale-leases", f.startTimeout, logw, func() {
-			r := scale.Leases(ctx, sys, f.scaleLeases, f.scaleClients, f.scaleLeaseTTL, f.scaleWindow, logw)
+			r := scale.Leases(ctx, sys, f.scaleLeases, f.scaleClients, f.scaleLeaseTTL, f.scaleWindow, profile, logw)
 			rep.Leases = append(rep.Leases, r)
 			if r.Failed != "" {
 				failed = true

@@ -97,6 +97,9 @@ func (l *Leasehold) Start(ctx context.Context, dir string) error {
 		if l.fastLane {
 			args = append(args, "--fast-lane-addr", fmt.Sprintf("127.0.0.1:%d", ports[2]))
 		}
+		if l.o.LeaseholdPprof {
+			args = append(args, "--pprof")
+		}
 		if i > 0 {
 			args = append(args, "--join", l.addrs[0])
 		}

@@ -74,6 +74,9 @@ type Options struct {
 	LeaseholdBin string
 	// ZooKeeperHeap is the JVM's -Xmx for ZooKeeper (upstream's default is 1000m).
 	ZooKeeperHeap string
+	// LeaseholdPprof starts leasehold servers with --pprof, so that a run can fetch
+	// profiles from /debug/pprof/ on the API address.
+	LeaseholdPprof bool
 }
 
 // Names lists every system the harness knows, in report order.

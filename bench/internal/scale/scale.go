@@ -14,7 +14,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,7 +177,10 @@ type LeasesResult struct {
 // Leases opens n leases through clients clients (n/clients each, distinct TTLs of
 // ttl + k ms, each holding one efficiency lock: a Client keeps one lease per TTL),
 // waits one keepalive period, then measures the server for window.
-func Leases(ctx context.Context, sys *peers.Leasehold, n, nclients int, ttl, window time.Duration, logw io.Writer) LeasesResult {
+//
+// With profile set (a file name; the server must run with --pprof), the server's CPU
+// profile over the measured window is written there.
+func Leases(ctx context.Context, sys *peers.Leasehold, n, nclients int, ttl, window time.Duration, profile string, logw io.Writer) LeasesResult {
 	res := LeasesResult{System: sys.Name(), Version: sys.Version(), Leases: n, Clients: nclients, TTL: ttl, Window: window}
 	pid := sys.PIDs()[0]
 	clients, err := dialAll(ctx, sys.Addr(), nclients, ttl)
@@ -229,9 +234,18 @@ func Leases(ctx context.Context, sys *peers.Leasehold, n, nclients int, ttl, win
 	cpu0, _ := proc.CPU(pid)
 	self0, _ := proc.CPU(selfPID)
 	t0 := time.Now()
+	profiled := make(chan error, 1)
+	if profile != "" {
+		go func() { profiled <- fetchProfile(ctx, sys.Addr(), window, profile) }()
+	} else {
+		profiled <- nil
+	}
 	select {
 	case <-time.After(window):
 	case <-ctx.Done():
+	}
+	if err := <-profiled; err != nil {
+		fmt.Fprintf(logw, "scale-leases: no profile: %v\n", err)
 	}
 	cpu1, _ := proc.CPU(pid)
 	self1, _ := proc.CPU(selfPID)
@@ -335,4 +349,30 @@ func (e *errNote) get() (int, string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.n, e.first
+}
+
+// fetchProfile writes the server's CPU profile over d (from /debug/pprof/profile on
+// addr) to file.
+func fetchProfile(ctx context.Context, addr string, d time.Duration, file string) error {
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, max(1, int(d.Seconds())))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(file, b, 0o644)
 }
