@@ -312,7 +312,7 @@ func (m *model) compareLocks(t *Locks) error {
 		return fmt.Errorf("table has %d locks %v, model %d %v", len(t.locks), t.sortedNames(), len(m.locks), m.sortedNames())
 	}
 	for name, ml := range m.locks {
-		l := t.locks[name]
+		l := t.Get(name)
 		if l == nil {
 			return fmt.Errorf("lock %q missing from the table", name)
 		}
@@ -378,10 +378,16 @@ func checkTable(t *Locks, live func(LeaseID) bool, last uint64) error {
 		seen[id][name] = struct{}{}
 	}
 	tokens := make(map[uint64]string)
-	for name, l := range t.locks {
-		if l.Name != name {
-			return fmt.Errorf("lock stored under %q is named %q", name, l.Name)
+	waiting := 0
+	for name, rec := range t.locks {
+		if rec.name != name {
+			return fmt.Errorf("lock stored under %q is named %q", name, rec.name)
 		}
+		if q := rec.queue; q != nil && len(q.waiters) == 0 && q.delay == 0 {
+			return fmt.Errorf("lock %q keeps an empty queue", name)
+		}
+		l := rec.view()
+		waiting += len(l.Waiters)
 		if err := ValidateName("name", name); err != nil {
 			return fmt.Errorf("lock with invalid name %q", name)
 		}
@@ -434,12 +440,19 @@ func checkTable(t *Locks, live func(LeaseID) bool, last uint64) error {
 			note(w.Lease, name)
 		}
 	}
-	if len(seen) != len(t.byLease) {
-		return fmt.Errorf("index has %d leases, the locks name %d", len(t.byLease), len(seen))
+	if waiting != t.Waiting() {
+		return fmt.Errorf("Waiting() = %d, the queues hold %d", t.Waiting(), waiting)
+	}
+	if len(seen) != len(t.leases) {
+		return fmt.Errorf("index has %d leases, the locks name %d", len(t.leases), len(seen))
 	}
 	for id, names := range seen {
-		if !reflect.DeepEqual(names, t.byLease[id]) {
-			return fmt.Errorf("index of lease %s is %v, the locks say %v", id, t.byLease[id], names)
+		indexed, err := leaseIndex(t, id)
+		if err != nil {
+			return err
+		}
+		if !reflect.DeepEqual(names, indexed) {
+			return fmt.Errorf("index of lease %s is %v, the locks say %v", id, indexed, names)
 		}
 		if len(names) > t.limits.MaxLocksPerLease {
 			return fmt.Errorf("lease %s has %d locks, limit %d", id, len(names), t.limits.MaxLocksPerLease)
@@ -448,14 +461,43 @@ func checkTable(t *Locks, live func(LeaseID) bool, last uint64) error {
 	return nil
 }
 
+// leaseIndex returns the names of the locks the table's index lists for lease, checking
+// that each entry points at the record the table holds, with the right position.
+func leaseIndex(t *Locks, id LeaseID) (map[string]struct{}, error) {
+	ll := t.leases[id]
+	if ll == nil {
+		return nil, fmt.Errorf("lease %s holds or waits but has no index", id)
+	}
+	names := make(map[string]struct{})
+	for i, l := range ll.held {
+		if int(l.pos) != i || t.locks[l.name] != l || !l.heldBy(id) {
+			return nil, fmt.Errorf("lease %s: held[%d] is %q at pos %d, which it does not hold", id, i, l.name, l.pos)
+		}
+		names[l.name] = struct{}{}
+	}
+	if ll.waits != nil && len(ll.waits) == 0 {
+		return nil, fmt.Errorf("lease %s keeps an empty wait set", id)
+	}
+	for l := range ll.waits {
+		if t.locks[l.name] != l || l.waiterIndex(id) < 0 {
+			return nil, fmt.Errorf("lease %s: indexed as waiting for %q, which it does not", id, l.name)
+		}
+		names[l.name] = struct{}{}
+	}
+	if len(names) != ll.count() {
+		return nil, fmt.Errorf("lease %s: index lists a lock twice", id)
+	}
+	return names, nil
+}
+
 // checkState checks checkTable on the correctness table plus the State's own invariants.
 func checkState(s *State) error {
 	if err := checkTable(s.locks, func(id LeaseID) bool { return s.leases[id] != nil }, s.seq); err != nil {
 		return err
 	}
 	for _, l := range s.locks.locks {
-		if l.Class != Correctness {
-			return fmt.Errorf("lock %q of class %v in the replicated state", l.Name, l.Class)
+		if l.class != Correctness {
+			return fmt.Errorf("lock %q of class %v in the replicated state", l.name, l.class)
 		}
 	}
 	for id, l := range s.leases {
@@ -769,7 +811,8 @@ type preStep struct {
 
 func capture(t *Locks, last uint64) preStep {
 	p := preStep{last: last, queues: make(map[string][]LeaseID), holder: make(map[string]LeaseID), held: make(map[string]bool)}
-	for name, l := range t.locks {
+	for name := range t.locks {
+		l := t.Get(name)
 		for _, w := range l.Waiters {
 			p.queues[name] = append(p.queues[name], w.Lease)
 		}

@@ -1,113 +1,406 @@
 package core
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
+	"strings"
 )
 
 // Snapshot encoding versions; the first byte of a snapshot names its format.
+//
+// Version 1 is that byte followed by one JSON object (and a newline) with, in this order:
+// "seq", "leases", "locks", "tombstones", then "kvRev", "kv" and "members" when they are
+// not empty. Leases are in id order, locks in name order, KV entries in key order,
+// members in id order and tombstones oldest first, so equal states encode to equal bytes.
 const (
 	snapshotV1 = 1
 )
 
-type snapshot struct {
-	Seq        uint64      `json:"seq"`
-	Leases     []*Lease    `json:"leases"`
-	Locks      []*Lock     `json:"locks"`
-	Tombstones []tombstone `json:"tombstones"`
-	KVRev      uint64      `json:"kvRev,omitempty"`
-	KV         []*Entry    `json:"kv,omitempty"`
-	Members    []Member    `json:"members,omitempty"`
+// snapshotFields are the keys of a version-1 snapshot, in the order they are written.
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members"}
+
+type tombstone struct {
+	ID     LeaseID   `json:"id"`
+	Reason EndReason `json:"reason"`
 }
 
-// MarshalSnapshot encodes the whole state. Equal states encode to equal bytes.
-func (s *State) MarshalSnapshot() ([]byte, error) {
-	snap := snapshot{Seq: s.seq, Leases: make([]*Lease, 0, len(s.leases)), Locks: make([]*Lock, 0, s.locks.Len())}
-	s.Leases(func(l *Lease) { snap.Leases = append(snap.Leases, l) })
-	for _, n := range s.locks.sortedNames() {
-		snap.Locks = append(snap.Locks, s.locks.Get(n))
+// SnapshotView is a point-in-time copy of a State, made to be encoded later: the State
+// may change (and be applied to) while the view is written, and the view does not
+// change. It shares only immutable data with the State.
+type SnapshotView struct {
+	seq        uint64
+	leases     []Lease
+	locks      []lock
+	tombstones []tombstone
+	kvRev      uint64
+	kv         []Entry
+	members    []Member
+}
+
+// SnapshotView copies what a snapshot of s needs. It is meant to run where applies must
+// wait (it takes time linear in the size of the state, but copies fixed-size records
+// and does no encoding or sorting); the expensive part is SnapshotView.WriteTo, which
+// may run concurrently with later changes to s.
+func (s *State) SnapshotView() *SnapshotView {
+	v := &SnapshotView{
+		seq:        s.seq,
+		leases:     make([]Lease, 0, len(s.leases)),
+		locks:      s.locks.records(),
+		tombstones: make([]tombstone, 0, len(s.tombOrder)),
+		kvRev:      s.kv.rev,
+		kv:         make([]Entry, 0, len(s.kv.entries)),
+		members:    s.Members(),
+	}
+	for _, l := range s.leases {
+		v.leases = append(v.leases, *l)
 	}
 	for _, id := range s.tombOrder {
-		snap.Tombstones = append(snap.Tombstones, tombstone{ID: id, Reason: s.tombstones[id]})
+		v.tombstones = append(v.tombstones, tombstone{ID: id, Reason: s.tombstones[id]})
 	}
-	snap.Members = s.Members()
-	snap.KVRev = s.kv.rev
-	keys := make([]string, 0, len(s.kv.entries))
-	for k := range s.kv.entries {
-		keys = append(keys, k)
+	for _, e := range s.kv.entries {
+		v.kv = append(v.kv, *e) // Entry.Value is replaced on writes, never changed in place
 	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		snap.KV = append(snap.KV, s.kv.entries[k])
+	return v
+}
+
+// WriteTo writes the snapshot (version 1) to w, buffered, and returns the number of
+// bytes written. Equal states give equal bytes, the same bytes MarshalSnapshot returns.
+// WriteTo may be called more than once, but not concurrently.
+func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
+	slices.SortFunc(v.leases, func(a, b Lease) int { return compareIDs(a.ID, b.ID) })
+	slices.SortFunc(v.locks, func(a, b lock) int { return strings.Compare(a.name, b.name) })
+	slices.SortFunc(v.kv, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
+
+	cw := &countingWriter{w: w}
+	e := newJSONWriter(cw)
+	e.raw(`{"seq":`)
+	e.uint(v.seq)
+	e.raw(`,"leases":[`)
+	for i := range v.leases {
+		e.elem(i, &v.leases[i])
 	}
+	e.raw(`],"locks":[`)
+	var view Lock
+	var hold Hold
+	for i := range v.locks {
+		l := &v.locks[i]
+		view = Lock{Name: l.name, Class: l.class}
+		if l.held() {
+			hold = Hold{Lease: l.lease, Token: l.token, Holder: l.terms.holder, DelayMillis: l.terms.delay}
+			view.Hold = &hold
+		}
+		if q := l.queue; q != nil {
+			view.Waiters, view.Delayed, view.DelayMillis = q.waiters, q.delay > 0, q.delay
+		}
+		e.elem(i, &view)
+	}
+	e.raw(`],"tombstones":`)
+	if len(v.tombstones) == 0 {
+		e.raw(`null`)
+	} else {
+		e.raw(`[`)
+		for i := range v.tombstones {
+			e.elem(i, &v.tombstones[i])
+		}
+		e.raw(`]`)
+	}
+	if v.kvRev != 0 {
+		e.raw(`,"kvRev":`)
+		e.uint(v.kvRev)
+	}
+	if len(v.kv) > 0 {
+		e.raw(`,"kv":[`)
+		for i := range v.kv {
+			e.elem(i, &v.kv[i])
+		}
+		e.raw(`]`)
+	}
+	if len(v.members) > 0 {
+		e.raw(`,"members":[`)
+		for i := range v.members {
+			e.elem(i, &v.members[i])
+		}
+		e.raw(`]`)
+	}
+	e.raw("}\n")
+	err := e.flush()
+	if err != nil && cw.err == nil {
+		err = fmt.Errorf("core: encode snapshot: %w", err)
+	}
+	return cw.n, err
+}
+
+// MarshalSnapshot encodes the whole state as one byte slice, as SnapshotView().WriteTo
+// would write it. Equal states encode to equal bytes.
+func (s *State) MarshalSnapshot() ([]byte, error) {
 	var buf bytes.Buffer
-	buf.WriteByte(snapshotV1)
-	if err := json.NewEncoder(&buf).Encode(&snap); err != nil {
-		return nil, fmt.Errorf("core: encode snapshot: %w", err)
+	if _, err := s.SnapshotView().WriteTo(&buf); err != nil {
+		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// jsonWriter writes a snapshot through a bufio.Writer, encoding each array element with
+// encoding/json, so that the bytes are those of encoding the whole snapshot at once.
+type jsonWriter struct {
+	w       *bufio.Writer
+	scratch bytes.Buffer
+	enc     *json.Encoder
+	num     []byte
+	err     error
+}
+
+func newJSONWriter(w io.Writer) *jsonWriter {
+	e := &jsonWriter{w: bufio.NewWriterSize(w, 64<<10)}
+	e.enc = json.NewEncoder(&e.scratch)
+	e.err = e.w.WriteByte(snapshotV1)
+	return e
+}
+
+func (e *jsonWriter) raw(s string) {
+	if e.err == nil {
+		_, e.err = e.w.WriteString(s)
+	}
+}
+
+func (e *jsonWriter) uint(n uint64) {
+	e.num = strconv.AppendUint(e.num[:0], n, 10)
+	if e.err == nil {
+		_, e.err = e.w.Write(e.num)
+	}
+}
+
+// elem writes element i of an array.
+func (e *jsonWriter) elem(i int, v any) {
+	if e.err != nil {
+		return
+	}
+	if i > 0 {
+		e.raw(",")
+	}
+	e.scratch.Reset()
+	if e.err = e.enc.Encode(v); e.err != nil {
+		return
+	}
+	b := e.scratch.Bytes()
+	_, e.err = e.w.Write(b[:len(b)-1]) // Encode ends every value with a newline
+}
+
+func (e *jsonWriter) flush() error {
+	if e.err != nil {
+		return e.err
+	}
+	return e.w.Flush()
+}
+
+// countingWriter counts the bytes written through it and remembers w's first error.
+type countingWriter struct {
+	w   io.Writer
+	n   int64
+	err error
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	if err != nil && c.err == nil {
+		c.err = err
+	}
+	return n, err
 }
 
 // RestoreState decodes a snapshot written by MarshalSnapshot into a new State with the
 // given limits. Malformed or inconsistent input yields an error wrapping ErrCorrupt.
 func RestoreState(b []byte, limits Limits) (*State, error) {
-	if len(b) == 0 || b[0] != snapshotV1 {
-		return nil, fmt.Errorf("%w: snapshot version", ErrCorrupt)
+	return ReadSnapshot(bytes.NewReader(b), limits)
+}
+
+// ReadSnapshot reads a snapshot written by SnapshotView.WriteTo or MarshalSnapshot from
+// r, to its end, into a new State with the given limits, without holding the encoded
+// snapshot in memory. Malformed or inconsistent input yields an error wrapping
+// ErrCorrupt; an error from r itself is returned wrapped as it is.
+//
+// A version-1 snapshot must have its fields in the order it is written in, each at most
+// once (see snapshotV1), so that it can be checked as it is read.
+func ReadSnapshot(r io.Reader, limits Limits) (*State, error) {
+	er := &errReader{r: r}
+	br := bufio.NewReaderSize(er, 64<<10)
+	version, err := br.ReadByte()
+	if err == nil && version != snapshotV1 {
+		err = fmt.Errorf("%w: snapshot version %d", ErrCorrupt, version)
 	}
-	var snap snapshot
-	dec := json.NewDecoder(bytes.NewReader(b[1:]))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&snap); err != nil {
+	var s *State
+	if err == nil {
+		dec := json.NewDecoder(br)
+		dec.DisallowUnknownFields()
+		s, err = readSnapshotV1(dec, limits)
+	}
+	switch {
+	case er.err != nil:
+		return nil, fmt.Errorf("core: read snapshot: %w", er.err)
+	case errors.Is(err, io.EOF) && s == nil:
+		return nil, fmt.Errorf("%w: empty snapshot", ErrCorrupt)
+	case err != nil && !errors.Is(err, ErrCorrupt):
 		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	case err != nil:
+		return nil, err
+	}
+	return s, nil
+}
+
+// errReader remembers the first error of r other than io.EOF.
+type errReader struct {
+	r   io.Reader
+	err error
+}
+
+func (e *errReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF && e.err == nil {
+		e.err = err
+	}
+	return n, err
+}
+
+func readSnapshotV1(dec *json.Decoder, limits Limits) (*State, error) {
+	if err := expectDelim(dec, '{'); err != nil {
+		return nil, err
+	}
+	s := NewState(limits)
+	var heldTokens []uint64
+	next := 0 // index in snapshotFields of the first field that may still come
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, _ := tok.(string)
+		i := slices.Index(snapshotFields[next:], key)
+		if i < 0 {
+			return nil, fmt.Errorf("%w: snapshot field %q unknown, repeated or out of order", ErrCorrupt, key)
+		}
+		next += i + 1
+		switch key {
+		case "seq":
+			err = dec.Decode(&s.seq)
+		case "leases":
+			err = eachElement(dec, func() error {
+				var l *Lease
+				if err := dec.Decode(&l); err != nil {
+					return err
+				}
+				if l == nil || l.ID.IsZero() || l.TTLMillis <= 0 || s.leases[l.ID] != nil {
+					return fmt.Errorf("%w: bad lease in snapshot", ErrCorrupt)
+				}
+				s.leases[l.ID] = l
+				return nil
+			})
+		case "locks":
+			err = eachElement(dec, func() error {
+				var l *Lock
+				if err := dec.Decode(&l); err != nil {
+					return err
+				}
+				if err := s.checkRestoredLock(l); err != nil {
+					return err
+				}
+				if l.Hold != nil {
+					heldTokens = append(heldTokens, l.Hold.Token)
+				}
+				s.locks.restore(l)
+				return nil
+			})
+		case "tombstones":
+			err = eachElement(dec, func() error {
+				var t tombstone
+				if err := dec.Decode(&t); err != nil {
+					return err
+				}
+				if t.ID.IsZero() {
+					return fmt.Errorf("%w: bad tombstone in snapshot", ErrCorrupt)
+				}
+				s.remember(t.ID, t.Reason)
+				return nil
+			})
+		case "kvRev":
+			err = dec.Decode(&s.kv.rev)
+		case "kv":
+			err = eachElement(dec, func() error {
+				var e *Entry
+				if err := dec.Decode(&e); err != nil {
+					return err
+				}
+				if e == nil || ValidateName("key", e.Key) != nil || s.kv.entries[e.Key] != nil || e.Version > s.kv.rev || len(e.Value) > MaxValueLen {
+					return fmt.Errorf("%w: bad KV entry in snapshot", ErrCorrupt)
+				}
+				s.kv.entries[e.Key] = e
+				return nil
+			})
+		case "members":
+			err = eachElement(dec, func() error {
+				var m Member
+				if err := dec.Decode(&m); err != nil {
+					return err
+				}
+				if ValidateNodeID("id", m.ID) != nil || ValidateAddr("addr", m.APIAddr) != nil {
+					return fmt.Errorf("%w: bad member in snapshot", ErrCorrupt)
+				}
+				s.members[m.ID] = m.APIAddr
+				return nil
+			})
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if err := expectDelim(dec, '}'); err != nil {
+		return nil, err
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: trailing data after the snapshot", ErrCorrupt)
 	}
-	s := NewState(limits)
-	s.seq = snap.Seq
-	for _, l := range snap.Leases {
-		if l == nil || l.ID.IsZero() || l.TTLMillis <= 0 || s.leases[l.ID] != nil {
-			return nil, fmt.Errorf("%w: bad lease in snapshot", ErrCorrupt)
+	slices.Sort(heldTokens)
+	for i := 1; i < len(heldTokens); i++ {
+		if heldTokens[i] == heldTokens[i-1] {
+			return nil, fmt.Errorf("%w: token %d held twice in snapshot", ErrCorrupt, heldTokens[i])
 		}
-		s.leases[l.ID] = l
-	}
-	held := make(map[uint64]bool)
-	for _, l := range snap.Locks {
-		if err := s.checkRestoredLock(l); err != nil {
-			return nil, err
-		}
-		if l.Hold != nil {
-			if held[l.Hold.Token] {
-				return nil, fmt.Errorf("%w: token %d held twice in snapshot", ErrCorrupt, l.Hold.Token)
-			}
-			held[l.Hold.Token] = true
-		}
-		s.locks.restore(l)
-	}
-	for _, t := range snap.Tombstones {
-		if t.ID.IsZero() {
-			return nil, fmt.Errorf("%w: bad tombstone in snapshot", ErrCorrupt)
-		}
-		s.remember(t.ID, t.Reason)
-	}
-	for _, m := range snap.Members {
-		if ValidateNodeID("id", m.ID) != nil || ValidateAddr("addr", m.APIAddr) != nil {
-			return nil, fmt.Errorf("%w: bad member in snapshot", ErrCorrupt)
-		}
-		s.members[m.ID] = m.APIAddr
-	}
-	s.kv.rev = snap.KVRev
-	for _, e := range snap.KV {
-		if e == nil || ValidateName("key", e.Key) != nil || s.kv.entries[e.Key] != nil || e.Version > s.kv.rev || len(e.Value) > MaxValueLen {
-			return nil, fmt.Errorf("%w: bad KV entry in snapshot", ErrCorrupt)
-		}
-		s.kv.entries[e.Key] = e
 	}
 	return s, nil
+}
+
+// eachElement calls fn to decode each element of the JSON array that comes next in dec;
+// null counts as an empty array.
+func eachElement(dec *json.Decoder, fn func() error) error {
+	tok, err := dec.Token()
+	if err != nil || tok == nil {
+		return err
+	}
+	if tok != json.Delim('[') {
+		return fmt.Errorf("%w: snapshot: expected an array, got %v", ErrCorrupt, tok)
+	}
+	for dec.More() {
+		if err := fn(); err != nil {
+			return err
+		}
+	}
+	return expectDelim(dec, ']')
+}
+
+func expectDelim(dec *json.Decoder, d json.Delim) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if tok != d {
+		return fmt.Errorf("%w: snapshot: expected %v, got %v", ErrCorrupt, d, tok)
+	}
+	return nil
 }
 
 func (s *State) checkRestoredLock(l *Lock) error {
@@ -117,7 +410,7 @@ func (s *State) checkRestoredLock(l *Lock) error {
 		return bad("null")
 	case ValidateName("name", l.Name) != nil:
 		return bad("invalid name")
-	case s.locks.Get(l.Name) != nil:
+	case s.locks.Has(l.Name):
 		return bad("duplicate " + l.Name)
 	case l.Hold == nil && !l.Delayed:
 		return bad(l.Name + " is neither held nor delayed")

@@ -16,11 +16,6 @@ type Lease struct {
 	TTLMillis int64   `json:"ttl"`
 }
 
-type tombstone struct {
-	ID     LeaseID   `json:"id"`
-	Reason EndReason `json:"reason"`
-}
-
 // State is the replicated state: leases, correctness locks and the token sequence.
 // Apply is its only mutator. It is not safe for concurrent use.
 type State struct {

@@ -407,7 +407,7 @@ func (l *Leader) acquireCorrectness(ctx context.Context, a AcquireArgs) (Grant, 
 		l.mu.Unlock()
 		return Grant{}, ErrNotLeader
 	}
-	if l.eff.Get(a.Name) != nil {
+	if l.eff.Has(a.Name) {
 		l.mu.Unlock()
 		return Grant{}, fmt.Errorf("%w: %q is in use as efficiency", core.ErrClassConflict, a.Name)
 	}
@@ -458,7 +458,7 @@ func (l *Leader) acquireEfficiency(ctx context.Context, a AcquireArgs) (Grant, e
 	}
 	conflict := l.pending[a.Name] > 0
 	if !conflict {
-		l.log.Read(func(s *core.State) { conflict = s.Locks().Get(a.Name) != nil })
+		l.log.Read(func(s *core.State) { conflict = s.Locks().Has(a.Name) })
 	}
 	if conflict {
 		return Grant{}, fmt.Errorf("%w: %q is in use as correctness", core.ErrClassConflict, a.Name)
@@ -564,7 +564,7 @@ func (l *Leader) Release(ctx context.Context, lease core.LeaseID, name string, t
 		l.mu.Unlock()
 		return ErrNotLeader
 	}
-	if l.eff.Get(name) != nil {
+	if l.eff.Has(name) {
 		defer l.mu.Unlock()
 		if c := l.leases[lease]; c == nil || c.expiring {
 			return l.goneLocked(lease, c != nil)
@@ -592,7 +592,7 @@ func (l *Leader) ForceRelease(ctx context.Context, name, reason string) (release
 		l.mu.Unlock()
 		return 0, 0, ErrNotLeader
 	}
-	if l.eff.Get(name) != nil && l.effSeq.remaining() >= l.tokensNeededLocked(1) {
+	if l.eff.Has(name) && l.effSeq.remaining() >= l.tokensNeededLocked(1) {
 		defer l.mu.Unlock()
 		r := core.Result{Token: l.effSeq.Next()}
 		l.eff.ForceRelease(name, reason, &l.effSeq, &r)

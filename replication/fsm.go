@@ -47,23 +47,18 @@ func (f *fsm) Apply(l *raft.Log) any {
 	return res
 }
 
+// Snapshot takes a point-in-time copy of the state (applies wait meanwhile); raft then
+// encodes it into the sink with Persist while applies go on.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
-	defer f.mu.RUnlock()
-	b, err := f.state.MarshalSnapshot()
-	if err != nil {
-		return nil, err
-	}
-	return snapshotBytes(b), nil
+	v := f.state.SnapshotView()
+	f.mu.RUnlock()
+	return stateSnapshot{v}, nil
 }
 
 func (f *fsm) Restore(r io.ReadCloser) error {
 	defer r.Close()
-	b, err := io.ReadAll(r)
-	if err != nil {
-		return fmt.Errorf("replication: read snapshot: %w", err)
-	}
-	s, err := core.RestoreState(b, f.limits)
+	s, err := core.ReadSnapshot(r, f.limits)
 	if err != nil {
 		return fmt.Errorf("replication: restore snapshot: %w", err)
 	}
@@ -73,14 +68,15 @@ func (f *fsm) Restore(r io.ReadCloser) error {
 	return nil
 }
 
-type snapshotBytes []byte
+// stateSnapshot streams a core.SnapshotView into raft's sink.
+type stateSnapshot struct{ view *core.SnapshotView }
 
-func (b snapshotBytes) Persist(sink raft.SnapshotSink) error {
-	if _, err := sink.Write(b); err != nil {
+func (s stateSnapshot) Persist(sink raft.SnapshotSink) error {
+	if _, err := s.view.WriteTo(sink); err != nil {
 		_ = sink.Cancel()
 		return fmt.Errorf("replication: write snapshot: %w", err)
 	}
 	return sink.Close()
 }
 
-func (b snapshotBytes) Release() {}
+func (stateSnapshot) Release() {}

@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 
@@ -65,9 +66,15 @@ func RestoreDataDir(dir, nodeID, raftAddr string, state []byte, limits core.Limi
 	return nil
 }
 
-// SnapshotState returns the state machine's state as MarshalSnapshot bytes.
+// SnapshotState returns the state machine's state as MarshalSnapshot bytes. Applies wait
+// only while the state is copied, not while it is encoded.
 func (n *Node) SnapshotState() ([]byte, error) {
 	n.fsm.mu.RLock()
-	defer n.fsm.mu.RUnlock()
-	return n.fsm.state.MarshalSnapshot()
+	v := n.fsm.state.SnapshotView()
+	n.fsm.mu.RUnlock()
+	var buf bytes.Buffer
+	if _, err := v.WriteTo(&buf); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
