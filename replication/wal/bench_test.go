@@ -22,12 +22,12 @@ type benchStore struct {
 
 var benchStores = []benchStore{
 	{"wal", func(b *testing.B, dir string) (raft.LogStore, func() int64, func() error) {
-		l, err := Open(dir, Options{})
+		l, err := Open(dir, Options{SegmentSize: DefaultSegmentSize})
 		must(b, err)
 		return l, func() int64 { return int64(l.Syncs()) }, l.Close
 	}},
-	{"wal-fdatasync", func(b *testing.B, dir string) (raft.LogStore, func() int64, func() error) {
-		l, err := Open(dir, Options{dataSync: true})
+	{"wal-fsync", func(b *testing.B, dir string) (raft.LogStore, func() int64, func() error) {
+		l, err := Open(dir, Options{SegmentSize: DefaultSegmentSize, fullSync: true})
 		must(b, err)
 		return l, func() int64 { return int64(l.Syncs()) }, l.Close
 	}},
@@ -89,7 +89,7 @@ func BenchmarkStoreLogs(b *testing.B) {
 // replication goroutines do.
 func BenchmarkGetLog(b *testing.B) {
 	for _, bs := range benchStores {
-		if bs.name == "wal-fdatasync" {
+		if bs.name == "wal-fsync" {
 			continue
 		}
 		b.Run(bs.name, func(b *testing.B) {

@@ -1,8 +1,10 @@
 package wal
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,8 +17,8 @@ type layout struct {
 	path    string
 	base    uint64
 	offsets []int64
-	size    int64
-	data    []byte
+	size    int64             // end of the last record
+	data    []byte            // the whole file: records, then zeros up to the preallocated size
 	files   map[string][]byte // every segment file as buildLog left it
 }
 
@@ -62,10 +64,36 @@ func buildLog(t *testing.T, dir string, segSize int64, lastBatch uint64) layout 
 		must(t, err)
 		ly.files[p] = b
 	}
-	if int64(len(ly.data)) != ly.size {
-		t.Fatalf("segment is %d bytes; index says %d", len(ly.data), ly.size)
+	if int64(len(ly.data)) < ly.size || !allZero(ly.data[ly.size:]) {
+		t.Fatalf("segment is %d bytes, index says %d, and they are not all zeros in between", len(ly.data), ly.size)
 	}
 	return ly
+}
+
+// tails are the ways the file can go on after the point where a torn write stopped:
+// it ends there (a write that extends the file, as every write did before segments
+// were preallocated), or the zeros of the preallocated segment follow, or the rest of
+// the write's range holds garbage (a sector written halfway) and then zeros. from is
+// where the write began, cut where it stopped.
+var tails = []struct {
+	name string
+	make func(ly layout, from, cut int64) []byte
+}{
+	{"file ends", func(ly layout, _, cut int64) []byte { return slices.Clone(ly.data[:cut]) }},
+	{"zeros", func(ly layout, _, cut int64) []byte {
+		b := slices.Clone(ly.data)
+		clear(b[cut:])
+		return b
+	}},
+	{"garbage", func(ly layout, _, cut int64) []byte {
+		b := slices.Clone(ly.data)
+		clear(b[cut:])
+		rng := rand.New(rand.NewPCG(uint64(cut), 7))
+		for i := cut; i < ly.size; i++ {
+			b[i] = byte(rng.Uint32()) | 1
+		}
+		return b
+	}},
 }
 
 // expectPrefix reopens dir and checks that the log is exactly 1..last.
@@ -89,32 +117,42 @@ func expectPrefix(t *testing.T, dir string, last uint64, when string) *Log {
 // first record.
 func (ly layout) lastBatchIndex() int { return int(11 - ly.base) }
 
-// TestTornTailEveryByte cuts the final batch at every byte offset: the log must come
-// back as the acknowledged prefix plus the final batch's records that are complete, and
-// accept appends afterwards. SegmentSize 1 puts the final batch alone in a new segment.
+// TestTornTailEveryByte cuts the final batch at every byte offset, with each kind of
+// tail after the cut: the log must come back as the acknowledged prefix plus the final
+// batch's records that are complete, and accept appends afterwards, in a preallocated
+// segment right after the last valid record. SegmentSize 1 puts the final batch alone
+// in a new segment (and makes every segment exactly as long as its records).
 func TestTornTailEveryByte(t *testing.T) {
 	for _, segSize := range []int64{0, 1} {
 		for _, lastBatch := range []uint64{1, 4} {
-			t.Run(fmt.Sprintf("seg=%d/batch=%d", segSize, lastBatch), func(t *testing.T) {
-				dir := t.TempDir()
-				ly := buildLog(t, dir, segSize, lastBatch)
-				k0 := ly.lastBatchIndex()
-				for cut := ly.offsets[k0]; cut < ly.size; cut++ {
-					ly.restore(t, dir, ly.data[:cut])
-					want := uint64(10)
-					for k := k0; k < len(ly.offsets) && ly.end(k) <= cut; k++ {
-						want++
-					}
-					when := fmt.Sprintf("cut at %d of %d", cut, ly.size)
-					l := expectPrefix(t, dir, want, when)
-					if cut%7 == 0 {
-						must(t, l.StoreLogs(entries(want+1, want+1, 2)))
+			for _, tail := range tails {
+				t.Run(fmt.Sprintf("seg=%d/batch=%d/%s", segSize, lastBatch, tail.name), func(t *testing.T) {
+					dir := t.TempDir()
+					ly := buildLog(t, dir, segSize, lastBatch)
+					k0 := ly.lastBatchIndex()
+					for cut := ly.offsets[k0]; cut < ly.size; cut++ {
+						ly.restore(t, dir, tail.make(ly, ly.offsets[k0], cut))
+						want := uint64(10)
+						for k := k0; k < len(ly.offsets) && ly.end(k) <= cut; k++ {
+							want++
+						}
+						when := fmt.Sprintf("cut at %d of %d", cut, ly.size)
+						l := expectPrefix(t, dir, want, when)
+						if cut%7 == 0 || cut == ly.offsets[k0] {
+							must(t, l.StoreLogs(entries(want+1, want+1, 2)))
+							s := l.segs[len(l.segs)-1]
+							if k := int(want + 1 - ly.base); segSize == 0 && tail.name != "file ends" &&
+								(s.base != ly.base || s.offsets[k] != ly.offsets[k]) {
+								t.Fatalf("%s: index %d appended to %s offset %d; want %s offset %d (right after the last valid record)",
+									when, want+1, s.path, s.offsets[len(s.offsets)-1], ly.path, ly.offsets[k])
+							}
+							must(t, l.Close())
+							l = expectPrefix(t, dir, want+1, when+", appended, reopened")
+						}
 						must(t, l.Close())
-						l = expectPrefix(t, dir, want+1, when+", appended, reopened")
 					}
-					must(t, l.Close())
-				}
-			})
+				})
+			}
 		}
 	}
 }
@@ -138,6 +176,23 @@ func TestCorruptTailEveryByte(t *testing.T) {
 					}
 					l := expectPrefix(t, dir, 10+uint64(k-k0), fmt.Sprintf("byte %d flipped", pos))
 					must(t, l.Close())
+				}
+				// Garbage in the free space after the final batch is not a batch:
+				// nothing is lost, and the garbage is zeroed so the space can be used.
+				for _, pos := range []int64{ly.size, ly.size + 1, ly.size + 100, int64(len(ly.data)) - 1} {
+					if pos < ly.size || pos >= int64(len(ly.data)) {
+						continue // no free space (SegmentSize 1)
+					}
+					b := slices.Clone(ly.data)
+					b[pos] ^= 0xA5
+					ly.restore(t, dir, b)
+					l := expectPrefix(t, dir, 10+uint64(len(ly.offsets)-k0), fmt.Sprintf("free byte %d flipped", pos))
+					must(t, l.Close())
+					got, err := os.ReadFile(ly.path)
+					must(t, err)
+					if !bytes.Equal(got, ly.data) {
+						t.Fatalf("free byte %d flipped: the garbage was not zeroed", pos)
+					}
 				}
 			})
 		}
@@ -202,40 +257,48 @@ func TestCorruptAcknowledgedFailsOpen(t *testing.T) {
 }
 
 // TestDamagedEarlierSegmentFailsOpen: a segment before the last one is complete by
-// construction, so a cut or a flipped byte there is corruption, and so is a missing one.
+// construction, so a cut, a flipped byte or a record zeroed there is corruption, and
+// so is garbage in its free space (nothing is ever written there), or a missing one.
 func TestDamagedEarlierSegmentFailsOpen(t *testing.T) {
-	setup := func(t *testing.T) (string, []string) {
+	setup := func(t *testing.T) (string, []string, map[string]int64) {
 		dir := t.TempDir()
-		l := openT(t, dir, Options{SegmentSize: 1024})
-		for i := uint64(1); i <= 200; i += 10 {
-			must(t, l.StoreLogs(entries(i, i+9, 1)))
-		}
-		must(t, l.Close())
+		ends := fillSegments(t, dir, 1024)
 		segs := segmentFiles(t, dir)
 		if len(segs) < 4 {
 			t.Fatalf("only %d segments", len(segs))
 		}
-		return dir, segs
+		return dir, segs, ends
 	}
-	damage := map[string]func(t *testing.T, path string){
-		"flipped byte": func(t *testing.T, path string) {
+	damage := map[string]func(t *testing.T, path string, end int64){
+		"flipped byte": func(t *testing.T, path string, end int64) {
 			b, err := os.ReadFile(path)
 			must(t, err)
-			b[len(b)/2] ^= 0x10
+			b[end/2] ^= 0x10
 			must(t, os.WriteFile(path, b, 0o640))
 		},
-		"cut short": func(t *testing.T, path string) {
-			st, err := os.Stat(path)
+		"zeroed record": func(t *testing.T, path string, end int64) {
+			b, err := os.ReadFile(path)
 			must(t, err)
-			must(t, os.Truncate(path, st.Size()-3))
+			clear(b[end-10 : end])
+			must(t, os.WriteFile(path, b, 0o640))
 		},
-		"missing": func(t *testing.T, path string) { must(t, os.Remove(path)) },
+		"cut short": func(t *testing.T, path string, end int64) { must(t, os.Truncate(path, end-3)) },
+		"garbage in free space": func(t *testing.T, path string, end int64) {
+			b, err := os.ReadFile(path)
+			must(t, err)
+			if int64(len(b)) <= end {
+				t.Fatalf("%s has no free space (%d bytes, records end at %d)", path, len(b), end)
+			}
+			b[len(b)-1] = 1
+			must(t, os.WriteFile(path, b, 0o640))
+		},
+		"missing": func(t *testing.T, path string, _ int64) { must(t, os.Remove(path)) },
 	}
 	for name, fn := range damage {
 		for _, which := range []int{0, 1} {
 			t.Run(fmt.Sprintf("%s/segment %d", name, which), func(t *testing.T) {
-				dir, segs := setup(t)
-				fn(t, segs[which])
+				dir, segs, ends := setup(t)
+				fn(t, segs[which], ends[segs[which]])
 				l, err := Open(dir, Options{})
 				if err == nil {
 					_ = l.Close()
@@ -344,33 +407,54 @@ func TestCrashStatesOfDeleteRange(t *testing.T) {
 		model(1, lastBase-1).check(t, l, "reopened")
 		must(t, l.StoreLogs(entries(lastBase, lastBase+20, 1)))
 	})
-	t.Run("new segment created, first write lost", func(t *testing.T) {
+	for name, content := range map[string][]byte{"empty": nil, "preallocated": make([]byte, segSize)} {
+		t.Run("new segment created, first write lost/"+name, func(t *testing.T) {
+			dir, _ := build(t)
+			must(t, os.WriteFile(segmentPath(dir, 301), content, 0o640))
+			l := reopen(t, dir)
+			model(1, 300).check(t, l, "reopened")
+			must(t, l.StoreLogs(entries(301, 305, 1)))
+			must(t, l.Close())
+			model(1, 305).check(t, reopen(t, dir), "appended, reopened")
+		})
+	}
+	t.Run("spare left over", func(t *testing.T) {
 		dir, _ := build(t)
-		must(t, os.WriteFile(segmentPath(dir, 301), nil, 0o640))
+		// A crash while the spare was zero-filled: it must not be used as it is.
+		must(t, os.WriteFile(filepath.Join(dir, spareName), []byte("not zeros"), 0o640))
 		l := reopen(t, dir)
 		model(1, 300).check(t, l, "reopened")
-		must(t, l.StoreLogs(entries(301, 305, 1)))
+		for i := uint64(301); i <= 400; i += 10 {
+			must(t, l.StoreLogs(entries(i, i+9, 1)))
+		}
 		must(t, l.Close())
-		model(1, 305).check(t, reopen(t, dir), "appended, reopened")
+		model(1, 400).check(t, reopen(t, dir), "appended across segments, reopened")
 	})
-	t.Run("torn append after a suffix delete", func(t *testing.T) {
-		dir := t.TempDir()
-		l := openT(t, dir, Options{})
-		must(t, l.StoreLogs(entries(1, 14, 1)))
-		must(t, l.DeleteRange(6, 14))
-		must(t, l.StoreLogs(entries(6, 8, 2)))
-		s := l.segs[0]
-		off7 := s.offsets[6]
-		must(t, l.Close())
-		// Tear the final batch inside index 7: 6 (term 2) stays; nothing of the old
-		// term-1 entries 7..14 may come back.
-		must(t, os.Truncate(s.path, off7+5))
-		l = openT(t, dir, Options{})
-		m := newModel()
-		m.store(entries(1, 5, 1))
-		m.store(entries(6, 6, 2))
-		m.check(t, l, "reopened")
-	})
+	for _, tail := range tails {
+		t.Run("torn append after a suffix delete/"+tail.name, func(t *testing.T) {
+			dir := t.TempDir()
+			l := openT(t, dir, Options{})
+			must(t, l.StoreLogs(entries(1, 9, 1)))
+			must(t, l.StoreLogs(entries(10, 14, 1)))
+			must(t, l.DeleteRange(6, 14))
+			must(t, l.StoreLogs(entries(6, 8, 2)))
+			s := l.segs[len(l.segs)-1]
+			ly := layout{path: s.path, offsets: s.offsets, size: s.size}
+			off7 := s.offsets[7-s.base]
+			must(t, l.Close())
+			var err error
+			ly.data, err = os.ReadFile(s.path)
+			must(t, err)
+			// Tear the final batch inside index 7: 6 (term 2) stays; nothing of the
+			// old term-1 entries 7..14 may come back.
+			must(t, os.WriteFile(s.path, tail.make(ly, s.offsets[0], off7+5), 0o640))
+			l = openT(t, dir, Options{})
+			m := newModel()
+			m.store(entries(1, 5, 1))
+			m.store(entries(6, 6, 2))
+			m.check(t, l, "reopened")
+		})
+	}
 }
 
 // errCrash is what the crash hook panics with.
@@ -405,6 +489,8 @@ func TestCrashAtEveryStep(t *testing.T) {
 			func(s state) bool { return s == state{0, 0} || s == state{1, 10} }},
 		{"append starting a segment", []op{st(1, 300, 1)}, st(301, 310, 2),
 			func(s state) bool { return s == state{1, 300} || s == state{1, 310} }},
+		{"append after a suffix delete", []op{st(1, 300, 1), del(155, 300)}, st(155, 165, 2),
+			func(s state) bool { return s == state{1, 154} || s == state{1, 165} }},
 	}
 	apply := func(l *Log, o op) error {
 		if o.isDel {

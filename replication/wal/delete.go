@@ -47,6 +47,7 @@ func (l *Log) deleteAllLocked() error {
 	if err := l.removeSegmentsLocked(old); err != nil {
 		return err
 	}
+	l.spareDueLocked()
 	return nil
 }
 
@@ -73,8 +74,15 @@ func (l *Log) deletePrefixLocked(max uint64) error {
 }
 
 // deleteSuffixLocked deletes indexes from min (> first) to the end: later segments are
-// removed newest first, then the segment holding min is cut at its record and synced.
-// A crash in between leaves a prefix of the old log.
+// removed newest first, then the segment holding min is truncated at its record and
+// synced. A crash in between leaves a prefix of the old log.
+//
+// The cut is a truncate, not zeros written over the deleted records: a truncate takes
+// effect whole or not at all, while a crash during a write of zeros could leave old
+// records beyond a hole, where Open would take them for acknowledged entries after
+// damage. The truncated segment loses its free space, so the next batch starts a new
+// segment; raft deletes a suffix only when a new leader overrides entries a follower
+// never committed, which is rare.
 func (l *Log) deleteSuffixLocked(min uint64) error {
 	l.mu.Lock()
 	k := sort.Search(len(l.segs), func(i int) bool { return l.segs[i].base > min }) - 1
@@ -108,6 +116,8 @@ func (l *Log) deleteSuffixLocked(min uint64) error {
 			l.failed = fmt.Errorf("truncate %s: %w", s.path, err)
 			return fmt.Errorf("wal: truncate %s: %w", s.path, err)
 		}
+		s.fileSize = cut
+		l.spareDueLocked()
 	}
 	return nil
 }

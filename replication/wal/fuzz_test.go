@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -15,6 +16,8 @@ func seedRecords(f *testing.F) {
 		f.Add(b)
 		f.Add(b[:len(b)/2])
 		f.Add(append(b, b...))
+		f.Add(append(slices.Clone(b), make([]byte, 200)...))             // preallocated
+		f.Add(append(append(slices.Clone(b), b[:len(b)/2]...), 0, 0, 0)) // torn, then zeros
 	}
 	f.Add([]byte{})
 	f.Add(make([]byte, 64))

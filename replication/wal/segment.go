@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -9,15 +10,22 @@ import (
 	"strings"
 )
 
-// segment is one append-only file of records with consecutive indexes starting at base.
-// Its fields change only with both Log.writeMu and Log.mu held, so holding either one is
-// enough to read them.
+// segment is one file of records with consecutive indexes starting at base, followed by
+// free space. Its fields other than fileSize change only with both Log.writeMu and
+// Log.mu held, so holding either one is enough to read them.
 type segment struct {
 	base    uint64
 	path    string
 	f       *os.File
 	offsets []int64 // offsets[i] is where the record of index base+i starts
-	size    int64   // end of the last record; the file may be longer only while a write is in flight
+	size    int64   // end of the last record: the next batch is written here
+	// fileSize is the length of the file. The bytes in [size, fileSize) are zeros
+	// (free space written when the segment was preallocated), except while a write is
+	// in flight; a batch that fits there overwrites them in place, one that does not
+	// starts a new segment (or, in a segment holding no entries, extends the file).
+	// A segment cut by a truncate has fileSize == size and so takes no more batches.
+	// Only writers use it: writeMu.
+	fileSize int64
 }
 
 // lastIndex is the index of the segment's last record; base-1 when it has none.
@@ -56,7 +64,9 @@ func parseSegmentName(name string) (uint64, bool) {
 type scanResult struct {
 	offsets []int64
 	end     int64 // end of the last valid record
-	// bad is set when the scan stopped at an invalid record before the end of the data.
+	// bad is set when the scan stopped at an invalid record and the bytes from there
+	// to the end of the data are not all zero. (Zeros there are free space: the end
+	// of the segment's log.)
 	bad    bool
 	badOff int64
 	reason error
@@ -67,15 +77,18 @@ type scanResult struct {
 
 // scanSegment decodes the records of data in order, checking checksums, that indexes
 // run base, base+1, ..., and that each record lies in the batch it claims. It stops at
-// the first record that fails. A record whose checksum passes but whose index or batch
-// bounds are wrong is never a torn write, so it is returned as an error at once.
+// the first record that fails; if only zeros follow, that is the end of the log in
+// this segment and not a failure. A record whose checksum passes but whose index or
+// batch bounds are wrong is never a torn write, so it is returned as an error at once.
 func scanSegment(path string, data []byte, base uint64) (scanResult, error) {
 	var res scanResult
 	var off int64
 	for off < int64(len(data)) {
 		r, n, derr := decodeRecord(data[off:])
 		if derr != nil {
-			res.bad, res.badOff, res.reason = true, off, derr
+			if !allZero(data[off:]) {
+				res.bad, res.badOff, res.reason = true, off, derr
+			}
 			break
 		}
 		want := base + uint64(len(res.offsets))
@@ -93,47 +106,104 @@ func scanSegment(path string, data []byte, base uint64) (scanResult, error) {
 	return res, nil
 }
 
-// classifyTail decides whether the invalid record at res.badOff in the LAST segment is
+// classifyTail decides whether the invalid bytes at res.badOff in the LAST segment are
 // the torn remains of the final write, which was never acknowledged and may be cut
 // away, or damage to an acknowledged write, which must not be.
 //
-// A StoreLogs call writes its batch with one write at the end of the file and returns
-// only after fsync; a later batch is written only after that, so any batch followed
-// by another one was acknowledged. A crash during the final write can leave any subset
-// of its pages on disk (zeros, a cut, or later records intact while earlier ones are
-// not). Every record names its batch's [start, end), so:
+// A StoreLogs call writes its batch with one write at the end of the log and returns
+// only after fdatasync; a later batch is written only after that, right behind it, so
+// any batch followed by another one was acknowledged. Beyond the end of the log a
+// segment holds only zeros: it was zero-filled when created, and whatever is cut from
+// it (a suffix delete, a failed write) is cut by a truncate or overwritten with zeros
+// before anything else is written. A crash during the final write can leave any
+// subset of its pages on disk (zeros, a cut, or later records intact while earlier
+// ones are not), but nothing past its end. Every record names its batch's
+// [start, end), so:
 //
-//   - if the last valid record before badOff belongs to the same batch, the batch's end
-//     tells whether anything follows it: nothing (end >= file size) means it is the
-//     final batch, hence torn; otherwise it was acknowledged, hence corrupt.
-//   - otherwise badOff starts a batch. The first valid record after it (searched byte by
-//     byte) settles it: none means nothing acknowledged follows; one from the same
-//     batch reports that batch's end as above; one from a later batch means the batch
-//     at badOff was acknowledged.
+//   - the first valid record after badOff (searched byte by byte) from a batch that
+//     starts after badOff proves that a later write followed: corrupt.
+//   - one from the batch at badOff gives that batch's end; otherwise, if the last valid
+//     record before badOff belongs to the same batch, its end does. The batch is the
+//     final one, hence torn, only if nothing but zeros follows that end.
+//   - with neither, nothing shows that anything acknowledged follows: torn.
 //
 // What cannot be told apart is damage confined to the final batch of the log, which
-// looks exactly like a torn write of it.
+// looks exactly like a torn write of it. (With preallocation this includes the final
+// batch whose successor, if any, left nothing but zeros on disk: a write that never
+// reached the disk leaves no trace, where it used to leave a longer file.)
 func classifyTail(data []byte, res scanResult) bool {
-	size := int64(len(data))
 	x := res.badOff
-	if res.hasPrev && x < res.prev.batchEnd {
-		return res.prev.batchEnd >= size
-	}
-	for y := x + 1; y+headerSize+payloadFixed <= size; y++ {
+	// A record starts with its length, never zero, so none starts in the zeros at
+	// the end.
+	limit := x + int64(lastNonZero(data[x:])) + 1
+	for y := x + 1; y < limit && y+headerSize+payloadFixed <= int64(len(data)); y++ {
 		n := binary.LittleEndian.Uint32(data[y : y+4])
-		if n < payloadFixed || int64(n) > size-y-headerSize {
+		if n < payloadFixed || int64(n) > int64(len(data))-y-headerSize {
 			continue
 		}
 		r, rn, err := decodeRecord(data[y:])
 		if err != nil || !r.framedAt(y, rn) {
 			continue
 		}
-		if r.batchStart <= x {
-			return r.batchEnd >= size
+		if r.batchStart > x {
+			return false
 		}
-		return false
+		return zeroFrom(data, r.batchEnd)
+	}
+	if res.hasPrev && x < res.prev.batchEnd {
+		return zeroFrom(data, res.prev.batchEnd)
 	}
 	return true
+}
+
+// zeroPage is a block of zeros, never written: the source of zero-fill writes and
+// the reference for allZero.
+var zeroPage [64 << 10]byte
+
+// allZero reports whether every byte of b is zero.
+func allZero(b []byte) bool {
+	for len(b) > 0 {
+		n := min(len(b), len(zeroPage))
+		if !bytes.Equal(b[:n], zeroPage[:n]) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
+}
+
+// zeroFrom reports whether data holds only zeros from offset off on (trivially true
+// when off is at or past its end).
+func zeroFrom(data []byte, off int64) bool {
+	return off >= int64(len(data)) || allZero(data[off:])
+}
+
+// lastNonZero returns the index of the last non-zero byte of b, or -1 if there is none.
+func lastNonZero(b []byte) int {
+	for end := len(b); end > 0; {
+		start := max(0, end-len(zeroPage))
+		if !bytes.Equal(b[start:end], zeroPage[:end-start]) {
+			for i := end - 1; ; i-- {
+				if b[i] != 0 {
+					return i
+				}
+			}
+		}
+		end = start
+	}
+	return -1
+}
+
+// writeZeros overwrites [off, end) of f with zeros.
+func writeZeros(f *os.File, off, end int64) error {
+	for off < end {
+		n := min(end-off, int64(len(zeroPage)))
+		if _, err := f.WriteAt(zeroPage[:n], off); err != nil {
+			return err
+		}
+		off += n
+	}
+	return nil
 }
 
 // syncDir fsyncs a directory so that file creations, renames and removals in it are

@@ -1,29 +1,36 @@
 // Package wal is a raft log store and stable store for hashicorp/raft that makes every
-// StoreLogs call durable with one write and one fsync.
+// StoreLogs call durable with one write and one fdatasync.
 //
 // # Files
 //
-// A directory holds append-only segment files named wal-<first index>.seg (a new one is
-// started once the current one passes Options.SegmentSize), a meta file with the
-// StableStore keys and the first-index marker, and a LOCK file. Each record carries
-// its own CRC-32C; see record.go for the layout.
+// A directory holds segment files named wal-<first index>.seg, a meta file with the
+// StableStore keys and the first-index marker, a LOCK file, and wal.spare, the next
+// segment being prepared. Segments are preallocated: each is created Options.SegmentSize
+// bytes long and filled with zeros, and records are written over the zeros in order,
+// so the end of a segment's log is where its valid records stop, not the end of the
+// file (see spare.go). Each record carries its own CRC-32C; see record.go for the
+// layout. Directories written by earlier versions, whose segments end where their
+// records do, are read the same way.
 //
 // # Guarantees
 //
 //   - StoreLogs returns nil only after every entry of the batch is on stable storage
-//     (one write, one fsync; plus an fsync of the directory when it starts a new
-//     segment). If it returns an error, none of the batch is visible to readers; after
-//     a crash some prefix of it may reappear, which raft tolerates (the entries were
-//     never acknowledged, so a leader reports their outcome as unknown).
+//     (one write, one fdatasync; plus a rename and an fsync of the directory when it
+//     starts a new segment). If it returns an error, none of the batch is visible to
+//     readers; after a crash some prefix of it may reappear, which raft tolerates (the
+//     entries were never acknowledged, so a leader reports their outcome as unknown).
 //   - DeleteRange is durable when it returns. A prefix delete (compaction) and a delete
 //     of everything are atomic across a crash: the first-index marker is written before
 //     any file is touched. A suffix delete interrupted by a crash leaves a prefix of the
 //     old log (as if fewer entries had been deleted), never a log with holes.
-//   - Open validates every record. A torn final write (the one StoreLogs was doing when
-//     the process or machine died) is cut away; any other damage fails Open with
+//   - Open validates every record. The log ends at the first record that fails its
+//     checks if only zeros follow. A torn final write (the one StoreLogs was doing when
+//     the process or machine died) is cut away (overwritten with zeros), and appends
+//     continue right after the last valid record; any other damage fails Open with
 //     ErrCorrupt naming the file and offset, rather than silently losing acknowledged
 //     entries. Damage confined to the final batch of the log cannot be told from a torn
-//     write and is cut away like one.
+//     write and is cut away like one. Entries once deleted never come back: a suffix
+//     delete truncates the file, and records must carry consecutive indexes.
 //   - After an fsync, truncate or unlink fails, the Log refuses all further writes
 //     (ErrFailed): after a failed fsync the kernel may have dropped the dirty pages, so
 //     what is on disk is unknown until the directory is reopened and re-validated.
@@ -33,9 +40,10 @@
 // All methods are safe for concurrent use. Lock order: writeMu, then metaMu, then mu;
 // methods whose names end in Locked need writeMu held.
 // Writers (StoreLogs, DeleteRange) are serialised by writeMu and do their write and
-// fsync without holding mu, so GetLog, FirstIndex and LastIndex — which take mu for
+// fdatasync without holding mu, so GetLog, FirstIndex and LastIndex — which take mu for
 // reading — wait for a writer only while it publishes the new index entries, never for
-// its fsync.
+// its fdatasync. One background goroutine at a time zero-fills the next segment (see
+// spare.go); it shares nothing with the Log but a channel, and Close stops it.
 package wal
 
 import (
@@ -75,24 +83,34 @@ var (
 	ErrLocked = errors.New("wal: directory is locked by another process")
 )
 
-// DefaultSegmentSize is the segment size used when Options.SegmentSize is zero.
-const DefaultSegmentSize = 64 << 20
+// DefaultSegmentSize is the segment size used when Options.SegmentSize is zero. A lock
+// service's entries are small (about 100 bytes), so 16 MiB holds well over 100,000 of
+// them, while a new node zero-fills its first segment (before its first commit) in a
+// fraction of the time 64 MiB would take.
+const DefaultSegmentSize = 16 << 20
+
+// defaultSegmentSize is what a zero Options.SegmentSize means. Tests lower it so that
+// the many logs they create do not each zero-fill full-size segments.
+var defaultSegmentSize int64 = DefaultSegmentSize
 
 // Options configures a Log. The zero value is a valid configuration.
 type Options struct {
-	// SegmentSize is the size after which the next StoreLogs starts a new segment file.
-	// A batch is never split, so a segment can exceed it by one batch. Zero means
-	// DefaultSegmentSize.
+	// SegmentSize is the size of a segment file: each is created this long, filled with
+	// zeros, and a batch that does not fit in the rest of the current segment starts a
+	// new one. A batch is never split, so a batch larger than a segment is written to a
+	// new segment of its own, which grows to hold it. The directory holds up to one
+	// segment more than the log needs (the spare). Zero means DefaultSegmentSize.
 	SegmentSize int64
 	// Logger receives a line when Open cuts a torn tail. Nil means no logging.
 	Logger *slog.Logger
 
-	// dataSync makes StoreLogs call fdatasync instead of fsync. Benchmarks only: on an
-	// append the file size changes, so fdatasync must commit the same inode update as
-	// fsync, and BenchmarkStoreLogsPaired shows no difference (see sync_linux.go).
-	dataSync bool
+	// fullSync makes StoreLogs call fsync instead of fdatasync. Benchmarks only: it
+	// shows what fdatasync saves on preallocated segments (see sync_linux.go).
+	fullSync bool
 	// syncHook, if set, replaces the segment sync (tests inject failures with it).
 	syncHook func(*os.File) error
+	// writeHook, if set, replaces the write of a batch (tests inject failures with it).
+	writeHook func(f *os.File, b []byte, off int64) error
 	// crashHook, if set, is called at each step of a write that a crash could
 	// interrupt (tests panic in it to stop the operation there).
 	crashHook func(step string)
@@ -107,6 +125,13 @@ type Log struct {
 	writeMu sync.Mutex // serialises StoreLogs, DeleteRange and Close
 	buf     []byte     // encoding scratch; writeMu
 	failed  error      // sticky; writeMu
+
+	// The spare segment (see spare.go); writeMu, except that the goroutine preparing
+	// the spare reads nothing of the Log but its arguments.
+	spare     chan error    // capacity 1: the outcome of the preparation started last
+	spareBusy bool          // a preparation started and its outcome was not yet taken
+	stop      chan struct{} // closed to stop the preparation; nil once stopped
+	bg        sync.WaitGroup
 
 	metaMu sync.Mutex // guards meta and the meta file
 	meta   metaState
@@ -131,7 +156,7 @@ var (
 // directory is already open and with ErrCorrupt if acknowledged data is damaged.
 func Open(dir string, opts Options) (*Log, error) {
 	if opts.SegmentSize <= 0 {
-		opts.SegmentSize = DefaultSegmentSize
+		opts.SegmentSize = defaultSegmentSize
 	}
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
@@ -150,6 +175,9 @@ func Open(dir string, opts Options) (*Log, error) {
 		l.closeFiles()
 		return nil, err
 	}
+	l.spare = make(chan error, 1)
+	l.stop = make(chan struct{})
+	l.spareDueLocked()
 	return l, nil
 }
 
@@ -160,6 +188,9 @@ func (l *Log) recover() error {
 		return err
 	}
 	l.meta = meta
+	if err := removeSpare(l.dir); err != nil {
+		return err
+	}
 	entries, err := os.ReadDir(l.dir)
 	if err != nil {
 		return fmt.Errorf("wal: read %s: %w", l.dir, err)
@@ -216,8 +247,9 @@ func (l *Log) recover() error {
 	return nil
 }
 
-// loadSegment reads and validates one segment. For the last segment a torn tail is cut
-// off, and nil is returned (after removing the file) if no record is left.
+// loadSegment reads and validates one segment. For the last segment a torn tail is
+// overwritten with zeros, making it free space again, and nil is returned (after
+// removing the file) if no record is left.
 func (l *Log) loadSegment(base uint64, isLast bool) (*segment, error) {
 	path := segmentPath(l.dir, base)
 	data, err := os.ReadFile(path)
@@ -234,7 +266,7 @@ func (l *Log) loadSegment(base uint64, isLast bool) (*segment, error) {
 		}
 		if l.opts.Logger != nil {
 			l.opts.Logger.Warn("wal: cutting torn tail of last segment (never acknowledged)",
-				"file", path, "offset", res.badOff, "bytes", int64(len(data))-res.badOff,
+				"file", path, "offset", res.badOff, "bytes", lastNonZero(data[res.badOff:])+1,
 				"entries_kept", len(res.offsets))
 		}
 	}
@@ -253,8 +285,12 @@ func (l *Log) loadSegment(base uint64, isLast bool) (*segment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wal: open %s: %w", path, err)
 	}
-	if res.end != int64(len(data)) {
-		err := f.Truncate(res.end)
+	if res.bad {
+		// Zeros rather than a truncate keep the space preallocated. A crash while
+		// they are written leaves a part of the same torn write, which the next Open
+		// classifies the same way.
+		end := res.badOff + int64(lastNonZero(data[res.badOff:])) + 1
+		err := writeZeros(f, res.end, end)
 		if err == nil {
 			err = f.Sync()
 		}
@@ -263,7 +299,7 @@ func (l *Log) loadSegment(base uint64, isLast bool) (*segment, error) {
 			return nil, fmt.Errorf("wal: cut torn tail of %s: %w", path, err)
 		}
 	}
-	return &segment{base: base, path: path, f: f, offsets: res.offsets, size: res.end}, nil
+	return &segment{base: base, path: path, f: f, offsets: res.offsets, size: res.end, fileSize: int64(len(data))}, nil
 }
 
 // FirstIndex returns the first index in the log, or 0 if it is empty.
@@ -323,7 +359,7 @@ func (l *Log) segmentForLocked(index uint64) *segment {
 func (l *Log) StoreLog(log *raft.Log) error { return l.StoreLogs([]*raft.Log{log}) }
 
 // StoreLogs appends logs, which must have consecutive indexes continuing the log (any
-// index if the log is empty), with one write and one fsync. When it returns nil
+// index if the log is empty), with one write and one fdatasync. When it returns nil
 // every entry is on stable storage. On error no entry of the batch is visible; see the
 // package comment for what a crash may leave.
 func (l *Log) StoreLogs(logs []*raft.Log) error {
@@ -353,7 +389,7 @@ func (l *Log) StoreLogs(logs []*raft.Log) error {
 		total += recordSize(e)
 	}
 
-	s, err := l.activeSegmentLocked(next)
+	s, err := l.activeSegmentLocked(next, int64(total))
 	if err != nil {
 		return err
 	}
@@ -370,11 +406,19 @@ func (l *Log) StoreLogs(logs []*raft.Log) error {
 	}
 
 	l.crashPoint("store: before write")
-	if _, err := s.f.WriteAt(buf, start); err != nil {
-		// Take back whatever part of the batch reached the file so the next batch
-		// starts at a record boundary.
-		if terr := s.f.Truncate(start); terr != nil {
+	if err := l.write(s.f, buf, start); err != nil {
+		// Take back whatever part of the batch reached the file, durably, before
+		// anything else is written: past the end of the log there must be nothing
+		// but zeros or the end of the file (see classifyTail). The segment then takes
+		// no more batches, unless it holds none.
+		terr := s.f.Truncate(start)
+		if terr == nil {
+			terr = l.sync(s.f)
+		}
+		if terr != nil {
 			l.failed = fmt.Errorf("truncate %s after failed write: %w", s.path, terr)
+		} else {
+			s.fileSize = start
 		}
 		return fmt.Errorf("wal: write %s: %w", s.path, err)
 	}
@@ -385,6 +429,7 @@ func (l *Log) StoreLogs(logs []*raft.Log) error {
 	}
 
 	l.crashPoint("store: synced")
+	s.fileSize = max(s.fileSize, end)
 	l.mu.Lock()
 	s.offsets = append(s.offsets, offsets...)
 	s.size = end
@@ -393,12 +438,14 @@ func (l *Log) StoreLogs(logs []*raft.Log) error {
 	}
 	l.last = logs[len(logs)-1].Index
 	l.mu.Unlock()
+	l.spareDueLocked()
 	return nil
 }
 
-// activeSegmentLocked returns the segment the next batch (starting at index next) goes
-// to, starting a new one when the log is empty or the current one is full.
-func (l *Log) activeSegmentLocked(next uint64) (*segment, error) {
+// activeSegmentLocked returns the segment the next batch (starting at index next, total
+// bytes long) goes to, starting a new one when the log is empty or the batch does not
+// fit in the free space of the current one.
+func (l *Log) activeSegmentLocked(next uint64, total int64) (*segment, error) {
 	if l.last == 0 {
 		// Empty log: at most one segment remains, holding no entries (a new segment
 		// whose first write failed). Start afresh at next.
@@ -427,18 +474,39 @@ func (l *Log) activeSegmentLocked(next uint64) (*segment, error) {
 		return l.newSegmentLocked(next)
 	}
 	s := l.segs[len(l.segs)-1]
-	if s.size >= l.opts.SegmentSize && len(s.offsets) > 0 {
+	if s.size+total > s.fileSize && len(s.offsets) > 0 {
 		return l.newSegmentLocked(next)
 	}
 	return s, nil
 }
 
-// newSegmentLocked creates the segment file for base and makes its name durable.
+// newSegmentLocked makes the spare the segment file for base (waiting for it if it is
+// still being prepared, starting it if it is not) and makes its name durable.
+// Until the directory fsync nothing else has changed, so an error before it leaves the
+// Log usable.
 func (l *Log) newSegmentLocked(base uint64) (*segment, error) {
 	path := segmentPath(l.dir, base)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o640)
-	if err != nil {
+	// Rename replaces an existing file without a word; no segment of this name
+	// should exist, but if one does it must not be lost.
+	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+		if err == nil {
+			err = fs.ErrExist
+		}
+		return nil, fmt.Errorf("wal: create segment %s: %w", path, err)
+	}
+	if err := l.takeSpareLocked(); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(filepath.Join(l.dir, spareName), path); err != nil {
+		_ = removeSpare(l.dir)
 		return nil, fmt.Errorf("wal: create segment: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			l.failed = rerr
+		}
+		return nil, fmt.Errorf("wal: open new segment: %w", err)
 	}
 	l.crashPoint("segment: created")
 	if err := syncDir(l.dir); err != nil {
@@ -446,7 +514,7 @@ func (l *Log) newSegmentLocked(base uint64) (*segment, error) {
 		l.failed = err
 		return nil, err
 	}
-	s := &segment{base: base, path: path, f: f}
+	s := &segment{base: base, path: path, f: f, fileSize: l.opts.SegmentSize}
 	l.mu.Lock()
 	l.segs = append(l.segs, s)
 	l.mu.Unlock()
@@ -459,15 +527,23 @@ func (l *Log) crashPoint(step string) {
 	}
 }
 
+func (l *Log) write(f *os.File, b []byte, off int64) error {
+	if l.opts.writeHook != nil {
+		return l.opts.writeHook(f, b, off)
+	}
+	_, err := f.WriteAt(b, off)
+	return err
+}
+
 func (l *Log) sync(f *os.File) error {
 	l.syncs.Add(1)
 	if l.opts.syncHook != nil {
 		return l.opts.syncHook(f)
 	}
-	if l.opts.dataSync {
-		return fdatasync(f)
+	if l.opts.fullSync {
+		return f.Sync()
 	}
-	return f.Sync()
+	return fdatasync(f)
 }
 
 // setMarker durably records that indexes below m are deleted. If the meta file may have
@@ -507,12 +583,13 @@ func (l *Log) writableLocked() error {
 // a gap.
 func (l *Log) IsMonotonic() bool { return true }
 
-// Syncs returns how many fsync calls the Log has made on segment files,
-// for tests and benchmarks. Directory and meta-file syncs are not counted.
+// Syncs returns how many fdatasync (or fsync) calls the Log has made on segment files,
+// for tests and benchmarks. Directory, meta-file and spare syncs are not counted.
 func (l *Log) Syncs() uint64 { return l.syncs.Load() }
 
-// Close closes the files and releases the directory lock. Every later call fails with
-// ErrClosed. Close does not sync: everything acknowledged is already durable.
+// Close stops the preparation of the spare segment and removes it, closes the files
+// and releases the directory lock. Every later call fails with ErrClosed. Close does
+// not sync: everything acknowledged is already durable.
 func (l *Log) Close() error {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
@@ -524,11 +601,16 @@ func (l *Log) Close() error {
 		return nil
 	}
 	l.closed = true
+	l.stopSpare()
+	err := removeSpare(l.dir)
 	l.closeFiles()
-	return nil
+	return err
 }
 
+// closeFiles stops the spare's preparation, closes the files and releases the lock,
+// leaving the directory as it is: what a crash would leave (tests use it so).
 func (l *Log) closeFiles() {
+	l.stopSpare()
 	for _, s := range l.segs {
 		_ = s.f.Close()
 	}

@@ -14,6 +14,14 @@ import (
 	"github.com/hashicorp/raft"
 )
 
+// TestMain makes a zero Options.SegmentSize mean 64 KiB: big enough that the tests that
+// want one segment get one, small enough that zero-filling the many logs they create
+// costs little. Benchmarks ask for DefaultSegmentSize explicitly.
+func TestMain(m *testing.M) {
+	defaultSegmentSize = 64 << 10
+	os.Exit(m.Run())
+}
+
 // entry builds a deterministic log entry: its data, extensions and type derive from
 // index and term, so a read-back can be checked against the model.
 func entry(index, term uint64) *raft.Log {
