@@ -116,8 +116,9 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, c.err))
 	}
 	c.pending[id] = ch
+	others := len(c.pending) > 1
 	c.mu.Unlock()
-	if !c.w.Send(frame) {
+	if !c.w.Send(frame, others) {
 		c.fail(errFastLaneBroken)
 		return connect.NewError(connect.CodeUnavailable, errFastLaneBroken)
 	}
@@ -135,7 +136,7 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 		delete(c.pending, id)
 		c.mu.Unlock()
 		if cancel, err := fastlane.AppendFrame(nil, fastlane.KindCancel, m, id, nil); err == nil {
-			c.w.Send(cancel)
+			c.w.Send(cancel, false)
 		}
 		return connect.NewError(connect.CodeOf(ctx.Err()), ctx.Err())
 	case <-c.dead:

@@ -142,11 +142,10 @@ func AppendFrame(dst []byte, kind Kind, method Method, id uint64, appendPayload 
 }
 
 // Writer batches frames onto a connection without a goroutine of its own: Send appends
-// the frame to a pending buffer, and the sender that finds no write in progress lets
-// the other ready goroutines run once, then writes everything pending — its own frame
-// and whatever others appended meanwhile — until nothing is left. A lone frame goes out
-// at once from its sender's goroutine; under load many frames share one write. Safe for
-// concurrent use.
+// the frame to a pending buffer, and the sender that finds no write in progress writes
+// everything pending — its own frame and whatever others appended meanwhile — until
+// nothing is left. A lone frame goes out at once from its sender's goroutine; under load
+// many frames share one write. Safe for concurrent use.
 type Writer struct {
 	w        io.Writer
 	mu       sync.Mutex
@@ -159,9 +158,13 @@ type Writer struct {
 // NewWriter returns a Writer on w.
 func NewWriter(w io.Writer) *Writer { return &Writer{w: w} }
 
-// Send writes frame, or leaves it to the sender already writing. It returns false once a
-// write has failed; the connection is then unusable.
-func (w *Writer) Send(frame []byte) bool {
+// Send writes frame, or leaves it to the sender already writing. With yield (the caller
+// knows other requests are in flight on the connection), a sender about to write lets
+// the other ready goroutines run once first, so that answers finished by the same event
+// (a commit, a quorum round, one read of many requests) join its write instead of each
+// paying for a write of its own; alone on the connection it writes at once. Send
+// returns false once a write has failed; the connection is then unusable.
+func (w *Writer) Send(frame []byte, yield bool) bool {
 	w.mu.Lock()
 	if w.err != nil {
 		w.mu.Unlock()
@@ -173,13 +176,11 @@ func (w *Writer) Send(frame []byte) bool {
 		return true
 	}
 	w.flushing = true
-	// Let goroutines that are ready to run go first: when one event (a commit, a
-	// leadership round, a read of many requests) finishes many requests at once, their
-	// answers join this write instead of each paying for a write of its own. With
-	// nothing else ready, Gosched returns at once.
-	w.mu.Unlock()
-	runtime.Gosched()
-	w.mu.Lock()
+	if yield {
+		w.mu.Unlock()
+		runtime.Gosched()
+		w.mu.Lock()
+	}
 	for len(w.pending) > 0 && w.err == nil {
 		out := w.pending
 		w.pending = w.spare[:0]

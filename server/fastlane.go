@@ -93,10 +93,10 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 		mu.Unlock()
 		switch {
 		case dup:
-			w.Send(errorFrame(f.Method, f.ID, connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request id already in flight"))))
+			w.Send(errorFrame(f.Method, f.ID, connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request id already in flight"))), false)
 			continue
 		case full:
-			w.Send(errorFrame(f.Method, f.ID, connect.NewError(connect.CodeResourceExhausted, errors.New("fastlane: too many requests in flight on this connection"))))
+			w.Send(errorFrame(f.Method, f.ID, connect.NewError(connect.CodeResourceExhausted, errors.New("fastlane: too many requests in flight on this connection"))), false)
 			continue
 		}
 		req, err := decodeRequest(f.Method, f.Payload)
@@ -105,7 +105,7 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 			delete(inflight, f.ID)
 			mu.Unlock()
 			rcancel()
-			w.Send(errorFrame(f.Method, f.ID, err))
+			w.Send(errorFrame(f.Method, f.ID, err), false)
 			continue
 		}
 		reqs.Add(1)
@@ -116,10 +116,11 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 			s.metrics.observe(fastProcedures[method], start, err)
 			mu.Lock()
 			delete(inflight, id)
+			others := len(inflight) > 0
 			mu.Unlock()
 			rcancel()
 			if err != nil {
-				w.Send(errorFrame(method, id, err))
+				w.Send(errorFrame(method, id, err), others)
 				return
 			}
 			frame, ferr := fastlane.AppendFrame(nil, fastlane.KindResponse, method, id, func(b []byte) ([]byte, error) {
@@ -128,7 +129,7 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 			if ferr != nil {
 				frame = errorFrame(method, id, ferr)
 			}
-			w.Send(frame)
+			w.Send(frame, others)
 		}(f.Method, f.ID)
 	}
 }
