@@ -247,6 +247,15 @@ func (l *Leader) Active() bool {
 	return l.active
 }
 
+// ServesInMemory reports whether name is an efficiency lock this node holds in memory
+// while it leads: releasing it touches no disk and never waits. The answer may be stale
+// by the time the caller acts on it; it is a hint for scheduling, never for safety.
+func (l *Leader) ServesInMemory(name string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.active && l.eff.Has(name)
+}
+
 // OnEffects acts on the effects of an applied command. replication calls it from its
 // apply goroutine on every node, in log order.
 func (l *Leader) OnEffects(effects []core.Effect) {

@@ -108,9 +108,7 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 			w.Send(errorFrame(f.Method, f.ID, err), false)
 			continue
 		}
-		reqs.Add(1)
-		go func(method fastlane.Method, id uint64) {
-			defer reqs.Done()
+		serve := func(method fastlane.Method, id uint64) {
 			start := time.Now()
 			resp, err := s.dispatchFast(rctx, method, req)
 			s.metrics.observe(fastProcedures[method], start, err)
@@ -130,8 +128,34 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 				frame = errorFrame(method, id, ferr)
 			}
 			w.Send(frame, others)
+		}
+		if s.servesAtOnce(f.Method, req) {
+			serve(f.Method, f.ID)
+			continue
+		}
+		reqs.Add(1)
+		go func(method fastlane.Method, id uint64) {
+			defer reqs.Done()
+			serve(method, id)
 		}(f.Method, f.ID)
 	}
+}
+
+// servesAtOnce reports whether a request is answered from the leader's memory without
+// waiting — an efficiency acquire that tries once, or the release of an efficiency lock
+// — so that the connection's reader can serve it itself instead of handing it to a new
+// goroutine (saving a goroutine start and a wake-up per call). A request that may wait
+// (a queue, a commit, a quorum round, a forward to another node) always gets its own
+// goroutine: the reader must stay free to read cancels and other requests.
+func (s *Server) servesAtOnce(m fastlane.Method, req proto.Message) bool {
+	switch m {
+	case fastlane.MethodAcquire:
+		r := req.(*leaseholdv1.AcquireRequest)
+		return r.GetClass() == leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY && r.GetWaitMs() == 0 && s.leader.Active()
+	case fastlane.MethodRelease:
+		return s.leader.ServesInMemory(req.(*leaseholdv1.ReleaseRequest).GetName())
+	}
+	return false
 }
 
 // fastProcedures names fast-lane methods as their Connect procedures, so metrics of

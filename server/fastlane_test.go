@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/fastlane"
 	"github.com/leasehold/leasehold/internal/testnode"
 )
@@ -136,4 +139,88 @@ func TestFastLaneErrors(t *testing.T) {
 	if _, err := c2.Read(resp[:1]); err == nil {
 		t.Fatal("connection of a wrong-version client stayed open")
 	}
+}
+
+// TestFastLaneWaitKeepsConnectionServing: requests the reader serves itself (efficiency
+// try-once acquires and releases) and requests that wait share one connection; a
+// waiting acquire must never hold the reader, or the release that would grant it, and
+// the cancel that would end it, could not be read.
+func TestFastLaneWaitKeepsConnectionServing(t *testing.T) {
+	addr := startFastLaneNode(t)
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := fastlane.ClientHello(conn); err != nil {
+		t.Fatal(err)
+	}
+	r := fastlane.NewReader(conn)
+	var next uint64
+	send := func(kind fastlane.Kind, m fastlane.Method, msg proto.Message) uint64 {
+		next++
+		b, err := fastlane.AppendFrame(nil, kind, m, next, func(b []byte) ([]byte, error) { return proto.MarshalOptions{}.MarshalAppend(b, msg) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		return next
+	}
+	read := func(id uint64, kind fastlane.Kind, resp proto.Message) {
+		t.Helper()
+		f, err := r.Read()
+		if err != nil {
+			t.Fatalf("waiting for answer %d: %v", id, err)
+		}
+		if f.ID != id || f.Kind != kind {
+			t.Fatalf("got frame %d kind %d, want %d kind %d", f.ID, f.Kind, id, kind)
+		}
+		if resp != nil {
+			if err := proto.Unmarshal(f.Payload, resp); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	lease := func() string {
+		var g leaseholdv1.GrantResponse
+		read(send(fastlane.KindRequest, fastlane.MethodGrant, &leaseholdv1.GrantRequest{TtlMs: 10_000}), fastlane.KindResponse, &g)
+		return g.GetLeaseId()
+	}
+	a, b := lease(), lease()
+	eff := leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY
+	var held leaseholdv1.AcquireResponse
+	read(send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: "x", Class: eff, LeaseId: a}), fastlane.KindResponse, &held)
+
+	// b waits; a's release on the same connection is read, answered, and grants b.
+	waiting := send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: "x", Class: eff, LeaseId: b, WaitMs: -1})
+	release := send(fastlane.KindRequest, fastlane.MethodRelease, &leaseholdv1.ReleaseRequest{Name: "x", LeaseId: a, Token: held.GetToken()})
+	got := map[uint64]bool{}
+	for range 2 {
+		f, err := r.Read()
+		if err != nil {
+			t.Fatalf("release and grant: %v (got %v)", err, got)
+		}
+		if f.Kind != fastlane.KindResponse {
+			t.Fatalf("frame %d: kind %d", f.ID, f.Kind)
+		}
+		got[f.ID] = true
+	}
+	if !got[waiting] || !got[release] {
+		t.Fatalf("answers %v, want %d and %d", got, waiting, release)
+	}
+
+	// a now waits behind b; a cancel frame on the same connection ends the wait.
+	waiting = send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: "x", Class: eff, LeaseId: a, WaitMs: -1})
+	time.Sleep(50 * time.Millisecond)
+	b2, err := fastlane.AppendFrame(nil, fastlane.KindCancel, fastlane.MethodAcquire, waiting, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write(b2); err != nil {
+		t.Fatal(err)
+	}
+	read(waiting, fastlane.KindError, nil)
 }
