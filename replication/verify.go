@@ -19,44 +19,51 @@ type verifier struct {
 
 	mu      sync.Mutex
 	running bool         // a goroutine is running rounds
-	next    []chan error // callers waiting for a round that has not started yet
+	next    *verifyRound // the round the callers arriving now will wait for; nil if none
+}
+
+// verifyRound is one confirmation round and the callers that wait for it: err is set
+// before done is closed.
+type verifyRound struct {
+	done chan struct{}
+	err  error
 }
 
 // verify returns nil once a round that started after the call was confirmed by a quorum,
 // the round's error if it failed, or ctx's error.
 func (v *verifier) verify(ctx context.Context) error {
-	ch := make(chan error, 1)
 	v.mu.Lock()
-	v.next = append(v.next, ch)
+	if v.next == nil {
+		v.next = &verifyRound{done: make(chan struct{})}
+	}
+	r := v.next
 	if !v.running {
 		v.running = true
 		go v.run()
 	}
 	v.mu.Unlock()
 	select {
-	case err := <-ch:
-		return err
+	case <-r.done:
+		return r.err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-// run starts rounds until no caller is waiting. Every caller in a batch was appended
-// before the batch was taken, so before its round started.
+// run starts rounds until no caller is waiting. Every caller of a round joined it
+// before run took it, so before the round started.
 func (v *verifier) run() {
 	for {
 		v.mu.Lock()
-		batch := v.next
+		r := v.next
 		v.next = nil
-		if len(batch) == 0 {
+		if r == nil {
 			v.running = false
 			v.mu.Unlock()
 			return
 		}
 		v.mu.Unlock()
-		err := v.round().Error()
-		for _, ch := range batch {
-			ch <- err
-		}
+		r.err = v.round().Error()
+		close(r.done)
 	}
 }
