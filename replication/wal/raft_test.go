@@ -270,12 +270,22 @@ func (c *cluster) converge(want int) {
 	if n0 != want {
 		c.t.Fatalf("leader's FSM holds %d commands; want %d", n0, want)
 	}
+	// raft advances a follower's AppliedIndex when it hands entries to the FSM
+	// goroutine, a moment before the FSM has applied them: give the FSMs until the
+	// deadline to agree.
 	for _, nd := range c.nodes {
 		if nd.raft == nil {
 			continue
 		}
-		if n, h := nd.fsm.state(); n != n0 || h != h0 {
-			c.t.Fatalf("%s's FSM (%d commands, hash %x) differs from the leader's (%d, %x)", nd.id, n, h[:6], n0, h0[:6])
+		for {
+			n, h := nd.fsm.state()
+			if n == n0 && h == h0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.t.Fatalf("%s's FSM (%d commands, hash %x) differs from the leader's (%d, %x)", nd.id, n, h[:6], n0, h0[:6])
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	c.checkLogsMatch()
