@@ -78,6 +78,12 @@ type Lock struct {
 	cause  error // why the lock was lost; nil while held
 }
 
+// maxRetryBackoff caps the wait between retries of Lock and Unlock when no node could
+// answer (a leader election, a restarting node). Retries are cheap — a node without a
+// leader fails them at once — and the cap bounds how long a caller sleeps after a new
+// leader is ready: at 1 s, failover samples clustered at 1.3 s and 2.3 s.
+const maxRetryBackoff = 250 * time.Millisecond
+
 // Lock acquires the lock name. A class option (Correctness or Efficiency) is required.
 // By default it waits in the server's FIFO queue until the lock is granted or ctx ends;
 // TryOnce and WaitFor change that.
@@ -88,12 +94,6 @@ type Lock struct {
 // Errors: ErrNoClass; *HeldError (matches ErrNotAcquired) when the lock stayed held;
 // ErrClassConflict; ErrUnavailable wrapping the last failure when ctx ended while no
 // server could be reached; the server's InvalidArgument for a bad name (as a
-// maxRetryBackoff caps the wait between retries of Lock and Unlock when no node could
-// answer (a leader election, a restarting node). Retries are cheap — a node without a
-// leader fails them at once — and the cap bounds how long a caller sleeps after a new
-// leader is ready: at 1 s, failover samples clustered at 1.3 s and 2.3 s.
-const maxRetryBackoff = 250 * time.Millisecond
-
 // *connect.Error); ctx's error.
 func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Lock, error) {
 	o := lockOptions{ttl: c.opts.ttl, waitMs: -1}

@@ -82,8 +82,12 @@ func (l *Log) stopSpare() {
 	l.stop = nil
 	l.bg.Wait()
 	if l.spareBusy {
-		<-l.spare
+		// Drain the outcome so the next preparation can report its own. Whether it was
+		// stopped (errStopped), failed or done does not matter here: the file stays as
+		// it is, and Open removes a leftover spare.
+		err := <-l.spare
 		l.spareBusy = false
+		_ = err
 	}
 }
 
