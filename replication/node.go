@@ -217,7 +217,7 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: start raft: %w", err)
 	}
-	n.verifier.round = n.raft.VerifyLeader
+	n.verifier.round = n.confirmRound
 	ok = true
 	return n, nil
 }
@@ -277,7 +277,7 @@ func (n *Node) Barrier(ctx context.Context) error {
 // VerifyLeader confirms with a quorum that this node is still the leader. It fails with
 // ErrNotLeader on a node that was deposed, even one that has not noticed yet (a leader
 // that was paused, or cut off, while another was elected). The confirming round started
-// after the call; concurrent callers share rounds (see verifier).
+// after the call; concurrent callers share rounds (see verifier and confirmRound).
 func (n *Node) VerifyLeader(ctx context.Context) error {
 	if n.raft.State() != raft.Leader {
 		return ErrNotLeader
@@ -289,6 +289,38 @@ func (n *Node) VerifyLeader(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", ErrNotLeader, err)
 	}
 	return nil
+}
+
+// confirmRound starts one leadership confirmation. A one-voter cluster cannot be
+// deposed, and raft answers its VerifyLeader at once. With more voters, raft's
+// VerifyLeader is not enough: it counts the next heartbeat answer from each follower,
+// including the answer to a heartbeat sent before the round began (a leader paused
+// with a heartbeat in flight reads the followers' stale "yes" when it resumes, and
+// TestDeposedLeaderKeepAlive caught it acknowledging a keepalive after another node had
+// been elected). So the round commits a barrier entry instead: it is appended after the
+// round began, and a majority accepting it in this node's term means no newer leader had
+// been elected by any of them before that.
+func (n *Node) confirmRound() raft.Future {
+	if n.voters() == 1 {
+		return n.raft.VerifyLeader()
+	}
+	return n.raft.Barrier(0)
+}
+
+// voters counts the voters of the latest configuration this node knows (0 if it cannot
+// tell, which makes confirmRound take the safe path).
+func (n *Node) voters() int {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return 0
+	}
+	count := 0
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			count++
+		}
+	}
+	return count
 }
 
 // ReadIndex makes the next Read linearizable: it notes the commit index, confirms with a

@@ -15,7 +15,7 @@ import (
 // ends and answers all of them at once. Under load this is one round per round trip
 // instead of one per caller, and at most one goroutine runs rounds.
 type verifier struct {
-	round func() raft.Future // starts one confirmation round (raft.VerifyLeader)
+	round func() raft.Future // starts one confirmation round (Node.confirmRound)
 
 	mu      sync.Mutex
 	running bool         // a goroutine is running rounds
