@@ -41,14 +41,19 @@ func runLock(args []string) int {
 		}
 	}
 	if sep < 0 || sep == len(args)-1 {
-		fmt.Fprintln(os.Stderr, "usage: leasehold lock NAME [--class correctness|efficiency] [--ttl 10s] [--wait forever|0|DURATION] -- CMD [ARG...]")
+		fmt.Fprintln(os.Stderr, "usage: leasehold lock NAME [--class correctness|efficiency] [--ttl 10s] [--wait forever|0|DURATION] -- CMD [ARG...] (flags may also come before NAME)")
 		return exitUsage
 	}
 	name, rest := splitName(args[:sep])
 	if err := fs.Parse(rest); err != nil {
 		return exitUsage
 	}
-	if name == "" || fs.NArg() > 0 {
+	if name == "" && fs.NArg() == 1 { // flags first: leasehold lock --class efficiency NAME -- CMD
+		name = fs.Arg(0)
+	} else if fs.NArg() > 0 {
+		name = ""
+	}
+	if name == "" {
 		fmt.Fprintln(os.Stderr, "leasehold lock: give exactly one lock NAME before --")
 		return exitUsage
 	}

@@ -63,8 +63,9 @@ func TestCLILockRunsCommand(t *testing.T) {
 	if f[1] != "e2e/cli/run" {
 		t.Errorf("LEASEHOLD_LOCK = %q, want e2e/cli/run", f[1])
 	}
-	// Released on exit: a second run gets it at once, with a larger token.
-	r2 := RunCLI(t, 20*time.Second, "lock", "e2e/cli/run", "--addr", s.Addr, "--wait", "0", "--",
+	// Released on exit: a second run gets it at once, with a larger token. (Flags may
+	// come before the name too.)
+	r2 := RunCLI(t, 20*time.Second, "lock", "--addr", s.Addr, "--wait", "0", "e2e/cli/run", "--",
 		"sh", "-c", `echo "$LEASEHOLD_TOKEN"`)
 	if r2.Code != 0 {
 		t.Fatalf("second run: exit %d, stderr %q", r2.Code, r2.Stderr)
