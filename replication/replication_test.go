@@ -145,3 +145,36 @@ func TestRestoreDataDir(t *testing.T) {
 		t.Fatal("a corrupt snapshot was restored")
 	}
 }
+
+// TestVerifyLeaderCommitsInCluster: with more than one voter, a leadership confirmation
+// is a committed barrier (raft's heartbeat-based VerifyLeader can count an answer to a
+// heartbeat sent before the check, see Node.confirmRound); with one voter it writes
+// nothing.
+func TestVerifyLeaderCommitsInCluster(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	n1 := open(t, t.TempDir(), replication.LogStoreWAL)
+	defer n1.Close()
+	confirm := func() (before, after uint64) {
+		t.Helper()
+		before = n1.Status().CommitIndex
+		if err := n1.VerifyLeader(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return before, n1.Status().CommitIndex
+	}
+	if before, after := confirm(); after != before {
+		t.Fatalf("one voter: commit index moved %d -> %d", before, after)
+	}
+	n2, err := replication.Open(replication.Config{NodeID: "node2", DataDir: t.TempDir(), RaftAddr: "127.0.0.1:0", Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n2.Close()
+	if err := n1.AddVoter(ctx, "node2", n2.RaftAddr()); err != nil {
+		t.Fatal(err)
+	}
+	if before, after := confirm(); after <= before {
+		t.Fatalf("two voters: commit index did not move (%d)", before)
+	}
+}
