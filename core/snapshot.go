@@ -81,11 +81,9 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	e := newJSONWriter(cw)
 	e.raw(`{"seq":`)
 	e.uint(v.seq)
-	e.raw(`,"leases":[`)
-	for i := range v.leases {
-		e.elem(i, &v.leases[i])
-	}
-	e.raw(`],"locks":[`)
+	e.raw(`,"leases":`)
+	writeArray(e, v.leases)
+	e.raw(`,"locks":[`)
 	var view Lock
 	var hold Hold
 	for i := range v.locks {
@@ -104,29 +102,19 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	if len(v.tombstones) == 0 {
 		e.raw(`null`)
 	} else {
-		e.raw(`[`)
-		for i := range v.tombstones {
-			e.elem(i, &v.tombstones[i])
-		}
-		e.raw(`]`)
+		writeArray(e, v.tombstones)
 	}
 	if v.kvRev != 0 {
 		e.raw(`,"kvRev":`)
 		e.uint(v.kvRev)
 	}
 	if len(v.kv) > 0 {
-		e.raw(`,"kv":[`)
-		for i := range v.kv {
-			e.elem(i, &v.kv[i])
-		}
-		e.raw(`]`)
+		e.raw(`,"kv":`)
+		writeArray(e, v.kv)
 	}
 	if len(v.members) > 0 {
-		e.raw(`,"members":[`)
-		for i := range v.members {
-			e.elem(i, &v.members[i])
-		}
-		e.raw(`]`)
+		e.raw(`,"members":`)
+		writeArray(e, v.members)
 	}
 	e.raw("}\n")
 	err := e.flush()
@@ -136,14 +124,26 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	return cw.n, err
 }
 
-// MarshalSnapshot encodes the whole state as one byte slice, as SnapshotView().WriteTo
-// would write it. Equal states encode to equal bytes.
-func (s *State) MarshalSnapshot() ([]byte, error) {
+// Bytes returns the snapshot WriteTo would write, as one byte slice.
+func (v *SnapshotView) Bytes() ([]byte, error) {
 	var buf bytes.Buffer
-	if _, err := s.SnapshotView().WriteTo(&buf); err != nil {
+	if _, err := v.WriteTo(&buf); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// MarshalSnapshot encodes the whole state as one byte slice, as SnapshotView().WriteTo
+// would write it. Equal states encode to equal bytes.
+func (s *State) MarshalSnapshot() ([]byte, error) { return s.SnapshotView().Bytes() }
+
+// writeArray writes xs as a JSON array, element by element.
+func writeArray[T any](e *jsonWriter, xs []T) {
+	e.raw("[")
+	for i := range xs {
+		e.elem(i, &xs[i])
+	}
+	e.raw("]")
 }
 
 // jsonWriter writes a snapshot through a bufio.Writer, encoding each array element with

@@ -1,7 +1,6 @@
 package replication
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 
@@ -72,9 +71,5 @@ func (n *Node) SnapshotState() ([]byte, error) {
 	n.fsm.mu.RLock()
 	v := n.fsm.state.SnapshotView()
 	n.fsm.mu.RUnlock()
-	var buf bytes.Buffer
-	if _, err := v.WriteTo(&buf); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return v.Bytes()
 }

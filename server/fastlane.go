@@ -108,7 +108,8 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 			w.Send(errorFrame(f.Method, f.ID, err), false)
 			continue
 		}
-		serve := func(method fastlane.Method, id uint64) {
+		method, id := f.Method, f.ID
+		serve := func() {
 			start := time.Now()
 			resp, err := s.dispatchFast(rctx, method, req)
 			s.metrics.observe(fastProcedures[method], start, err)
@@ -129,15 +130,15 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 			}
 			w.Send(frame, others)
 		}
-		if s.servesAtOnce(f.Method, req) {
-			serve(f.Method, f.ID)
+		if s.servesAtOnce(method, req) {
+			serve()
 			continue
 		}
 		reqs.Add(1)
-		go func(method fastlane.Method, id uint64) {
+		go func() {
 			defer reqs.Done()
-			serve(method, id)
-		}(f.Method, f.ID)
+			serve()
+		}()
 	}
 }
 
