@@ -1,10 +1,12 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,16 +27,33 @@ func WithoutFastLane() Option { return func(o *options) { o.noFastLane = true } 
 // unknown if it had been sent.
 var errFastLaneBroken = errors.New("client: fast-lane connection broken")
 
-// flConn is one fast-lane connection: a reader goroutine that routes responses to
-// waiting calls by request id, and a batching writer.
+// errFastLaneClosed means the server had closed the connection before the request was
+// sent: the request was not sent, and is safe to send again on a new connection.
+var errFastLaneClosed = errors.New("client: fast-lane connection closed by the server")
+
+// flConn is one fast-lane connection: many calls in flight, answers routed to them by
+// request id, and a batching writer.
+//
+// Who reads: a call that finds nobody reading the connection reads it itself, and
+// returns as soon as its own answer arrives. With one call at a time, the usual case
+// for a single worker, the answer therefore wakes the caller directly, without a hand-off
+// through a reader goroutine. Calls that find a reader already at work wait for it to
+// hand them their answers; a reading call that got its answer while others still wait
+// leaves the reading to a goroutine (readLoop), which reads until nothing is pending.
+// Whenever a call is pending, someone is reading.
 type flConn struct {
-	conn    net.Conn
-	w       *fastlane.Writer
-	dead    chan struct{}
-	nextID  atomic.Uint64
-	mu      sync.Mutex
-	pending map[uint64]chan flResult
-	err     error
+	conn   net.Conn
+	w      *fastlane.Writer
+	r      *fastlane.Reader // used by the one reader of the moment
+	dead   chan struct{}
+	nextID atomic.Uint64
+
+	mu          sync.Mutex
+	pending     map[uint64]chan flResult
+	reading     bool   // someone reads; true whenever pending is not empty
+	turn        uint64 // counts the reading calls, so that a late interrupt hits no one else
+	interrupted bool   // a read deadline is set to wake the reading call
+	err         error
 }
 
 type flResult struct {
@@ -54,15 +73,16 @@ func dialFastLane(ctx context.Context, addr string) (*flConn, error) {
 		_ = conn.Close()
 		return nil, err
 	}
-	c := &flConn{conn: conn, w: fastlane.NewWriter(conn), dead: make(chan struct{}), pending: make(map[uint64]chan flResult)}
-	go c.readLoop()
-	return c, nil
+	return &flConn{
+		conn: conn, w: fastlane.NewWriter(conn), r: fastlane.NewReader(conn),
+		dead: make(chan struct{}), pending: make(map[uint64]chan flResult),
+	}, nil
 }
 
+// readLoop reads for the calls in flight until none is left.
 func (c *flConn) readLoop() {
-	r := fastlane.NewReader(c.conn)
 	for {
-		f, err := r.Read()
+		f, err := c.r.Read()
 		if err != nil {
 			c.fail(err)
 			return
@@ -70,10 +90,86 @@ func (c *flConn) readLoop() {
 		c.mu.Lock()
 		ch := c.pending[f.ID]
 		delete(c.pending, f.ID)
+		done := len(c.pending) == 0
+		if done {
+			c.reading = false
+		}
 		c.mu.Unlock()
 		if ch != nil {
-			ch <- flResult{kind: f.Kind, payload: append([]byte(nil), f.Payload...)}
+			ch <- flResult{kind: f.Kind, payload: bytes.Clone(f.Payload)}
 		}
+		if done {
+			return
+		}
+	}
+}
+
+// readOwn reads the connection for the call id until its answer arrives (handing other
+// calls theirs on the way) or ctx ends, then gives up reading. The caller must hold the
+// reading role.
+func (c *flConn) readOwn(ctx context.Context, id uint64) (flResult, error) {
+	c.mu.Lock()
+	turn := c.turn
+	c.mu.Unlock()
+	stop := func() bool { return true }
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, func() { c.interrupt(turn) })
+	}
+	defer stop()
+	for {
+		f, err := c.r.Read()
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				if ctx.Err() != nil {
+					c.endTurn(id)
+					return flResult{}, ctxError(ctx)
+				}
+				_ = c.conn.SetReadDeadline(time.Time{}) // cannot happen; read on
+				continue
+			}
+			c.fail(err)
+			return flResult{}, connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, err))
+		}
+		res := flResult{kind: f.Kind, payload: bytes.Clone(f.Payload)}
+		if f.ID == id {
+			c.endTurn(id)
+			return res, nil
+		}
+		c.mu.Lock()
+		ch := c.pending[f.ID]
+		delete(c.pending, f.ID)
+		c.mu.Unlock()
+		if ch != nil {
+			ch <- res
+		}
+	}
+}
+
+// interrupt wakes the call reading in the given turn, if it is still reading.
+func (c *flConn) interrupt(turn uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.reading && c.turn == turn && c.err == nil {
+		c.interrupted = true
+		_ = c.conn.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// endTurn ends the reading call id's turn: the call is no longer pending, and the
+// reading passes to a readLoop if other calls wait.
+func (c *flConn) endTurn(id uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.pending, id)
+	c.turn++
+	if c.interrupted {
+		c.interrupted = false
+		_ = c.conn.SetReadDeadline(time.Time{})
+	}
+	if len(c.pending) > 0 && c.err == nil {
+		go c.readLoop()
+	} else {
+		c.reading = false
 	}
 }
 
@@ -100,7 +196,8 @@ func (c *flConn) broken() bool {
 }
 
 // call sends req and decodes the answer into resp. Errors are *connect.Error with the
-// code and details the server gave, or Unavailable when the connection broke.
+// code and details the server gave, or Unavailable when the connection broke (wrapping
+// errFastLaneClosed when the request was not sent).
 func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Message) error {
 	id := c.nextID.Add(1)
 	frame, err := fastlane.AppendFrame(nil, fastlane.KindRequest, m, id, func(b []byte) ([]byte, error) {
@@ -115,32 +212,68 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 		c.mu.Unlock()
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, c.err))
 	}
+	reader := !c.reading
+	if reader {
+		// Nobody has read the connection since it went idle: make sure the server has
+		// not closed it meanwhile (restarted, say), while the request is still unsent.
+		if err := peerClosed(c.conn); err != nil {
+			c.mu.Unlock()
+			c.fail(err)
+			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneClosed, err))
+		}
+	}
 	c.pending[id] = ch
+	c.reading = true
 	others := len(c.pending) > 1
 	c.mu.Unlock()
 	if !c.w.Send(frame, others) {
 		c.fail(errFastLaneBroken)
 		return connect.NewError(connect.CodeUnavailable, errFastLaneBroken)
 	}
-	select {
-	case r := <-ch:
-		if r.kind == fastlane.KindError {
-			return decodeFastError(r.payload)
+	var r flResult
+	if reader {
+		if r, err = c.readOwn(ctx, id); err != nil {
+			if connect.CodeOf(err) != connect.CodeUnavailable {
+				c.cancel(m, id)
+			}
+			return err
 		}
-		if err := proto.Unmarshal(r.payload, resp); err != nil {
-			return connect.NewError(connect.CodeInternal, fmt.Errorf("client: fast-lane response does not decode: %w", err))
+	} else {
+		select {
+		case r = <-ch:
+		case <-ctx.Done():
+			c.mu.Lock()
+			delete(c.pending, id)
+			c.mu.Unlock()
+			c.cancel(m, id)
+			return ctxError(ctx)
+		case <-c.dead:
+			return connect.NewError(connect.CodeUnavailable, errFastLaneBroken)
 		}
-		return nil
-	case <-ctx.Done():
-		c.mu.Lock()
-		delete(c.pending, id)
-		c.mu.Unlock()
-		if cancel, err := fastlane.AppendFrame(nil, fastlane.KindCancel, m, id, nil); err == nil {
-			c.w.Send(cancel, false)
-		}
-		return connect.NewError(connect.CodeOf(ctx.Err()), ctx.Err())
-	case <-c.dead:
-		return connect.NewError(connect.CodeUnavailable, errFastLaneBroken)
+	}
+	if r.kind == fastlane.KindError {
+		return decodeFastError(r.payload)
+	}
+	if err := proto.Unmarshal(r.payload, resp); err != nil {
+		return connect.NewError(connect.CodeInternal, fmt.Errorf("client: fast-lane response does not decode: %w", err))
+	}
+	return nil
+}
+
+// ctxError is the error of a call whose context ended: Canceled or DeadlineExceeded,
+// as Connect reports it.
+func ctxError(ctx context.Context) error {
+	code := connect.CodeCanceled
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		code = connect.CodeDeadlineExceeded
+	}
+	return connect.NewError(code, ctx.Err())
+}
+
+// cancel tells the server that the caller of request id gave up.
+func (c *flConn) cancel(m fastlane.Method, id uint64) {
+	if frame, err := fastlane.AppendFrame(nil, fastlane.KindCancel, m, id, nil); err == nil {
+		c.w.Send(frame, false)
 	}
 }
 
@@ -240,18 +373,23 @@ func (f *fastLanes) close() {
 
 // fastCall runs one RPC over the fast lane when there is one, else through Connect.
 func fastCall[Req, Res proto.Message](ctx context.Context, f *fastLanes, m fastlane.Method, req Req, resp Res, viaConnect func(context.Context, Req) (Res, error)) (Res, error) {
-	conn := f.get(ctx)
-	if conn == nil {
-		return viaConnect(ctx, req)
-	}
-	if err := conn.call(ctx, m, req, resp); err != nil {
-		if errors.Is(err, errFastLaneBroken) {
+	for attempt := 0; ; attempt++ {
+		conn := f.get(ctx)
+		if conn == nil {
+			return viaConnect(ctx, req)
+		}
+		err := conn.call(ctx, m, req, resp)
+		switch {
+		case err == nil:
+			return resp, nil
+		case errors.Is(err, errFastLaneClosed) && attempt == 0:
+			continue // not sent: send it once more, on a new connection or through Connect
+		case errors.Is(err, errFastLaneBroken):
 			f.c.nodes.next()
 		}
 		var zero Res
 		return zero, err
 	}
-	return resp, nil
 }
 
 // The service clients the Client uses: hot calls over the fast lane, the rest Connect.

@@ -11,7 +11,6 @@
 package fastlane
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -82,43 +81,86 @@ type Frame struct {
 	Payload []byte
 }
 
-// Reader reads frames from a connection.
+// Reader reads frames from a connection. It keeps a partly read frame across a failed
+// read, so a read interrupted by a deadline (net.Conn.SetReadDeadline) can simply be
+// retried: the Go client interrupts a caller that reads for its connection this way
+// when the caller's context ends.
 type Reader struct {
-	r   *bufio.Reader
-	buf []byte
+	r          io.Reader
+	buf        []byte
+	start, end int // buf[start:end] is read but not yet returned
 }
+
+// readerBuffer is the Reader's initial buffer: many small frames per read syscall.
+const readerBuffer = 32 << 10
 
 // NewReader returns a Reader on r.
 func NewReader(r io.Reader) *Reader {
-	return &Reader{r: bufio.NewReaderSize(r, 32<<10), buf: make([]byte, 4<<10)}
+	return &Reader{r: r, buf: make([]byte, readerBuffer)}
 }
 
 // Read reads the next frame. A frame larger than MaxFrame or shorter than a header is
-// ErrProtocol. The returned Payload is valid until the next call.
+// ErrProtocol. A read error is returned as it is, except that a connection that ends
+// inside a frame is io.ErrUnexpectedEOF; after an error other than these, Read may be
+// called again and carries on where it stopped. The returned Payload is valid until the
+// next call.
 func (r *Reader) Read() (Frame, error) {
-	var lenb [4]byte
-	if _, err := io.ReadFull(r.r, lenb[:]); err != nil {
-		return Frame{}, err
-	}
-	n := binary.BigEndian.Uint32(lenb[:])
-	if n < HeaderLen || n > MaxFrame {
-		return Frame{}, fmt.Errorf("%w: frame length %d (must be %d to %d)", ErrProtocol, n, HeaderLen, MaxFrame)
-	}
-	if cap(r.buf) < int(n) {
-		r.buf = make([]byte, n)
-	}
-	b := r.buf[:n]
-	if _, err := io.ReadFull(r.r, b); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
+	for {
+		if f, ok, err := r.next(); ok || err != nil {
+			return f, err
 		}
-		return Frame{}, err
+		if r.end == len(r.buf) {
+			r.makeRoom()
+		}
+		n, err := r.r.Read(r.buf[r.end:])
+		r.end += n
+		if err != nil {
+			if n > 0 {
+				continue // return the frames this read completed; the error comes again
+			}
+			if errors.Is(err, io.EOF) && r.end > r.start {
+				err = io.ErrUnexpectedEOF
+			}
+			return Frame{}, err
+		}
 	}
+}
+
+// next returns the first whole frame in the buffer, if there is one.
+func (r *Reader) next() (Frame, bool, error) {
+	b := r.buf[r.start:r.end]
+	if len(b) < 4 {
+		return Frame{}, false, nil
+	}
+	n := binary.BigEndian.Uint32(b)
+	if n < HeaderLen || n > MaxFrame {
+		return Frame{}, false, fmt.Errorf("%w: frame length %d (must be %d to %d)", ErrProtocol, n, HeaderLen, MaxFrame)
+	}
+	if len(b) < 4+int(n) {
+		return Frame{}, false, nil
+	}
+	b = b[4 : 4+n]
+	r.start += 4 + int(n)
 	f := Frame{Kind: Kind(b[0]), Method: Method(b[1]), ID: binary.BigEndian.Uint64(b[2:10]), Payload: b[HeaderLen:]}
 	if f.Kind < KindRequest || f.Kind > KindCancel {
-		return Frame{}, fmt.Errorf("%w: frame kind %d", ErrProtocol, f.Kind)
+		return Frame{}, false, fmt.Errorf("%w: frame kind %d", ErrProtocol, f.Kind)
 	}
-	return f, nil
+	return f, true, nil
+}
+
+// makeRoom makes space after r.end, which is at the end of the buffer: it moves the
+// unread bytes to the front, and grows the buffer when a frame longer than it waits.
+func (r *Reader) makeRoom() {
+	need := readerBuffer
+	if r.end-r.start >= 4 {
+		need = max(need, 4+int(binary.BigEndian.Uint32(r.buf[r.start:])))
+	}
+	buf := r.buf
+	if len(buf) < need {
+		buf = make([]byte, need)
+	}
+	r.end = copy(buf, r.buf[r.start:r.end])
+	r.start, r.buf = 0, buf
 }
 
 // AppendFrame appends a frame with the given header to dst, followed by the payload

@@ -1,0 +1,208 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/fastlane"
+)
+
+// fakeLane is a scripted fast-lane server for one connection: it hands every frame it
+// reads to the test, and the test answers CheckToken requests with answer.
+type fakeLane struct {
+	t      *testing.T
+	conn   net.Conn
+	frames chan fastlane.Frame
+	w      *fastlane.Writer
+}
+
+func startFakeLane(t *testing.T) (*flConn, *fakeLane) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	accepted := make(chan *fakeLane, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		if err := fastlane.ServerHello(conn); err != nil {
+			_ = conn.Close()
+			return
+		}
+		f := &fakeLane{t: t, conn: conn, frames: make(chan fastlane.Frame, 64), w: fastlane.NewWriter(conn)}
+		accepted <- f
+		r := fastlane.NewReader(conn)
+		for {
+			fr, err := r.Read()
+			if err != nil {
+				close(f.frames)
+				return
+			}
+			fr.Payload = append([]byte(nil), fr.Payload...)
+			f.frames <- fr
+		}
+	}()
+	c, err := dialFastLane(context.Background(), ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.fail(errors.New("test over")) })
+	f := <-accepted
+	t.Cleanup(func() { _ = f.conn.Close() })
+	return c, f
+}
+
+// next returns the next frame the client sent.
+func (f *fakeLane) next() fastlane.Frame {
+	f.t.Helper()
+	select {
+	case fr, ok := <-f.frames:
+		if !ok {
+			f.t.Fatal("client closed the connection")
+		}
+		return fr
+	case <-time.After(5 * time.Second):
+		f.t.Fatal("no frame from the client")
+	}
+	return fastlane.Frame{}
+}
+
+// answer answers a CheckToken request with its own token as the holder's token.
+func (f *fakeLane) answer(req fastlane.Frame) {
+	f.t.Helper()
+	var in leaseholdv1.CheckTokenRequest
+	if err := proto.Unmarshal(req.Payload, &in); err != nil {
+		f.t.Fatal(err)
+	}
+	frame, err := fastlane.AppendFrame(nil, fastlane.KindResponse, req.Method, req.ID, func(b []byte) ([]byte, error) {
+		return proto.MarshalOptions{}.MarshalAppend(b, &leaseholdv1.CheckTokenResponse{HolderToken: in.GetToken()})
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.w.Send(frame, false)
+}
+
+// check makes one CheckToken call for token and reports the holder token it got back.
+func check(ctx context.Context, c *flConn, token uint64) (uint64, error) {
+	var resp leaseholdv1.CheckTokenResponse
+	err := c.call(ctx, fastlane.MethodCheckToken, &leaseholdv1.CheckTokenRequest{Name: "a", Token: token}, &resp)
+	return resp.GetHolderToken(), err
+}
+
+// TestFastLaneAnswersInAnyOrder: calls in flight together each get their own answer,
+// whichever caller happens to be reading the connection and in whatever order the
+// server answers, including when the reading caller's own answer comes first and the
+// others arrive only later (the reading passes on).
+func TestFastLaneAnswersInAnyOrder(t *testing.T) {
+	for _, order := range [][]int{{2, 1, 0}, {0, 1, 2}, {1, 0, 2}} {
+		c, f := startFakeLane(t)
+		var wg sync.WaitGroup
+		errs := make(chan error, 3)
+		for i := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got, err := check(context.Background(), c, uint64(100+i))
+				if err == nil && got != uint64(100+i) {
+					err = errors.New("got another call's answer")
+				}
+				errs <- err
+			}()
+		}
+		reqs := make([]fastlane.Frame, 3)
+		for range 3 {
+			fr := f.next()
+			var in leaseholdv1.CheckTokenRequest
+			if err := proto.Unmarshal(fr.Payload, &in); err != nil {
+				t.Fatal(err)
+			}
+			reqs[in.GetToken()-100] = fr
+		}
+		for _, i := range order {
+			f.answer(reqs[i])
+			time.Sleep(20 * time.Millisecond)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("order %v: %v", order, err)
+			}
+		}
+	}
+}
+
+// TestFastLaneReadingCallerCancelled: a caller that is reading the connection itself
+// and gets no answer returns when its context ends (it is not stuck in a read), tells
+// the server it gave up, and leaves the connection working for the next call.
+func TestFastLaneReadingCallerCancelled(t *testing.T) {
+	c, f := startFakeLane(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := check(ctx, c, 1)
+	if connect.CodeOf(err) != connect.CodeDeadlineExceeded {
+		t.Fatalf("unanswered call: %v, want DeadlineExceeded", err)
+	}
+	if waited := time.Since(start); waited > 2*time.Second {
+		t.Fatalf("unanswered call returned after %v", waited)
+	}
+	req := f.next()
+	if cancelFrame := f.next(); cancelFrame.Kind != fastlane.KindCancel || cancelFrame.ID != req.ID {
+		t.Fatalf("after giving up the client sent kind %d id %d, want a cancel of %d", cancelFrame.Kind, cancelFrame.ID, req.ID)
+	}
+	// The late answer to the abandoned call, then the next call's answer.
+	f.answer(req)
+	done := make(chan error, 1)
+	go func() {
+		got, err := check(context.Background(), c, 2)
+		if err == nil && got != 2 {
+			err = errors.New("got the abandoned call's answer")
+		}
+		done <- err
+	}()
+	f.answer(f.next())
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the call after a cancelled reading call got no answer")
+	}
+}
+
+// TestFastLaneClosedWhileIdle: when the server closed a connection nobody was reading,
+// the next call finds out before sending and says the request was not sent, so that
+// it can be sent again on a new connection.
+func TestFastLaneClosedWhileIdle(t *testing.T) {
+	c, f := startFakeLane(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := check(context.Background(), c, 1)
+		done <- err
+	}()
+	f.answer(f.next())
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	_ = f.conn.Close()
+	time.Sleep(50 * time.Millisecond) // let the close reach the client
+	_, err := check(context.Background(), c, 2)
+	if !errors.Is(err, errFastLaneClosed) || connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("call on a connection the server closed: %v, want Unavailable wrapping errFastLaneClosed", err)
+	}
+}

@@ -1,0 +1,43 @@
+//go:build unix
+
+package client
+
+import (
+	"errors"
+	"io"
+	"net"
+	"syscall"
+)
+
+// peerClosed reports, without blocking, whether the other side has closed conn: io.EOF
+// when it has, the socket's error when there is one, nil when the connection is open (or
+// holds data not yet read). It peeks, so it consumes nothing.
+func peerClosed(conn net.Conn) error {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var (
+		n    int
+		rerr error
+		buf  [1]byte
+	)
+	if err := rc.Read(func(fd uintptr) bool {
+		n, _, rerr = syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return true
+	}); err != nil {
+		return err
+	}
+	switch {
+	case rerr == nil && n == 0:
+		return io.EOF
+	case errors.Is(rerr, syscall.EAGAIN), errors.Is(rerr, syscall.EINTR):
+		return nil
+	default:
+		return rerr
+	}
+}

@@ -1,0 +1,112 @@
+package fastlane_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"testing"
+
+	"github.com/leasehold/leasehold/fastlane"
+)
+
+// chunkReader hands out its data a few bytes at a time, and fails every other read
+// with a deadline error, as a connection does when a reader is interrupted.
+type chunkReader struct {
+	data      []byte
+	step      int
+	interrupt bool
+	calls     int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	r.calls++
+	if r.interrupt && r.calls%2 == 0 {
+		return 0, os.ErrDeadlineExceeded
+	}
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), r.step)], r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
+func testFrames(t *testing.T) ([]fastlane.Frame, []byte) {
+	t.Helper()
+	var (
+		frames []fastlane.Frame
+		stream []byte
+	)
+	for i, size := range []int{0, 1, 100, 40 << 10, 7, fastlane.MaxFrame - fastlane.HeaderLen, 3} {
+		payload := bytes.Repeat([]byte{byte(i + 1)}, size)
+		f := fastlane.Frame{Kind: fastlane.KindResponse, Method: fastlane.MethodAcquire, ID: uint64(i) << 40, Payload: payload}
+		var err error
+		stream, err = fastlane.AppendFrame(stream, f.Kind, f.Method, f.ID, func(b []byte) ([]byte, error) { return append(b, payload...), nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		frames = append(frames, f)
+	}
+	return frames, stream
+}
+
+// TestReaderResumes: frames come out whole and in order however the stream is cut into
+// reads, and a read that fails with a deadline loses nothing: the next Read carries on.
+func TestReaderResumes(t *testing.T) {
+	frames, stream := testFrames(t)
+	for _, step := range []int{1, 3, 4, 11, 4096, 1 << 20} {
+		for _, interrupt := range []bool{false, true} {
+			r := fastlane.NewReader(&chunkReader{data: stream, step: step, interrupt: interrupt})
+			for i := 0; i < len(frames); {
+				f, err := r.Read()
+				if errors.Is(err, os.ErrDeadlineExceeded) && interrupt {
+					continue
+				}
+				if err != nil {
+					t.Fatalf("step %d interrupt %v: frame %d: %v", step, interrupt, i, err)
+				}
+				want := frames[i]
+				if f.Kind != want.Kind || f.Method != want.Method || f.ID != want.ID || !bytes.Equal(f.Payload, want.Payload) {
+					t.Fatalf("step %d interrupt %v: frame %d: got id %d with %d bytes, want id %d with %d", step, interrupt, i, f.ID, len(f.Payload), want.ID, len(want.Payload))
+				}
+				i++
+			}
+			for {
+				_, err := r.Read()
+				if errors.Is(err, os.ErrDeadlineExceeded) && interrupt {
+					continue
+				}
+				if !errors.Is(err, io.EOF) {
+					t.Fatalf("step %d interrupt %v: after the last frame: %v, want io.EOF", step, interrupt, err)
+				}
+				break
+			}
+		}
+	}
+}
+
+// TestReaderErrors: a stream that ends inside a frame is io.ErrUnexpectedEOF; a length
+// out of bounds or an unknown kind is ErrProtocol.
+func TestReaderErrors(t *testing.T) {
+	_, stream := testFrames(t)
+	for _, cut := range []int{1, 3, 4, 5, 13, len(stream) - 1} {
+		r := fastlane.NewReader(bytes.NewReader(stream[:cut]))
+		var err error
+		for err == nil {
+			_, err = r.Read()
+		}
+		if !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("stream cut at %d: %v, want io.ErrUnexpectedEOF", cut, err)
+		}
+	}
+	for name, b := range map[string][]byte{
+		"too long":     {0, 2, 0, 0, 1, 1},
+		"too short":    {0, 0, 0, 2, 1, 1},
+		"unknown kind": append([]byte{0, 0, 0, fastlane.HeaderLen, 9, 1}, make([]byte, 8)...),
+	} {
+		if _, err := fastlane.NewReader(bytes.NewReader(b)).Read(); !errors.Is(err, fastlane.ErrProtocol) {
+			t.Errorf("%s: %v, want ErrProtocol", name, err)
+		}
+	}
+}
