@@ -40,9 +40,8 @@ func (s *Server) ServeFastLane(ln net.Listener, log *slog.Logger) error {
 	}
 }
 
-// serveFastConn serves one connection: a reader (this goroutine), one goroutine per
-// request in flight, and one batching writer. Closing the connection cancels every
-// request still in flight (a waiting Acquire leaves its queue).
+// serveFastConn serves one connection until it fails or closes. Closing the connection
+// cancels every request still in flight (a waiting Acquire leaves its queue).
 func (s *Server) serveFastConn(conn net.Conn) error {
 	defer conn.Close()
 	if tc, ok := conn.(*net.TCPConn); ok {
@@ -52,94 +51,136 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	w := fastlane.NewWriter(conn)
-	var (
-		mu       sync.Mutex
-		inflight = make(map[uint64]context.CancelFunc)
-		reqs     sync.WaitGroup
-	)
-	defer func() {
-		cancel()
-		reqs.Wait()
-	}()
-	r := fastlane.NewReader(conn)
+	c := &fastConn{
+		s: s, r: fastlane.NewReader(conn), w: fastlane.NewWriter(conn),
+		ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		inflight: make(map[uint64]context.CancelFunc),
+	}
+	c.read()
+	<-c.done
+	c.wg.Wait()
+	return c.err
+}
+
+// fastConn is one fast-lane connection on the server side. One goroutine at a time
+// reads it. The reader answers what it can answer at once itself (see servesAtOnce);
+// for a request that may wait, it starts a new reader and serves that request itself,
+// so the request goes on without waiting for a new goroutine to be scheduled (the new
+// reader's start is off the request's path). One batching writer serves all.
+type fastConn struct {
+	s      *Server
+	r      *fastlane.Reader
+	w      *fastlane.Writer
+	ctx    context.Context // ends with the connection
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // readers and requests started by readers
+	once   sync.Once
+	done   chan struct{} // closed when the connection has failed
+	err    error         // why; set before done is closed
+
+	mu       sync.Mutex
+	inflight map[uint64]context.CancelFunc
+}
+
+// end records why the connection ended and cancels every request in flight.
+func (c *fastConn) end(err error) {
+	c.once.Do(func() {
+		c.err = err
+		c.cancel()
+		close(c.done)
+	})
+}
+
+// read reads and dispatches frames until the connection fails, or until it hands the
+// reading to a new goroutine to serve a request that may wait.
+func (c *fastConn) read() {
 	for {
-		f, err := r.Read()
+		f, err := c.r.Read()
 		if err != nil {
-			return err
+			c.end(err)
+			return
 		}
 		switch f.Kind {
 		case fastlane.KindCancel:
-			mu.Lock()
-			if c := inflight[f.ID]; c != nil {
-				c()
+			c.mu.Lock()
+			if cancel := c.inflight[f.ID]; cancel != nil {
+				cancel()
 			}
-			mu.Unlock()
+			c.mu.Unlock()
 			continue
 		case fastlane.KindRequest:
 		default:
-			return fastlane.ErrProtocol
+			c.end(fastlane.ErrProtocol)
+			return
 		}
-		mu.Lock()
-		_, dup := inflight[f.ID]
-		full := len(inflight) >= fastlane.MaxInFlight
-		var rctx context.Context
-		var rcancel context.CancelFunc
-		if !dup && !full {
-			rctx, rcancel = context.WithCancel(ctx)
-			inflight[f.ID] = rcancel
-		}
-		mu.Unlock()
-		switch {
-		case dup:
-			w.Send(errorFrame(f.Method, f.ID, connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request id already in flight"))), false)
-			continue
-		case full:
-			w.Send(errorFrame(f.Method, f.ID, connect.NewError(connect.CodeResourceExhausted, errors.New("fastlane: too many requests in flight on this connection"))), false)
+		req, rctx, ok := c.admit(f)
+		if !ok {
 			continue
 		}
-		req, err := decodeRequest(f.Method, f.Payload)
-		if err != nil {
-			mu.Lock()
-			delete(inflight, f.ID)
-			mu.Unlock()
-			rcancel()
-			w.Send(errorFrame(f.Method, f.ID, err), false)
+		if c.s.servesAtOnce(f.Method, req) {
+			c.serve(rctx, f.Method, f.ID, req)
 			continue
 		}
-		method, id := f.Method, f.ID
-		serve := func() {
-			start := time.Now()
-			resp, err := s.dispatchFast(rctx, method, req)
-			s.metrics.observe(fastProcedures[method], start, err)
-			mu.Lock()
-			delete(inflight, id)
-			others := len(inflight) > 0
-			mu.Unlock()
-			rcancel()
-			if err != nil {
-				w.Send(errorFrame(method, id, err), others)
-				return
-			}
-			frame, ferr := fastlane.AppendFrame(nil, fastlane.KindResponse, method, id, func(b []byte) ([]byte, error) {
-				return proto.MarshalOptions{}.MarshalAppend(b, resp)
-			})
-			if ferr != nil {
-				frame = errorFrame(method, id, ferr)
-			}
-			w.Send(frame, others)
-		}
-		if s.servesAtOnce(method, req) {
-			serve()
-			continue
-		}
-		reqs.Add(1)
+		c.wg.Add(1)
 		go func() {
-			defer reqs.Done()
-			serve()
+			defer c.wg.Done()
+			c.read()
 		}()
+		c.serve(rctx, f.Method, f.ID, req)
+		return
 	}
+}
+
+// admit registers request f as in flight and decodes it. A duplicate id, too many
+// requests in flight or a payload that does not decode is answered with an error frame
+// at once, and admit returns false.
+func (c *fastConn) admit(f fastlane.Frame) (proto.Message, context.Context, bool) {
+	c.mu.Lock()
+	_, dup := c.inflight[f.ID]
+	full := len(c.inflight) >= fastlane.MaxInFlight
+	c.mu.Unlock()
+	switch {
+	case dup:
+		c.w.Send(errorFrame(f.Method, f.ID, connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request id already in flight"))), false)
+		return nil, nil, false
+	case full:
+		c.w.Send(errorFrame(f.Method, f.ID, connect.NewError(connect.CodeResourceExhausted, errors.New("fastlane: too many requests in flight on this connection"))), false)
+		return nil, nil, false
+	}
+	req, err := decodeRequest(f.Method, f.Payload)
+	if err != nil {
+		c.w.Send(errorFrame(f.Method, f.ID, err), false)
+		return nil, nil, false
+	}
+	rctx, rcancel := context.WithCancel(c.ctx)
+	c.mu.Lock()
+	c.inflight[f.ID] = rcancel
+	c.mu.Unlock()
+	return req, rctx, true
+}
+
+// serve answers one admitted request.
+func (c *fastConn) serve(ctx context.Context, method fastlane.Method, id uint64, req proto.Message) {
+	start := time.Now()
+	resp, err := c.s.dispatchFast(ctx, method, req)
+	c.s.metrics.observe(fastProcedures[method], start, err)
+	c.mu.Lock()
+	rcancel := c.inflight[id]
+	delete(c.inflight, id)
+	others := len(c.inflight) > 0
+	c.mu.Unlock()
+	rcancel()
+	if err != nil {
+		c.w.Send(errorFrame(method, id, err), others)
+		return
+	}
+	frame, ferr := fastlane.AppendFrame(nil, fastlane.KindResponse, method, id, func(b []byte) ([]byte, error) {
+		return proto.MarshalOptions{}.MarshalAppend(b, resp)
+	})
+	if ferr != nil {
+		frame = errorFrame(method, id, ferr)
+	}
+	c.w.Send(frame, others)
 }
 
 // servesAtOnce reports whether a request is answered from the leader's memory without
