@@ -113,63 +113,68 @@ func (c *fastConn) read() {
 			c.end(fastlane.ErrProtocol)
 			return
 		}
-		req, rctx, ok := c.admit(f)
+		req, ok := c.admit(f)
 		if !ok {
 			continue
 		}
 		if c.s.servesAtOnce(f.Method, req) {
-			c.serve(rctx, f.Method, f.ID, req)
+			// Nothing can cancel it: no other frame is read until it is answered.
+			c.serve(c.ctx, f.Method, f.ID, req)
 			continue
 		}
+		ctx, cancel := context.WithCancel(c.ctx)
+		c.mu.Lock()
+		c.inflight[f.ID] = cancel
+		c.mu.Unlock()
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
 			c.read()
 		}()
-		c.serve(rctx, f.Method, f.ID, req)
+		c.serve(ctx, f.Method, f.ID, req)
 		return
 	}
 }
 
-// admit registers request f as in flight and decodes it. A duplicate id, too many
-// requests in flight or a payload that does not decode is answered with an error frame
-// at once, and admit returns false.
-func (c *fastConn) admit(f fastlane.Frame) (proto.Message, context.Context, bool) {
+// admit decodes request f. A duplicate id, too many requests in flight or a payload
+// that does not decode is answered with an error frame at once, and admit returns false.
+func (c *fastConn) admit(f fastlane.Frame) (proto.Message, bool) {
 	c.mu.Lock()
 	_, dup := c.inflight[f.ID]
 	full := len(c.inflight) >= fastlane.MaxInFlight
 	c.mu.Unlock()
+	var err error
 	switch {
 	case dup:
-		c.w.Send(errorFrame(f.Method, f.ID, connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request id already in flight"))), false)
-		return nil, nil, false
+		err = connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request id already in flight"))
 	case full:
-		c.w.Send(errorFrame(f.Method, f.ID, connect.NewError(connect.CodeResourceExhausted, errors.New("fastlane: too many requests in flight on this connection"))), false)
-		return nil, nil, false
+		err = connect.NewError(connect.CodeResourceExhausted, errors.New("fastlane: too many requests in flight on this connection"))
 	}
-	req, err := decodeRequest(f.Method, f.Payload)
+	var req proto.Message
+	if err == nil {
+		req, err = decodeRequest(f.Method, f.Payload)
+	}
 	if err != nil {
 		c.w.Send(errorFrame(f.Method, f.ID, err), false)
-		return nil, nil, false
+		return nil, false
 	}
-	rctx, rcancel := context.WithCancel(c.ctx)
-	c.mu.Lock()
-	c.inflight[f.ID] = rcancel
-	c.mu.Unlock()
-	return req, rctx, true
+	return req, true
 }
 
-// serve answers one admitted request.
+// serve answers one admitted request; one that may wait is in inflight with the
+// cancel function of its ctx.
 func (c *fastConn) serve(ctx context.Context, method fastlane.Method, id uint64, req proto.Message) {
 	start := time.Now()
 	resp, err := c.s.dispatchFast(ctx, method, req)
 	c.s.metrics.observe(fastProcedures[method], start, err)
 	c.mu.Lock()
-	rcancel := c.inflight[id]
+	cancel := c.inflight[id] // nil for a request served at once: never registered
 	delete(c.inflight, id)
 	others := len(c.inflight) > 0
 	c.mu.Unlock()
-	rcancel()
+	if cancel != nil {
+		cancel()
+	}
 	if err != nil {
 		c.w.Send(errorFrame(method, id, err), others)
 		return
