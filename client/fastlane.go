@@ -47,6 +47,8 @@ type flConn struct {
 	r      *fastlane.Reader // used by the one reader of the moment
 	dead   chan struct{}
 	nextID atomic.Uint64
+	// lastRead is when the last frame arrived (monotonic, since clockBase).
+	lastRead atomic.Int64
 
 	mu          sync.Mutex
 	pending     map[uint64]chan flResult
@@ -55,6 +57,14 @@ type flConn struct {
 	interrupted bool   // a read deadline is set to wake the reading call
 	err         error
 }
+
+// idleCheckAfter is how long a connection must have been idle before a call checks that
+// the server has not closed it. The check costs a system call; back-to-back calls (the
+// release right after an acquire's answer) skip it.
+const idleCheckAfter = time.Millisecond
+
+// clockBase is the origin of flConn.lastRead's monotonic timestamps.
+var clockBase = time.Now()
 
 type flResult struct {
 	kind    fastlane.Kind
@@ -87,6 +97,7 @@ func (c *flConn) readLoop() {
 			c.fail(err)
 			return
 		}
+		c.lastRead.Store(int64(time.Since(clockBase)))
 		c.mu.Lock()
 		ch := c.pending[f.ID]
 		delete(c.pending, f.ID)
@@ -130,6 +141,7 @@ func (c *flConn) readOwn(ctx context.Context, id uint64) (flResult, error) {
 			c.fail(err)
 			return flResult{}, connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, err))
 		}
+		c.lastRead.Store(int64(time.Since(clockBase)))
 		res := flResult{kind: f.Kind, payload: bytes.Clone(f.Payload)}
 		if f.ID == id {
 			c.endTurn(id)
@@ -213,9 +225,9 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, c.err))
 	}
 	reader := !c.reading
-	if reader {
-		// Nobody has read the connection since it went idle: make sure the server has
-		// not closed it meanwhile (restarted, say), while the request is still unsent.
+	if reader && time.Since(clockBase)-time.Duration(c.lastRead.Load()) > idleCheckAfter {
+		// Nobody has read the connection for a while: make sure the server has not
+		// closed it meanwhile (restarted, say), while the request is still unsent.
 		if err := peerClosed(c.conn); err != nil {
 			c.mu.Unlock()
 			c.fail(err)
