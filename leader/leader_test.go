@@ -1044,3 +1044,60 @@ func TestClassConflictWithCorrectnessInFlight(t *testing.T) {
 		}
 	})
 }
+
+// TestAcquireNow: AcquireNow grants a free efficiency lock from memory, answers a
+// repeated acquire with the same grant, and in every case where a grant would need a
+// wait or the log it reports false and changes nothing: no place in a queue, no token
+// spent, no proposal.
+func TestAcquireNow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, fl := newLeader(t, leader.Config{ReserveBlock: 1000})
+		a0 := args(core.LeaseID{9}, "eff/x", core.Efficiency, acquireOpts{forever: true})
+		if _, ok := l.AcquireNow(a0); ok {
+			t.Fatal("AcquireNow granted on a node that does not lead")
+		}
+		promote(t, l)
+		a, b := grant(t, l, time.Hour), grant(t, l, time.Hour)
+		acquire(t, l, a, "corr/1", core.Correctness, acquireOpts{})
+		if _, ok := l.AcquireNow(args(a, "eff/x", core.Efficiency, acquireOpts{forever: true})); ok {
+			t.Fatal("AcquireNow granted before any tokens were reserved")
+		}
+		first := acquire(t, l, a, "eff/first", core.Efficiency, acquireOpts{}) // reserves a block
+
+		n := fl.proposals(0)
+		g, ok := l.AcquireNow(args(a, "eff/x", core.Efficiency, acquireOpts{forever: true}))
+		if !ok || g.Token <= first.Token || g.Class != core.Efficiency || g.Epoch != l.Epoch() {
+			t.Fatalf("AcquireNow of a free lock = %+v, %v; want a grant above token %d", g, ok, first.Token)
+		}
+		if again, ok := l.AcquireNow(args(a, "eff/x", core.Efficiency, acquireOpts{})); !ok || again.Token != g.Token {
+			t.Fatalf("repeated AcquireNow = %+v, %v; want the same grant %d", again, ok, g.Token)
+		}
+		for _, c := range []struct {
+			what string
+			a    leader.AcquireArgs
+		}{
+			{"held by another lease", args(b, "eff/x", core.Efficiency, acquireOpts{forever: true})},
+			{"a correctness lock's name", args(b, "corr/1", core.Efficiency, acquireOpts{forever: true})},
+			{"the correctness class", args(b, "corr/2", core.Correctness, acquireOpts{})},
+			{"an unknown lease", args(core.LeaseID{7}, "eff/y", core.Efficiency, acquireOpts{})},
+		} {
+			if got, ok := l.AcquireNow(c.a); ok {
+				t.Fatalf("AcquireNow, %s: granted %+v", c.what, got)
+			}
+		}
+		if q := queueLen(t, l, "eff/x"); q != 0 {
+			t.Fatalf("AcquireNow of a held lock queued %d waiters", q)
+		}
+		if cmds := fl.proposedSince(n); len(cmds) != 0 {
+			t.Fatalf("AcquireNow proposed %+v", cmds)
+		}
+		// Tokens spent only on the grant: the next grant follows it directly.
+		if next := acquire(t, l, b, "eff/z", core.Efficiency, acquireOpts{}); next.Token != g.Token+1 {
+			t.Fatalf("next grant's token %d, want %d: a refused AcquireNow spent tokens", next.Token, g.Token+1)
+		}
+		l.Demote()
+		if _, ok := l.AcquireNow(args(a, "eff/w", core.Efficiency, acquireOpts{})); ok {
+			t.Fatal("AcquireNow granted after Demote")
+		}
+	})
+}

@@ -122,6 +122,10 @@ func (c *fastConn) read() {
 			c.serve(c.ctx, f.Method, f.ID, req)
 			continue
 		}
+		if resp, ok := c.s.grantNow(f.Method, req); ok {
+			c.answer(f.Method, f.ID, time.Now(), resp, nil)
+			continue
+		}
 		ctx, cancel := context.WithCancel(c.ctx)
 		c.mu.Lock()
 		c.inflight[f.ID] = cancel
@@ -166,6 +170,11 @@ func (c *fastConn) admit(f fastlane.Frame) (proto.Message, bool) {
 func (c *fastConn) serve(ctx context.Context, method fastlane.Method, id uint64, req proto.Message) {
 	start := time.Now()
 	resp, err := c.s.dispatchFast(ctx, method, req)
+	c.answer(method, id, start, resp, err)
+}
+
+// answer sends the answer to request id, begun at start.
+func (c *fastConn) answer(method fastlane.Method, id uint64, start time.Time, resp proto.Message, err error) {
 	c.s.metrics.observe(fastProcedures[method], start, err)
 	c.mu.Lock()
 	cancel := c.inflight[id] // nil for a request served at once: never registered
@@ -203,6 +212,26 @@ func (s *Server) servesAtOnce(m fastlane.Method, req proto.Message) bool {
 		return s.leader.ServesInMemory(req.(*leaseholdv1.ReleaseRequest).GetName())
 	}
 	return false
+}
+
+// grantNow answers an efficiency acquire that may wait when the leader can grant it at
+// once from memory (leader.AcquireNow): the connection's reader then answers it itself.
+// It reports false, having changed nothing, when the request must go the full way
+// (through dispatchFast on a goroutine of its own), including when it is invalid.
+func (s *Server) grantNow(m fastlane.Method, req proto.Message) (proto.Message, bool) {
+	r, ok := req.(*leaseholdv1.AcquireRequest)
+	if m != fastlane.MethodAcquire || !ok || r.GetClass() != leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY {
+		return nil, false
+	}
+	a, err := s.acquireArgs(r)
+	if err != nil {
+		return nil, false
+	}
+	g, ok := s.leader.AcquireNow(a)
+	if !ok {
+		return nil, false
+	}
+	return acquireResponse(g), true
 }
 
 // fastProcedures names fast-lane methods as their Connect procedures, so metrics of

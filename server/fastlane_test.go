@@ -223,4 +223,11 @@ func TestFastLaneWaitKeepsConnectionServing(t *testing.T) {
 		t.Fatal(err)
 	}
 	read(waiting, fastlane.KindError, nil)
+
+	// An acquire that may wait, of a free lock, is granted at once (by the reader).
+	var free leaseholdv1.AcquireResponse
+	read(send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: "free", Class: eff, LeaseId: a, WaitMs: -1}), fastlane.KindResponse, &free)
+	if free.GetToken() <= held.GetToken() {
+		t.Fatalf("grant of a free lock: token %d, want above %d", free.GetToken(), held.GetToken())
+	}
 }

@@ -193,7 +193,11 @@ func (s *Server) acquire(ctx context.Context, req *leaseholdv1.AcquireRequest) (
 	if err != nil {
 		return nil, err
 	}
-	return &leaseholdv1.AcquireResponse{Token: g.Token, Class: leaseholdv1.LockClass(g.Class), Epoch: g.Epoch}, nil
+	return acquireResponse(g), nil
+}
+
+func acquireResponse(g leader.Grant) *leaseholdv1.AcquireResponse {
+	return &leaseholdv1.AcquireResponse{Token: g.Token, Class: leaseholdv1.LockClass(g.Class), Epoch: g.Epoch}
 }
 
 func (s *Server) acquireArgs(req *leaseholdv1.AcquireRequest) (leader.AcquireArgs, error) {
