@@ -20,6 +20,8 @@ import (
 // request goes through the same handlers as Connect — validation, forwarding to the
 // leader, the error table — so the two transports cannot disagree.
 func (s *Server) ServeFastLane(ln net.Listener, log *slog.Logger) error {
+	pool := new(workers)
+	defer pool.close()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -31,18 +33,18 @@ func (s *Server) ServeFastLane(ln net.Listener, log *slog.Logger) error {
 			return err
 		}
 		wg.Add(1)
-		go func() {
+		pool.Go(func() {
 			defer wg.Done()
-			if err := s.serveFastConn(conn); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			if err := s.serveFastConn(conn, pool); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				log.Debug("fast-lane connection ended", "remote", conn.RemoteAddr().String(), "err", err)
 			}
-		}()
+		})
 	}
 }
 
 // serveFastConn serves one connection until it fails or closes. Closing the connection
 // cancels every request still in flight (a waiting Acquire leaves its queue).
-func (s *Server) serveFastConn(conn net.Conn) error {
+func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 	defer conn.Close()
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
@@ -52,7 +54,7 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &fastConn{
-		s: s, r: fastlane.NewReader(conn), w: fastlane.NewWriter(conn),
+		s: s, pool: pool, r: fastlane.NewReader(conn), w: fastlane.NewWriter(conn),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}),
 		inflight: make(map[uint64]context.CancelFunc),
 	}
@@ -69,6 +71,7 @@ func (s *Server) serveFastConn(conn net.Conn) error {
 // reader's start is off the request's path). One batching writer serves all.
 type fastConn struct {
 	s      *Server
+	pool   *workers
 	r      *fastlane.Reader
 	w      *fastlane.Writer
 	ctx    context.Context // ends with the connection
@@ -131,10 +134,10 @@ func (c *fastConn) read() {
 		c.inflight[f.ID] = cancel
 		c.mu.Unlock()
 		c.wg.Add(1)
-		go func() {
+		c.pool.Go(func() {
 			defer c.wg.Done()
 			c.read()
-		}()
+		})
 		c.serve(ctx, f.Method, f.ID, req)
 		return
 	}
