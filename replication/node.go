@@ -186,7 +186,13 @@ func Open(cfg Config) (*Node, error) {
 	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
 	rc.ElectionTimeout = cfg.ElectionTimeout
 	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
-	rc.CommitTimeout = 5 * time.Millisecond
+	// CommitTimeout is how long a leader with nothing new to send waits before telling
+	// followers the commit index anyway (raft's default). Under load the index travels
+	// with every AppendEntries; when idle, 5 ms (the old value) kept the leader of an
+	// idle three-node cluster at 12% of a core sending 200 RPCs a second per follower.
+	// Followers only need the index to apply, and a new leader applies everything
+	// committed before it serves (Barrier), so a later index costs nothing visible.
+	rc.CommitTimeout = 50 * time.Millisecond
 	rc.SnapshotThreshold = cfg.SnapshotThreshold
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.BatchApplyCh = true
