@@ -123,6 +123,7 @@ type Node struct {
 	closer    io.Closer
 	transport *raft.NetworkTransport
 	verifier  verifier
+	futures   futures
 }
 
 // Open opens (or creates) the data directory, restores the latest snapshot, replays the
@@ -245,10 +246,8 @@ func (n *Node) Apply(ctx context.Context, cmd core.Command) (core.Result, error)
 		}
 	}
 	f := n.raft.Apply(b, timeout)
-	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
 	select {
-	case err = <-done:
+	case err = <-n.futures.wait(f):
 	case <-ctx.Done():
 		return core.Result{}, ctx.Err()
 	}
