@@ -13,6 +13,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -37,6 +38,7 @@ const defaultScenarios = "uncontended-1,uncontended-16,uncontended-64,contended-
 
 type flags struct {
 	systems, scenarios string
+	rounds             int
 	duration, warmup   time.Duration
 	ttl, redisRetry    time.Duration
 	zkHeap             string
@@ -65,6 +67,7 @@ func main() {
 	flag.StringVar(&f.systems, "systems", strings.Join(peers.Names, ","), "systems to compare, comma-separated")
 	flag.StringVar(&f.scenarios, "scenarios", defaultScenarios, "comma-separated: uncontended-N, contended-N, scale-locks, scale-leases; or all (the default set plus both scale runs)")
 	flag.DurationVar(&f.duration, "duration", 10*time.Second, "measured time per scenario")
+	flag.IntVar(&f.rounds, "rounds", 1, "run every system's scenarios this many times, the systems taking turns (A B C A B C ...); the report keeps each system and scenario's round of median pairs/s and lists all of them")
 	flag.DurationVar(&f.warmup, "warmup", 2*time.Second, "warm-up per scenario, not measured")
 	flag.DurationVar(&f.ttl, "ttl", 10*time.Second, "lock/session/lease TTL for every system")
 	flag.DurationVar(&f.redisRetry, "redis-retry", time.Millisecond, "Redis recipe: sleep (±50%) before retrying a SET NX that found the lock taken")
@@ -137,6 +140,9 @@ func mainErr(f flags) int {
 	if f.duration <= 0 || f.warmup < 0 {
 		return fail("-duration must be positive and -warmup not negative")
 	}
+	if f.rounds < 1 {
+		return fail("-rounds must be at least 1, got %d", f.rounds)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -182,50 +188,66 @@ func mainErr(f flags) int {
 	}
 
 	if len(scenarios) > 0 {
-		for i, name := range systems {
-			if ctx.Err() != nil {
-				break
-			}
-			sys, _ := peers.New(name, opts)
-			entry := report.System{Name: name, Setup: sys.Describe(), Baseline: strings.HasPrefix(name, "leasehold")}
-			dir := filepath.Join(tmp, fmt.Sprintf("%d-%s", i, name))
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				return fail("%v", err)
-			}
-			sctx, scancel := context.WithTimeout(ctx, f.startTimeout)
-			err := sys.Start(sctx, dir)
-			scancel()
-			if err != nil {
-				sys.Stop()
-				entry.Skipped = err.Error()
-				if !errors.Is(err, peers.ErrNotInstalled) {
-					entry.Skipped = "failed to start: " + err.Error()
-					failed = true
-				}
-				loud(logw, "SKIPPING %s: %s", name, entry.Skipped)
-				rep.Systems = append(rep.Systems, entry)
-				continue
-			}
-			entry.Version = sys.Version()
-			entry.Setup = sys.Describe() // some systems know more once started
-			rep.Systems = append(rep.Systems, entry)
-			fmt.Fprintf(logw, "== %s %s (pids %v)\n", name, entry.Version, sys.PIDs())
-			for _, sc := range scenarios {
-				if ctx.Err() != nil {
-					break
-				}
-				res := run.Run(ctx, sys, sc, run.Config{Warmup: f.warmup, Duration: f.duration, Prefix: "bench"})
-				rep.Results = append(rep.Results, res)
-				if res.Failed != "" {
-					failed = true
-					loud(logw, "%s %s FAILED: %s", name, sc.Name, res.Failed)
+		var results [][]run.Result // per round, in system then scenario order
+		skipped := map[string]bool{}
+		for round := range f.rounds {
+			var got []run.Result
+			for i, name := range systems {
+				if ctx.Err() != nil || skipped[name] {
 					continue
 				}
-				fmt.Fprintf(logw, "   %-16s %9.0f pairs/s  acquire p50 %-9v p99 %-9v  release p50 %-9v  server RSS %.1f MiB CPU %.2f  errors %d %s\n",
-					sc.Name, res.PairsPerSec, res.AcqP50.Round(time.Microsecond), res.AcqP99.Round(time.Microsecond), res.RelP50.Round(time.Microsecond),
-					float64(res.ServerRSS)/(1<<20), res.ServerCPU, res.Errors, res.FirstError)
+				sys, _ := peers.New(name, opts)
+				entry := report.System{Name: name, Setup: sys.Describe(), Baseline: strings.HasPrefix(name, "leasehold")}
+				dir := filepath.Join(tmp, fmt.Sprintf("%d-%d-%s", round, i, name))
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					return fail("%v", err)
+				}
+				sctx, scancel := context.WithTimeout(ctx, f.startTimeout)
+				err := sys.Start(sctx, dir)
+				scancel()
+				if err != nil {
+					sys.Stop()
+					skipped[name] = true
+					entry.Skipped = err.Error()
+					if !errors.Is(err, peers.ErrNotInstalled) {
+						entry.Skipped = "failed to start: " + err.Error()
+						failed = true
+					}
+					loud(logw, "SKIPPING %s: %s", name, entry.Skipped)
+					if round == 0 {
+						rep.Systems = append(rep.Systems, entry)
+					}
+					continue
+				}
+				entry.Version = sys.Version()
+				entry.Setup = sys.Describe() // some systems know more once started
+				if round == 0 {
+					rep.Systems = append(rep.Systems, entry)
+				}
+				fmt.Fprintf(logw, "== %s %s (pids %v)%s\n", name, entry.Version, sys.PIDs(), roundLabel(round, f.rounds))
+				for _, sc := range scenarios {
+					if ctx.Err() != nil {
+						break
+					}
+					res := run.Run(ctx, sys, sc, run.Config{Warmup: f.warmup, Duration: f.duration, Prefix: "bench"})
+					got = append(got, res)
+					if res.Failed != "" {
+						failed = true
+						loud(logw, "%s %s FAILED: %s", name, sc.Name, res.Failed)
+						continue
+					}
+					fmt.Fprintf(logw, "   %-16s %9.0f pairs/s  acquire p50 %-9v p99 %-9v  release p50 %-9v  server RSS %.1f MiB CPU %.2f  errors %d %s\n",
+						sc.Name, res.PairsPerSec, res.AcqP50.Round(time.Microsecond), res.AcqP99.Round(time.Microsecond), res.RelP50.Round(time.Microsecond),
+						float64(res.ServerRSS)/(1<<20), res.ServerCPU, res.Errors, res.FirstError)
+				}
+				sys.Stop()
 			}
-			sys.Stop()
+			results = append(results, got)
+		}
+		var note string
+		rep.Results, note = medianRounds(results)
+		if note != "" {
+			rep.Notes = append(rep.Notes, note)
 		}
 	}
 
@@ -289,6 +311,58 @@ func mainErr(f flags) int {
 		return 1
 	}
 	return 0
+}
+
+func roundLabel(round, rounds int) string {
+	if rounds == 1 {
+		return ""
+	}
+	return fmt.Sprintf(", round %d of %d", round+1, rounds)
+}
+
+// medianRounds keeps, for every system and scenario, the round whose pairs/s is the
+// median of those that did not fail (the lower middle one of an even count), so that
+// one row's latencies, CPU and memory all come from the same window. With more than
+// one round, note lists every round's pairs/s.
+func medianRounds(rounds [][]run.Result) (kept []run.Result, note string) {
+	type key struct{ system, scenario string }
+	var order []key
+	all := map[key][]run.Result{}
+	for _, round := range rounds {
+		for _, r := range round {
+			k := key{r.System, r.Scenario}
+			if _, seen := all[k]; !seen {
+				order = append(order, k)
+			}
+			all[k] = append(all[k], r)
+		}
+	}
+	var lines []string
+	for _, k := range order {
+		rs := all[k]
+		ok := slices.DeleteFunc(slices.Clone(rs), func(r run.Result) bool { return r.Failed != "" })
+		if len(ok) == 0 {
+			kept = append(kept, rs[len(rs)-1])
+			continue
+		}
+		slices.SortFunc(ok, func(a, b run.Result) int { return cmp.Compare(a.PairsPerSec, b.PairsPerSec) })
+		kept = append(kept, ok[(len(ok)-1)/2])
+		if len(rounds) > 1 {
+			var each []string
+			for _, r := range rs {
+				if r.Failed != "" {
+					each = append(each, "failed")
+				} else {
+					each = append(each, fmt.Sprintf("%.0f", r.PairsPerSec))
+				}
+			}
+			lines = append(lines, fmt.Sprintf("%s %s: %s", k.system, k.scenario, strings.Join(each, ", ")))
+		}
+	}
+	if len(lines) > 0 {
+		note = fmt.Sprintf("Each system ran its scenarios %d times, the systems taking turns; every row shows the round of median pairs/s. Pairs/s per round: %s.", len(rounds), strings.Join(lines, "; "))
+	}
+	return kept, note
 }
 
 // rerender writes the markdown and the chart of a run from its JSON file.
