@@ -65,7 +65,7 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 }
 
 // fastConn is one fast-lane connection on the server side. One goroutine at a time
-// reads it. The reader answers what it can answer at once itself (see servesAtOnce);
+// reads it. The reader answers what it can answer at once itself (servesAtOnce, grantNow);
 // for a request that may wait, it starts a new reader and serves that request itself,
 // so the request goes on without waiting for a new goroutine to be scheduled (the new
 // reader's start is off the request's path). One batching writer serves all.
