@@ -290,11 +290,7 @@ func readSnapshotV1(dec *json.Decoder, limits Limits) (*State, error) {
 		case "seq":
 			err = dec.Decode(&s.seq)
 		case "leases":
-			err = eachElement(dec, func() error {
-				var l *Lease
-				if err := dec.Decode(&l); err != nil {
-					return err
-				}
+			err = eachElement(dec, func(l *Lease) error {
 				if l == nil || l.ID.IsZero() || l.TTLMillis <= 0 || s.leases[l.ID] != nil {
 					return fmt.Errorf("%w: bad lease in snapshot", ErrCorrupt)
 				}
@@ -302,11 +298,7 @@ func readSnapshotV1(dec *json.Decoder, limits Limits) (*State, error) {
 				return nil
 			})
 		case "locks":
-			err = eachElement(dec, func() error {
-				var l *Lock
-				if err := dec.Decode(&l); err != nil {
-					return err
-				}
+			err = eachElement(dec, func(l *Lock) error {
 				if err := s.checkRestoredLock(l); err != nil {
 					return err
 				}
@@ -317,11 +309,7 @@ func readSnapshotV1(dec *json.Decoder, limits Limits) (*State, error) {
 				return nil
 			})
 		case "tombstones":
-			err = eachElement(dec, func() error {
-				var t tombstone
-				if err := dec.Decode(&t); err != nil {
-					return err
-				}
+			err = eachElement(dec, func(t tombstone) error {
 				if t.ID.IsZero() {
 					return fmt.Errorf("%w: bad tombstone in snapshot", ErrCorrupt)
 				}
@@ -331,11 +319,7 @@ func readSnapshotV1(dec *json.Decoder, limits Limits) (*State, error) {
 		case "kvRev":
 			err = dec.Decode(&s.kv.rev)
 		case "kv":
-			err = eachElement(dec, func() error {
-				var e *Entry
-				if err := dec.Decode(&e); err != nil {
-					return err
-				}
+			err = eachElement(dec, func(e *Entry) error {
 				if e == nil || ValidateName("key", e.Key) != nil || s.kv.entries[e.Key] != nil || e.Version > s.kv.rev || len(e.Value) > MaxValueLen {
 					return fmt.Errorf("%w: bad KV entry in snapshot", ErrCorrupt)
 				}
@@ -343,11 +327,7 @@ func readSnapshotV1(dec *json.Decoder, limits Limits) (*State, error) {
 				return nil
 			})
 		case "members":
-			err = eachElement(dec, func() error {
-				var m Member
-				if err := dec.Decode(&m); err != nil {
-					return err
-				}
+			err = eachElement(dec, func(m Member) error {
 				if ValidateNodeID("id", m.ID) != nil || ValidateAddr("addr", m.APIAddr) != nil {
 					return fmt.Errorf("%w: bad member in snapshot", ErrCorrupt)
 				}
@@ -374,9 +354,9 @@ func readSnapshotV1(dec *json.Decoder, limits Limits) (*State, error) {
 	return s, nil
 }
 
-// eachElement calls fn to decode each element of the JSON array that comes next in dec;
+// eachElement decodes each element of the JSON array that comes next in dec and hands it to fn;
 // null counts as an empty array.
-func eachElement(dec *json.Decoder, fn func() error) error {
+func eachElement[T any](dec *json.Decoder, fn func(T) error) error {
 	tok, err := dec.Token()
 	if err != nil || tok == nil {
 		return err
@@ -385,7 +365,11 @@ func eachElement(dec *json.Decoder, fn func() error) error {
 		return fmt.Errorf("%w: snapshot: expected an array, got %v", ErrCorrupt, tok)
 	}
 	for dec.More() {
-		if err := fn(); err != nil {
+		var v T
+		if err := dec.Decode(&v); err != nil {
+			return err
+		}
+		if err := fn(v); err != nil {
 			return err
 		}
 	}
