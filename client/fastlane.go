@@ -92,24 +92,12 @@ func dialFastLane(ctx context.Context, addr string) (*flConn, error) {
 // readLoop reads for the calls in flight until none is left.
 func (c *flConn) readLoop() {
 	for {
-		f, err := c.r.Read()
+		f, err := c.read()
 		if err != nil {
 			c.fail(err)
 			return
 		}
-		c.lastRead.Store(int64(time.Since(clockBase)))
-		c.mu.Lock()
-		ch := c.pending[f.ID]
-		delete(c.pending, f.ID)
-		done := len(c.pending) == 0
-		if done {
-			c.reading = false
-		}
-		c.mu.Unlock()
-		if ch != nil {
-			ch <- flResult{kind: f.Kind, payload: bytes.Clone(f.Payload)}
-		}
-		if done {
+		if c.handOut(f, true) {
 			return
 		}
 	}
@@ -128,7 +116,7 @@ func (c *flConn) readOwn(ctx context.Context, id uint64) (flResult, error) {
 	}
 	defer stop()
 	for {
-		f, err := c.r.Read()
+		f, err := c.read()
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				if ctx.Err() != nil {
@@ -141,20 +129,39 @@ func (c *flConn) readOwn(ctx context.Context, id uint64) (flResult, error) {
 			c.fail(err)
 			return flResult{}, connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, err))
 		}
-		c.lastRead.Store(int64(time.Since(clockBase)))
-		res := flResult{kind: f.Kind, payload: bytes.Clone(f.Payload)}
 		if f.ID == id {
 			c.endTurn(id)
-			return res, nil
+			return flResult{kind: f.Kind, payload: bytes.Clone(f.Payload)}, nil
 		}
-		c.mu.Lock()
-		ch := c.pending[f.ID]
-		delete(c.pending, f.ID)
-		c.mu.Unlock()
-		if ch != nil {
-			ch <- res
-		}
+		c.handOut(f, false)
 	}
+}
+
+// read reads the next frame and notes when it arrived.
+func (c *flConn) read() (fastlane.Frame, error) {
+	f, err := c.r.Read()
+	if err == nil {
+		c.lastRead.Store(int64(time.Since(clockBase)))
+	}
+	return f, err
+}
+
+// handOut gives frame f to the call waiting for it, if any (the call may have given up).
+// With last, a reader that has just handed out the final pending answer stops reading,
+// in the same step, and handOut reports true.
+func (c *flConn) handOut(f fastlane.Frame, last bool) bool {
+	c.mu.Lock()
+	ch := c.pending[f.ID]
+	delete(c.pending, f.ID)
+	stop := last && len(c.pending) == 0
+	if stop {
+		c.reading = false
+	}
+	c.mu.Unlock()
+	if ch != nil {
+		ch <- flResult{kind: f.Kind, payload: bytes.Clone(f.Payload)}
+	}
+	return stop
 }
 
 // interrupt wakes the call reading in the given turn, if it is still reading.
