@@ -245,6 +245,7 @@ func mainErr(f flags) int {
 			results = append(results, got)
 		}
 		var note string
+		rep.Rounds = results
 		rep.Results, note = medianRounds(results)
 		if note != "" {
 			rep.Notes = append(rep.Notes, note)

@@ -35,18 +35,14 @@ type Report struct {
 
 	Systems   []System
 	Scenarios []run.Scenario
-	Results   []run.Result
+	Results   []run.Result   // per system and scenario, the round of median pairs/s
+	Rounds    [][]run.Result // every round, in the order they ran (empty for older runs)
 	Locks     []scale.LocksResult
 	Leases    []scale.LeasesResult
 }
 
 func (r *Report) result(system, scenario string) (run.Result, bool) {
-	for _, x := range r.Results {
-		if x.System == system && x.Scenario == scenario && x.Failed == "" {
-			return x, true
-		}
-	}
-	return run.Result{}, false
+	return find(r.Results, system, scenario)
 }
 
 func (r *Report) ran() []System {
@@ -134,6 +130,7 @@ func (r *Report) Markdown(w io.Writer) error {
 		p("\n")
 	}
 
+	r.targets(&b)
 	for _, sc := range r.Scenarios {
 		r.scenario(&b, sc)
 	}
