@@ -113,9 +113,12 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// logCacheEntries is how many of the newest log entries stay in memory: twice
-// MaxAppendEntries, so a follower that is one full batch behind is still served from it.
-const logCacheEntries = 1024
+// maxAppendEntries bounds the entries raft writes, and sends a follower, in one batch.
+const maxAppendEntries = 512
+
+// logCacheEntries is how many of the newest log entries stay in memory: two full
+// batches, so a follower that is one batch behind is still served from it.
+const logCacheEntries = 2 * maxAppendEntries
 
 // Node is one member of a leasehold raft cluster.
 type Node struct {
@@ -201,7 +204,7 @@ func Open(cfg Config) (*Node, error) {
 	rc.SnapshotThreshold = cfg.SnapshotThreshold
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.BatchApplyCh = true
-	rc.MaxAppendEntries = 512
+	rc.MaxAppendEntries = maxAppendEntries
 	rc.NotifyCh = cfg.LeaderChange
 	rc.Logger = hlog
 	rc.NoLegacyTelemetry = true
@@ -226,8 +229,8 @@ func Open(cfg Config) (*Node, error) {
 	}
 	// The cache keeps the newest entries in memory, so that neither the leader sending
 	// them to followers nor a follower applying them reads them back from disk: without
-	// it every replicated entry cost a pread per follower on the leader and one more on
-	// each follower (3% of a three-node leader's CPU, PERFORMANCE.md).
+	// it every replicated entry cost a pread and a decode per follower on the leader and
+	// one more on each follower (PERFORMANCE.md, three nodes).
 	cached, err := raft.NewLogCache(logCacheEntries, logs)
 	if err != nil {
 		return nil, fmt.Errorf("replication: log cache: %w", err)

@@ -68,6 +68,9 @@ func (r *Report) targets(b *strings.Builder) {
 	}
 	var rows []string
 	for _, t := range targets {
+		if t.peer == "" && r.Fsync.P50 == 0 {
+			continue // judged against the disk, which was not measured
+		}
 		var ratios []float64
 		var met int
 		for _, round := range rounds {
@@ -75,12 +78,11 @@ func (r *Report) targets(b *strings.Builder) {
 			if !ok {
 				continue
 			}
-			peer, ok := find(round, t.peer, t.scenario)
-			if t.peer != "" && !ok {
-				continue
-			}
-			if t.peer == "" && r.Fsync.P50 == 0 {
-				continue
+			var peer run.Result
+			if t.peer != "" {
+				if peer, ok = find(round, t.peer, t.scenario); !ok {
+					continue
+				}
 			}
 			v, m := t.score(lh, peer, r.Fsync.P50)
 			ratios = append(ratios, v)
