@@ -89,7 +89,7 @@ func main() {
 	flag.IntVar(&f.scaleClients, "scale-clients", 100, "scale-leases: number of clients (connections) the leases are spread over")
 	flag.DurationVar(&f.scaleLeaseTTL, "scale-lease-ttl", 10*time.Second, "scale-leases: lease TTL (each lease gets TTL + k ms)")
 	flag.DurationVar(&f.scaleWindow, "scale-window", 30*time.Second, "scale-leases: measured window")
-	flag.BoolVar(&f.profile, "profile", false, "scale-leases: run leasehold with --pprof and write its CPU profile over the window to OUT/NAME-scale-leases.cpu.pprof")
+	flag.BoolVar(&f.profile, "profile", false, "run leasehold with --pprof and write its CPU profile over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND][-nNODE].cpu.pprof (every node's, in a cluster) and, for scale-leases, to OUT/NAME-scale-leases.cpu.pprof")
 	flag.DurationVar(&f.startTimeout, "start-timeout", 90*time.Second, "how long a server may take to start")
 	fromJSON := flag.String("from-json", "", "render the report of an earlier run from its JSON file, without running anything")
 	flag.Parse()
@@ -229,7 +229,16 @@ func mainErr(f flags) int {
 					if ctx.Err() != nil {
 						break
 					}
-					res := run.Run(ctx, sys, sc, run.Config{Warmup: f.warmup, Duration: f.duration, Prefix: "bench"})
+					cfg := run.Config{Warmup: f.warmup, Duration: f.duration, Prefix: "bench"}
+					if l, ok := sys.(*peers.Leasehold); ok && f.profile {
+						base := filepath.Join(f.out, fmt.Sprintf("%s-%s-%s%s", f.prefix, name, sc.Name, roundSuffix(round, f.rounds)))
+						cfg.DuringWindow = func(ctx context.Context, d time.Duration) {
+							if err := l.FetchProfiles(ctx, d, base); err != nil {
+								fmt.Fprintf(logw, "   %s: no profile: %v\n", sc.Name, err)
+							}
+						}
+					}
+					res := run.Run(ctx, sys, sc, cfg)
 					got = append(got, res)
 					if res.Failed != "" {
 						failed = true
@@ -319,6 +328,14 @@ func roundLabel(round, rounds int) string {
 		return ""
 	}
 	return fmt.Sprintf(", round %d of %d", round+1, rounds)
+}
+
+// roundSuffix names a round in file names: "" for a single round, "-r2" for round 2.
+func roundSuffix(round, rounds int) string {
+	if rounds == 1 {
+		return ""
+	}
+	return fmt.Sprintf("-r%d", round+1)
 }
 
 // medianRounds keeps, for every system and scenario, the round whose pairs/s is the

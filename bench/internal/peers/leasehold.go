@@ -2,11 +2,15 @@ package peers
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/leasehold/leasehold/bench/internal/proc"
@@ -201,6 +205,60 @@ func (l *Leasehold) PIDs() []int {
 		pids = append(pids, p.PID())
 	}
 	return pids
+}
+
+// FetchProfile writes the CPU profile of the first node over d to file; the servers
+// must run with Options.LeaseholdPprof. The first node is the one a fresh cluster
+// bootstraps on, so it is the leader unless leadership has moved.
+func (l *Leasehold) FetchProfile(ctx context.Context, d time.Duration, file string) error {
+	if len(l.addrs) == 0 {
+		return errors.New("leasehold: not started")
+	}
+	return fetchProfile(ctx, l.addrs[0], d, file)
+}
+
+// FetchProfiles writes every node's CPU profile over d, at once: to base+".cpu.pprof"
+// for one node, to base+"-n1.cpu.pprof" and so on for a cluster (n1 is the first node).
+func (l *Leasehold) FetchProfiles(ctx context.Context, d time.Duration, base string) error {
+	if len(l.addrs) == 0 {
+		return errors.New("leasehold: not started")
+	}
+	errs := make([]error, len(l.addrs))
+	var wg sync.WaitGroup
+	for i, addr := range l.addrs {
+		file := base + ".cpu.pprof"
+		if len(l.addrs) > 1 {
+			file = fmt.Sprintf("%s-n%d.cpu.pprof", base, i+1)
+		}
+		wg.Go(func() { errs[i] = fetchProfile(ctx, addr, d, file) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// fetchProfile writes the CPU profile over d of the server whose API is at addr.
+func fetchProfile(ctx context.Context, addr string, d time.Duration, file string) error {
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, max(1, int(d.Seconds())))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(file, b, 0o644)
 }
 
 // Stop stops the servers.

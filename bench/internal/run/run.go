@@ -86,6 +86,9 @@ type Config struct {
 	Warmup, Duration time.Duration
 	// Prefix makes lock names unique per run.
 	Prefix string
+	// DuringWindow, if set, runs on its own goroutine from the start of the measured
+	// window (fetching a server profile over it, say); Run returns only after it has.
+	DuringWindow func(ctx context.Context, window time.Duration)
 }
 
 // Run measures scenario sc on sys. It always returns a Result; Failed says whether the
@@ -177,6 +180,11 @@ func Run(ctx context.Context, sys peers.System, sc Scenario, cfg Config) Result 
 	self0, _ := proc.CPU(selfPID)
 	start := time.Now()
 	phase.Store(measuring)
+	var during sync.WaitGroup
+	defer during.Wait()
+	if cfg.DuringWindow != nil {
+		during.Go(func() { cfg.DuringWindow(ctx, cfg.Duration) })
+	}
 	tick := time.NewTicker(250 * time.Millisecond)
 	end := time.NewTimer(cfg.Duration)
 	for waiting := true; waiting; {

@@ -14,9 +14,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -236,7 +234,7 @@ func Leases(ctx context.Context, sys *peers.Leasehold, n, nclients int, ttl, win
 	t0 := time.Now()
 	profiled := make(chan error, 1)
 	if profile != "" {
-		go func() { profiled <- fetchProfile(ctx, sys.Addr(), window, profile) }()
+		go func() { profiled <- sys.FetchProfile(ctx, window, profile) }()
 	} else {
 		profiled <- nil
 	}
@@ -349,30 +347,4 @@ func (e *errNote) get() (int, string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.n, e.first
-}
-
-// fetchProfile writes the server's CPU profile over d (from /debug/pprof/profile on
-// addr) to file.
-func fetchProfile(ctx context.Context, addr string, d time.Duration, file string) error {
-	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, max(1, int(d.Seconds())))
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(file, b, 0o644)
 }
