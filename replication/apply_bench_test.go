@@ -31,6 +31,7 @@ func BenchmarkApply(b *testing.B) {
 			var wg sync.WaitGroup
 			b.ResetTimer()
 			cpu0 := cpuTime()
+			index0 := n.Status().AppliedIndex
 			for w := range workers {
 				wg.Add(1)
 				go func() {
@@ -52,6 +53,9 @@ func BenchmarkApply(b *testing.B) {
 			wg.Wait()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "pairs/s")
 			b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/pair")
+			if entries := n.Status().AppliedIndex - index0; entries > 0 {
+				b.ReportMetric(float64(2*b.N)/float64(entries), "cmds/entry")
+			}
 		})
 	}
 }

@@ -22,29 +22,54 @@ type fsm struct {
 	log     *slog.Logger
 }
 
+// Apply applies one log entry: a command, answered with its core.Result, or a batch of
+// commands (batch.go), applied in order and answered with a []core.Result. Readers see
+// an entry whole: a batch applies under one hold of the lock.
 func (f *fsm) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
-	cmd, err := core.DecodeCommand(l.Data)
-	var res core.Result
-	f.mu.Lock()
+	if !isBatch(l.Data) {
+		var res [1]core.Result
+		f.applyAll(l.Index, [][]byte{l.Data}, res[:])
+		return res[0]
+	}
+	cmds, err := decodeBatch(l.Data)
 	if err != nil {
-		// A corrupt entry is skipped identically on every replica: the state does not
-		// change, and the proposer (if any) gets the error.
-		res.Err = err
-	} else {
-		res = f.state.Apply(cmd)
+		// Skipped identically on every replica, like a corrupt command.
+		f.log.Error("skipping undecodable batch entry", "index", l.Index, "err", err)
+		f.applyAll(l.Index, nil, nil)
+		return core.Result{Err: err}
 	}
-	f.applied = l.Index
-	f.mu.Unlock()
-	if err != nil {
-		f.log.Error("skipping undecodable log entry", "index", l.Index, "err", err)
-	}
-	if len(res.Effects) > 0 && f.observe != nil {
-		f.observe(res.Effects)
-	}
+	res := make([]core.Result, len(cmds))
+	f.applyAll(l.Index, cmds, res)
 	return res
+}
+
+// applyAll applies the encoded commands of the entry at index, in order, into res, and
+// then hands their effects to observe.
+func (f *fsm) applyAll(index uint64, cmds [][]byte, res []core.Result) {
+	f.mu.Lock()
+	for i, data := range cmds {
+		cmd, err := core.DecodeCommand(data)
+		if err != nil {
+			// A corrupt command is skipped identically on every replica: the state
+			// does not change, and the proposer (if any) gets the error.
+			res[i].Err = err
+			f.log.Error("skipping undecodable command", "index", index, "command", i, "err", err)
+			continue
+		}
+		res[i] = f.state.Apply(cmd)
+	}
+	f.applied = index
+	f.mu.Unlock()
+	if f.observe != nil {
+		for _, r := range res {
+			if len(r.Effects) > 0 {
+				f.observe(r.Effects)
+			}
+		}
+	}
 }
 
 // Snapshot takes a point-in-time copy of the state (applies wait meanwhile); raft then

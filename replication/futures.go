@@ -22,12 +22,12 @@ type futures struct {
 
 type awaited struct {
 	f    raft.ApplyFuture
-	done chan error
+	done func(raft.ApplyFuture, error)
 }
 
-// wait returns a channel that receives f's error once raft has answered it.
-func (w *futures) wait(f raft.ApplyFuture) <-chan error {
-	done := make(chan error, 1)
+// wait calls done with f and its error once raft has answered it, on the waiting
+// goroutine: done must not block.
+func (w *futures) wait(f raft.ApplyFuture, done func(raft.ApplyFuture, error)) {
 	w.mu.Lock()
 	w.queue = append(w.queue, awaited{f: f, done: done})
 	start := !w.running
@@ -36,7 +36,6 @@ func (w *futures) wait(f raft.ApplyFuture) <-chan error {
 	if start {
 		go w.drain()
 	}
-	return done
 }
 
 // drain waits on the queued futures in order until none is left.
@@ -52,7 +51,7 @@ func (w *futures) drain() {
 		batch, w.queue = w.queue, batch[:0]
 		w.mu.Unlock()
 		for i, a := range batch {
-			a.done <- a.f.Error()
+			a.done(a.f, a.f.Error())
 			batch[i] = awaited{}
 		}
 	}

@@ -28,7 +28,7 @@ func TestFuturesHandOutOutcomes(t *testing.T) {
 	dones := make([]<-chan error, n)
 	for i := range fs {
 		fs[i] = pendingFuture{answer: make(chan error, 1)}
-		dones[i] = w.wait(fs[i])
+		dones[i] = waitChan(&w, fs[i])
 	}
 	for _, i := range []int{4, 2, 0, 3, 1} { // raft answers out of queue order
 		fs[i].answer <- fmt.Errorf("outcome %d", i)
@@ -58,9 +58,16 @@ func TestFuturesHandOutOutcomes(t *testing.T) {
 	}
 	// And it starts again for the next proposal.
 	f := pendingFuture{answer: make(chan error, 1)}
-	done := w.wait(f)
+	done := waitChan(&w, f)
 	f.answer <- errors.New("again")
 	if err := <-done; err == nil || err.Error() != "again" {
 		t.Fatalf("after a pause: %v", err)
 	}
+}
+
+// waitChan waits on f through w and returns a channel with its error.
+func waitChan(w *futures, f raft.ApplyFuture) <-chan error {
+	done := make(chan error, 1)
+	w.wait(f, func(_ raft.ApplyFuture, err error) { done <- err })
+	return done
 }

@@ -131,6 +131,7 @@ type Node struct {
 	transport *raft.NetworkTransport
 	verifier  verifier
 	futures   futures
+	batcher   batcher
 }
 
 // Open opens (or creates) the data directory, restores the latest snapshot, replays the
@@ -148,6 +149,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, logs: logs, stable: stable, closer: closer}
+	n.batcher.submit = n.submit
 	ok := false
 	defer func() {
 		if !ok {
@@ -231,7 +233,8 @@ func Open(cfg Config) (*Node, error) {
 	// them to followers nor a follower applying them reads them back from disk: without
 	// it every replicated entry cost a pread and a decode per follower on the leader and
 	// one more on each follower (PERFORMANCE.md, three nodes).
-	cached, err := raft.NewLogCache(logCacheEntries, logs)
+	// Beneath the cache, the batcher learns when each log write starts and ends.
+	cached, err := raft.NewLogCache(logCacheEntries, batchStore{LogStore: logs, b: &n.batcher})
 	if err != nil {
 		return nil, fmt.Errorf("replication: log cache: %w", err)
 	}
@@ -248,33 +251,38 @@ func Open(cfg Config) (*Node, error) {
 // returns the state machine's result. The command's own failure is in Result.Err; the
 // error return is about replication: ErrNotLeader (nothing written), ErrOutcomeUnknown
 // (may or may not be committed), or the context's error (the command may still commit).
+//
+// Commands proposed while a log write is in progress share the next log entry
+// (batch.go); each still gets its own result.
 func (n *Node) Apply(ctx context.Context, cmd core.Command) (core.Result, error) {
 	b, err := core.EncodeCommand(cmd)
 	if err != nil {
 		return core.Result{}, err
 	}
-	timeout := time.Duration(0)
-	if d, ok := ctx.Deadline(); ok {
-		timeout = time.Until(d)
-		if timeout <= 0 {
-			return core.Result{}, context.DeadlineExceeded
-		}
+	if err := ctx.Err(); err != nil {
+		return core.Result{}, err
 	}
-	f := n.raft.Apply(b, timeout)
+	p := proposal{data: b, done: make(chan outcome, 1)}
+	n.batcher.propose(p)
+	var o outcome
 	select {
-	case err = <-n.futures.wait(f):
+	case o = <-p.done:
 	case <-ctx.Done():
 		return core.Result{}, ctx.Err()
 	}
-	switch {
+	switch err := o.err; {
 	case err == nil:
-		res, _ := f.Response().(core.Result)
-		return res, nil
+		return o.res, nil
 	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrEnqueueTimeout):
 		return core.Result{}, fmt.Errorf("%w: %w", ErrNotLeader, err)
 	default:
 		return core.Result{}, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 	}
+}
+
+// submit hands one log entry to raft; done gets its outcome.
+func (n *Node) submit(data []byte, done func(raft.ApplyFuture, error)) {
+	n.futures.wait(n.raft.Apply(data, batchEnqueueTimeout), done)
 }
 
 // Barrier waits until every entry committed before it has been applied to the state
