@@ -219,9 +219,11 @@ func (c *flConn) broken() bool {
 // errFastLaneClosed when the request was not sent).
 func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Message) error {
 	id := c.nextID.Add(1)
-	frame, err := fastlane.AppendFrame(nil, fastlane.KindRequest, m, id, func(b []byte) ([]byte, error) {
+	buf := fastlane.GetBuffer()
+	frame, err := fastlane.AppendFrame(*buf, fastlane.KindRequest, m, id, func(b []byte) ([]byte, error) {
 		return proto.MarshalOptions{}.MarshalAppend(b, req)
 	})
+	defer fastlane.PutBuffer(buf, frame) // Send has copied it by then
 	if err != nil {
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	}

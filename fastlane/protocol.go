@@ -183,6 +183,28 @@ func AppendFrame(dst []byte, kind Kind, method Method, id uint64, appendPayload 
 	return dst, nil
 }
 
+// framePool holds buffers for frames that live only until Writer.Send has copied them.
+var framePool = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+
+// maxPooledFrame is the largest buffer PutBuffer keeps; bigger ones go to the GC.
+const maxPooledFrame = 16 << 10
+
+// GetBuffer returns an empty buffer to build a frame in (AppendFrame((*buf)[:0], …)).
+// Give it back with PutBuffer once Send has returned: Send copies the frame, so the
+// buffer is free again then. Reusing buffers saves the allocations of a frame per
+// request and per answer on the hot path.
+func GetBuffer() *[]byte { return framePool.Get().(*[]byte) }
+
+// PutBuffer gives back a buffer from GetBuffer, with the frame built in it (so that a
+// grown buffer is kept). The caller must not use either afterwards.
+func PutBuffer(buf *[]byte, frame []byte) {
+	if cap(frame) > maxPooledFrame {
+		return
+	}
+	*buf = frame[:0]
+	framePool.Put(buf)
+}
+
 // Writer batches frames onto a connection without a goroutine of its own: Send appends
 // the frame to a pending buffer, and the sender that finds no write in progress writes
 // everything pending — its own frame and whatever others appended meanwhile — until

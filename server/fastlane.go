@@ -191,13 +191,16 @@ func (c *fastConn) answer(method fastlane.Method, id uint64, start time.Time, re
 		c.w.Send(errorFrame(method, id, err), others)
 		return
 	}
-	frame, ferr := fastlane.AppendFrame(nil, fastlane.KindResponse, method, id, func(b []byte) ([]byte, error) {
+	buf := fastlane.GetBuffer()
+	frame, ferr := fastlane.AppendFrame(*buf, fastlane.KindResponse, method, id, func(b []byte) ([]byte, error) {
 		return proto.MarshalOptions{}.MarshalAppend(b, resp)
 	})
 	if ferr != nil {
-		frame = errorFrame(method, id, ferr)
+		c.w.Send(errorFrame(method, id, ferr), others)
+	} else {
+		c.w.Send(frame, others)
 	}
-	c.w.Send(frame, others)
+	fastlane.PutBuffer(buf, frame)
 }
 
 // servesAtOnce reports whether a request is answered from the leader's memory without
