@@ -213,3 +213,27 @@ func liveHeap() uint64 {
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
 }
+
+// TestLocksAcquireReleaseAllocs: a lease that takes and releases one lock at a time
+// reuses its lease index; the pair allocates only the lock itself.
+func TestLocksAcquireReleaseAllocs(t *testing.T) {
+	tbl := NewLocks(Limits{})
+	var seq counterSeq
+	a := AcquireArgs{Lease: leaseA, Name: "cache/rebuild", Class: Efficiency}
+	pair := func() {
+		r := tbl.Acquire(a, &seq)
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		if r := tbl.Release(leaseA, a.Name, r.Token, &seq); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	pair()
+	if n := testing.AllocsPerRun(100, pair); n > 1 {
+		t.Fatalf("an acquire+release pair allocates %.0f times, want at most 1 (the lock)", n)
+	}
+	if tbl.leases[leaseA] != nil || len(tbl.spare) != 1 {
+		t.Fatalf("after the pairs: index %v, %d spare; want none and one", tbl.leases[leaseA], len(tbl.spare))
+	}
+}

@@ -139,7 +139,15 @@ type Locks struct {
 	leases  map[LeaseID]*leaseLocks
 	limits  Limits
 	waiting int // waiters over all locks
+	// spare holds a few lease indexes that became idle, for the next lease that takes
+	// a lock: a lease that takes and releases one lock at a time would otherwise
+	// allocate its index (and its held slice) anew for every grant. Memory only: it
+	// changes nothing anyone can observe.
+	spare []*leaseLocks
 }
+
+// maxSpareLeases bounds Locks.spare.
+const maxSpareLeases = 64
 
 // NewLocks returns an empty table with the given limits (zero fields take defaults;
 // MaxLocksPerLease is at most math.MaxInt32).
@@ -419,7 +427,12 @@ func (t *Locks) dropIfUnused(l *lock) {
 func (t *Locks) lease(lease LeaseID) *leaseLocks {
 	ll := t.leases[lease]
 	if ll == nil {
-		ll = &leaseLocks{}
+		if n := len(t.spare); n > 0 {
+			ll, t.spare[n-1] = t.spare[n-1], nil
+			t.spare = t.spare[:n-1]
+		} else {
+			ll = &leaseLocks{}
+		}
 		t.leases[lease] = ll
 	}
 	return ll
@@ -475,6 +488,12 @@ func (ll *leaseLocks) unwait(l *lock) {
 func (t *Locks) forgetIfIdle(lease LeaseID, ll *leaseLocks) {
 	if ll.count() == 0 {
 		delete(t.leases, lease)
+		if len(t.spare) < maxSpareLeases && cap(ll.held) <= 8 {
+			// held is empty and waits nil or empty; terms is immutable and reused only
+			// by a lease with equal terms (grant), so the index is as good as new.
+			ll.held, ll.waits = ll.held[:0], nil
+			t.spare = append(t.spare, ll)
+		}
 	}
 }
 

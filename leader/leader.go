@@ -94,8 +94,14 @@ type Leader struct {
 	cfg Config
 	lg  *slog.Logger
 
-	mu      sync.Mutex
-	active  bool
+	mu     sync.Mutex
+	active bool
+	// askName and askHeld are effAdmitLocked's question to the replicated state and its
+	// answer, asked through askHas, which is made once so that asking allocates nothing
+	// on the efficiency fast path. Guarded by mu.
+	askName string
+	askHeld bool
+	askHas  func(*core.State)
 	epoch   string
 	stop    chan struct{} // closed by Demote
 	kick    chan struct{} // wakes the expiry loop
@@ -123,7 +129,7 @@ func New(log Log, cfg Config) *Leader {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Leader{
+	l := &Leader{
 		log:     log,
 		cfg:     cfg,
 		lg:      cfg.Logger,
@@ -134,6 +140,8 @@ func New(log Log, cfg Config) *Leader {
 		delays:  make(map[string]*delay),
 		eff:     core.NewLocks(cfg.Limits),
 	}
+	l.askHas = func(s *core.State) { l.askHeld = s.Locks().Has(l.askName) }
+	return l
 }
 
 // Run follows leadership changes until ctx ends: true promotes, false demotes.
@@ -486,7 +494,9 @@ func (l *Leader) effAdmitLocked(a AcquireArgs) error {
 	}
 	conflict := l.pending[a.Name] > 0
 	if !conflict {
-		l.log.Read(func(s *core.State) { conflict = s.Locks().Has(a.Name) })
+		l.askName = a.Name
+		l.log.Read(l.askHas)
+		conflict, l.askName = l.askHeld, ""
 	}
 	if conflict {
 		return fmt.Errorf("%w: %q is in use as correctness", core.ErrClassConflict, a.Name)
