@@ -330,7 +330,12 @@ func TestBatchEntryThroughRaft(t *testing.T) {
 	n.batcher.mu.Lock()
 	n.batcher.open, n.batcher.openAt = true, n.batcher.writesStarted.Load()
 	n.batcher.mu.Unlock()
-	before := n.Status().AppliedIndex
+	// The log's own last index, not raft's applied index, which raft updates on
+	// another goroutine than the one that answers the proposers.
+	before, err := n.logs.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
 	tokens := make([]uint64, k)
 	errs := make(chan error, k)
 	for i := range k {
@@ -364,7 +369,11 @@ func TestBatchEntryThroughRaft(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if entries := n.Status().AppliedIndex - before; entries != 1 {
+	last, err := n.logs.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if entries := last - before; entries != 1 {
 		t.Fatalf("%d commands took %d log entries, want 1", k, entries)
 	}
 	seen := map[uint64]bool{}
