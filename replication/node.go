@@ -252,7 +252,7 @@ func Open(cfg Config) (*Node, error) {
 // error return is about replication: ErrNotLeader (nothing written), ErrOutcomeUnknown
 // (may or may not be committed), or the context's error (the command may still commit).
 //
-// Commands proposed while a log write is in progress share the next log entry
+// Commands proposed before the last entry sent is written share the next log entry
 // (batch.go); each still gets its own result.
 func (n *Node) Apply(ctx context.Context, cmd core.Command) (core.Result, error) {
 	b, err := core.EncodeCommand(cmd)

@@ -285,7 +285,7 @@ func mainErr(f flags) int {
 		sys := peers.NewLeasehold(opts, false)
 		profile := ""
 		if f.profile {
-			profile = filepath.Join(f.out, f.prefix+"-scale-leases.cpu.pprof")
+			profile = filepath.Join(f.out, f.prefix+"-scale-leases") // + ".cpu.pprof"
 		}
 		err := withLeasehold(ctx, sys, tmp, "scale-leases", f.startTimeout, logw, func() {
 			r := scale.Leases(ctx, sys, f.scaleLeases, f.scaleClients, f.scaleLeaseTTL, f.scaleWindow, profile, logw)

@@ -207,16 +207,6 @@ func (l *Leasehold) PIDs() []int {
 	return pids
 }
 
-// FetchProfile writes the CPU profile of the first node over d to file; the servers
-// must run with Options.LeaseholdPprof. The first node is the one a fresh cluster
-// bootstraps on, so it is the leader unless leadership has moved.
-func (l *Leasehold) FetchProfile(ctx context.Context, d time.Duration, file string) error {
-	if len(l.addrs) == 0 {
-		return errors.New("leasehold: not started")
-	}
-	return fetchProfile(ctx, l.addrs[0], d, file)
-}
-
 // FetchProfiles writes every node's CPU profile over d, at once: to base+".cpu.pprof"
 // for one node, to base+"-n1.cpu.pprof" and so on for a cluster (n1 is the first node).
 func (l *Leasehold) FetchProfiles(ctx context.Context, d time.Duration, base string) error {

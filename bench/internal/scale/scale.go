@@ -176,8 +176,9 @@ type LeasesResult struct {
 // ttl + k ms, each holding one efficiency lock: a Client keeps one lease per TTL),
 // waits one keepalive period, then measures the server for window.
 //
-// With profile set (a file name; the server must run with --pprof), the server's CPU
-// profile over the measured window is written there.
+// With profile set (a base name; the server must run with --pprof), the server's CPU
+// profile over the measured window is written to profile+".cpu.pprof"
+// (peers.Leasehold.FetchProfiles).
 func Leases(ctx context.Context, sys *peers.Leasehold, n, nclients int, ttl, window time.Duration, profile string, logw io.Writer) LeasesResult {
 	res := LeasesResult{System: sys.Name(), Version: sys.Version(), Leases: n, Clients: nclients, TTL: ttl, Window: window}
 	pid := sys.PIDs()[0]
@@ -234,7 +235,7 @@ func Leases(ctx context.Context, sys *peers.Leasehold, n, nclients int, ttl, win
 	t0 := time.Now()
 	profiled := make(chan error, 1)
 	if profile != "" {
-		go func() { profiled <- sys.FetchProfile(ctx, window, profile) }()
+		go func() { profiled <- sys.FetchProfiles(ctx, window, profile) }()
 	} else {
 		profiled <- nil
 	}
