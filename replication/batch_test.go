@@ -325,10 +325,13 @@ func TestBatchEntryThroughRaft(t *testing.T) {
 	}
 
 	// Make the batcher believe an entry it sent is not written yet, so that the
-	// proposals queue; then end a write that carried it.
+	// proposals queue; then end a write that carried it. The pretend entry gets a
+	// sequence number of its own: the grant's entry settles after its proposer hears
+	// back, and that late settle must not release the queue.
 	const k = 20
 	n.batcher.mu.Lock()
 	n.batcher.open, n.batcher.openAt = true, n.batcher.writesStarted.Load()
+	n.batcher.seq++
 	n.batcher.mu.Unlock()
 	// The log's own last index, not raft's applied index, which raft updates on
 	// another goroutine than the one that answers the proposers.
