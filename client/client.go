@@ -14,6 +14,10 @@
 // (guarantee G4b). context.Cause tells why: ErrLeaseExpired, ErrLeaseRevoked,
 // ErrLeaseDeadline, ErrReleasedByOperator, ErrStateLost, or ErrUnlocked.
 //
+// All locks a Client takes hang on its leases; a Session (Client.NewSession) is a lock
+// holder with leases of its own on the same connections, for workers of one process that
+// must contend with each other.
+//
 // What the client cannot promise: that your code stops when the context is cancelled.
 // A process that is paused (GC, swap, SIGSTOP, VM migration) does not run its
 // cancellation either. Only a resource that checks the fencing token stops a paused
@@ -80,8 +84,10 @@ type Client struct {
 	kv      leaseholdv1connect.KVServiceClient
 	fast    *fastLanes
 
+	own leaseSet // the leases of locks taken with Client.Lock
+
 	mu       sync.Mutex
-	sessions map[time.Duration]*session
+	sessions map[*Session]struct{}
 	closed   bool
 }
 
@@ -124,7 +130,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		locks:    leaseholdv1connect.NewLockServiceClient(hc, base, copts...),
 		cluster:  leaseholdv1connect.NewClusterServiceClient(hc, base, copts...),
 		kv:       leaseholdv1connect.NewKVServiceClient(hc, base, copts...),
-		sessions: make(map[time.Duration]*session),
+		sessions: make(map[*Session]struct{}),
 	}
 	c.fast = &fastLanes{c: c, disabled: o.noFastLane}
 	c.leases = fastLeaseClient{LeaseServiceClient: c.leases, f: c.fast}
@@ -171,9 +177,9 @@ func (c *Client) CheckToken(ctx context.Context, name string, token uint64) (boo
 	return resp.GetCurrent(), err
 }
 
-// Close revokes the client's leases, which releases every lock they hold, and stops
-// the keepalives. It waits at most until ctx ends; a lease it could not revoke expires
-// on its own after its TTL.
+// Close revokes the client's leases and those of its Sessions, which releases every
+// lock they hold, and stops the keepalives. It waits at most until ctx ends; a lease it
+// could not revoke expires on its own after its TTL.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	if c.closed {
@@ -181,16 +187,15 @@ func (c *Client) Close(ctx context.Context) error {
 		return nil
 	}
 	c.closed = true
-	sessions := make([]*session, 0, len(c.sessions))
-	for _, s := range c.sessions {
-		sessions = append(sessions, s)
+	sets := []*leaseSet{&c.own}
+	for s := range c.sessions {
+		sets = append(sets, &s.set)
 	}
 	clear(c.sessions)
 	c.mu.Unlock()
 	var errs []error
-	for _, s := range sessions {
-		s.end(ErrLeaseRevoked)
-		if _, err := c.leases.Revoke(ctx, &leaseholdv1.RevokeRequest{LeaseId: s.id}); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+	for _, set := range sets {
+		if err := c.revokeAll(ctx, set); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -198,43 +203,82 @@ func (c *Client) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// session returns the live session for ttl, granting a new lease if needed.
-func (c *Client) session(ctx context.Context, ttl time.Duration) (*session, error) {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+// leaseSet is the leases of one lock holder, the Client itself or one Session: one per
+// TTL, each granted when a Lock first needs it.
+type leaseSet struct {
+	mu     sync.Mutex
+	byTTL  map[time.Duration]*lease
+	closed bool
+}
+
+// revokeAll closes set and revokes its leases, which releases their locks.
+func (c *Client) revokeAll(ctx context.Context, set *leaseSet) error {
+	set.mu.Lock()
+	if set.closed {
+		set.mu.Unlock()
+		return nil
+	}
+	set.closed = true
+	leases := make([]*lease, 0, len(set.byTTL))
+	for _, s := range set.byTTL {
+		leases = append(leases, s)
+	}
+	clear(set.byTTL)
+	set.mu.Unlock()
+	var errs []error
+	for _, s := range leases {
+		s.end(ErrLeaseRevoked)
+		if _, err := c.leases.Revoke(ctx, &leaseholdv1.RevokeRequest{LeaseId: s.id}); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// leaseFor returns set's live lease for ttl, granting a new one if needed.
+func (c *Client) leaseFor(ctx context.Context, set *leaseSet, ttl time.Duration) (*lease, error) {
+	set.mu.Lock()
+	if set.closed {
+		set.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if s := c.sessions[ttl]; s != nil && s.alive() {
-		c.mu.Unlock()
+	if s := set.byTTL[ttl]; s != nil && s.alive() {
+		set.mu.Unlock()
 		return s, nil
 	}
-	c.mu.Unlock()
+	set.mu.Unlock()
 
 	sent := time.Now()
 	resp, err := c.leases.Grant(ctx, &leaseholdv1.GrantRequest{TtlMs: ttl.Milliseconds()})
 	if err != nil {
 		return nil, err
 	}
-	s := newSession(c, resp.GetLeaseId(), time.Duration(resp.GetTtlMs())*time.Millisecond, sent)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
+	s := newLease(c, resp.GetLeaseId(), time.Duration(resp.GetTtlMs())*time.Millisecond, sent)
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	if set.closed {
 		s.end(ErrClosed)
+		go c.revokeLater(s)
 		return nil, ErrClosed
 	}
-	if old := c.sessions[ttl]; old != nil && old.alive() {
+	if old := set.byTTL[ttl]; old != nil && old.alive() {
 		// Another Lock won the race; keep one lease per TTL and let this one go.
 		s.end(ErrLeaseRevoked)
-		go func() {
-			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_, _ = c.leases.Revoke(rctx, &leaseholdv1.RevokeRequest{LeaseId: s.id})
-		}()
+		go c.revokeLater(s)
 		return old, nil
 	}
-	c.sessions[ttl] = s
+	if set.byTTL == nil {
+		set.byTTL = make(map[time.Duration]*lease)
+	}
+	set.byTTL[ttl] = s
 	return s, nil
+}
+
+// revokeLater revokes a lease nobody uses, in the background.
+func (c *Client) revokeLater(s *lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = c.leases.Revoke(ctx, &leaseholdv1.RevokeRequest{LeaseId: s.id})
 }
 
 func (c *Client) margin(ttl time.Duration) time.Duration {

@@ -25,7 +25,7 @@ var (
 	// Lock and Unlock the outcome on the server is then unknown; Lock retries for you
 	// until its context ends.
 	ErrUnavailable = errors.New("client: no server available")
-	// ErrClosed is returned by calls on a closed Client.
+	// ErrClosed is returned by calls on a closed Client, and by Lock on a closed Session.
 	ErrClosed = errors.New("client: closed")
 
 	// ErrLockLost is returned by Unlock when the lock had already been lost (see the
@@ -35,7 +35,7 @@ var (
 
 	// ErrLeaseExpired: the server expired the lease (no keepalive reached it in time).
 	ErrLeaseExpired = errors.New("client: lease expired on the server")
-	// ErrLeaseRevoked: the lease was revoked (Client.Close, or an operator).
+	// ErrLeaseRevoked: the lease was revoked (Client.Close, Session.Close, or an operator).
 	ErrLeaseRevoked = errors.New("client: lease revoked")
 	// ErrLeaseDeadline: no keepalive was acknowledged in time, so the client gave the
 	// lock up at its cautious local deadline — before the server could expire the lease.

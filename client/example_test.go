@@ -42,3 +42,27 @@ func Example_checkToken() {
 		log.Print("token 34 no longer holds accounts/7: refuse the write")
 	}
 }
+
+// ExampleClient_NewSession gives each worker of a pool a lease of its own on one Client:
+// the workers contend for a lock as separate clients would, and their requests share
+// the Client's connection.
+func ExampleClient_NewSession() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "127.0.0.1:7740")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close(ctx)
+	for range 4 {
+		go func() {
+			s := c.NewSession()
+			defer s.Close(context.Background())
+			l, err := s.Lock(ctx, "reports/daily", client.Efficiency)
+			if err != nil {
+				return
+			}
+			defer l.Unlock(context.Background())
+			// Only one worker at a time gets here; the others wait in line.
+		}()
+	}
+}

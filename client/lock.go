@@ -65,7 +65,7 @@ func LockDelay(d time.Duration) LockOption {
 // Lock is a held lock. Its methods are safe for concurrent use.
 type Lock struct {
 	c     *Client
-	s     *session
+	s     *lease
 	name  string
 	token uint64
 	class leaseholdv1.LockClass
@@ -96,6 +96,11 @@ const maxRetryBackoff = 250 * time.Millisecond
 // server could be reached; the server's InvalidArgument for a bad name (as a
 // *connect.Error); ctx's error.
 func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Lock, error) {
+	return c.lock(ctx, &c.own, name, opts)
+}
+
+// lock is Lock for the holder whose leases are set.
+func (c *Client) lock(ctx context.Context, set *leaseSet, name string, opts []LockOption) (*Lock, error) {
 	o := lockOptions{ttl: c.opts.ttl, waitMs: -1}
 	for _, opt := range opts {
 		opt(&o)
@@ -109,9 +114,9 @@ func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Lo
 	}
 	backoff := 20 * time.Millisecond
 	var lastErr error
-	var tried *session
+	var tried *lease
 	for {
-		s, err := c.session(ctx, o.ttl)
+		s, err := c.leaseFor(ctx, set, o.ttl)
 		if err == nil {
 			var l *Lock
 			tried = s
@@ -144,7 +149,7 @@ func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Lo
 	}
 }
 
-func (c *Client) acquire(ctx context.Context, s *session, name string, o lockOptions, h Holder) (*Lock, error) {
+func (c *Client) acquire(ctx context.Context, s *lease, name string, o lockOptions, h Holder) (*Lock, error) {
 	resp, err := c.locks.Acquire(ctx, &leaseholdv1.AcquireRequest{
 		Name:        name,
 		Class:       o.class,
@@ -168,7 +173,7 @@ func (c *Client) acquire(ctx context.Context, s *session, name string, o lockOpt
 	l := &Lock{c: c, s: s, name: name, token: resp.GetToken(), class: resp.GetClass(), epoch: resp.GetEpoch()}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	if err := s.add(l); err != nil {
-		// The session ended while we acquired: the lease is gone or about to be.
+		// The lease ended while we acquired: the lease is gone or about to be.
 		l.lost(err)
 	}
 	return l, nil
@@ -265,7 +270,7 @@ func (c lockContext) Err() error {
 // abandon takes lease s out of name's queue, or releases the grant it got, after a Lock
 // whose outcome was unknown gave up. An Acquire with wait 0 on the same lease returns
 // the lease's grant (idempotent) or cancels its place in the queue.
-func (c *Client) abandon(s *session, name string, class leaseholdv1.LockClass) {
+func (c *Client) abandon(s *lease, name string, class leaseholdv1.LockClass) {
 	backoff := 50 * time.Millisecond
 	for s.alive() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -1,219 +1,54 @@
 package client
 
-import (
-	"context"
-	"errors"
-	"fmt"
-	"math/rand/v2"
-	"sync"
-	"time"
+import "context"
 
-	"connectrpc.com/connect"
-
-	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
-)
-
-// session is one lease and the locks held on it. One goroutine (keepAlive) owns the
-// renewals; it stops when the session ends.
-type session struct {
-	c      *Client
-	id     string
-	ttl    time.Duration
-	margin time.Duration
-
-	mu       sync.Mutex
-	deadline time.Time // cautious local deadline, monotonic
-	locks    map[*Lock]struct{}
-	err      error // why the session ended; nil while alive
-	timer    *time.Timer
-	stop     chan struct{}
+// Session is a lock holder of its own that shares a Client's connections: the locks it
+// takes hang on its own leases, never on the Client's or another Session's. Two Sessions
+// contend for a lock as two separate clients would (one waits in the server's queue
+// while the other holds it), and each gets its own fencing token; two Lock calls for one
+// name through the same Session get the same grant, as through one Client. It is to a
+// Client what etcd's concurrency.Session is to a clientv3.Client.
+//
+// Use a Session per independent worker of one process (a pool of goroutines each of
+// which must be fenced on its own) instead of a Client per worker: Sessions multiplex
+// their requests over the Client's one fast-lane connection, which the server reads and
+// answers in batches, where Clients would each open their own.
+//
+// A Session costs nothing until its first Lock grants its lease; then one keepalive
+// every TTL/3 per lease. Locks taken through a Session behave exactly like a Client's
+// (Token, Context, Unlock). A Session is safe for concurrent use.
+type Session struct {
+	c   *Client
+	set leaseSet
 }
 
-func newSession(c *Client, id string, ttl time.Duration, sent time.Time) *session {
-	s := &session{
-		c:      c,
-		id:     id,
-		ttl:    ttl,
-		margin: c.margin(ttl),
-		locks:  make(map[*Lock]struct{}),
-		stop:   make(chan struct{}),
+// NewSession returns a new Session on c. It grants no lease until its first Lock. A
+// Session of a closed Client fails every Lock with ErrClosed.
+func (c *Client) NewSession() *Session {
+	s := &Session{c: c}
+	c.mu.Lock()
+	if c.closed {
+		s.set.closed = true
+	} else {
+		c.sessions[s] = struct{}{}
 	}
-	s.deadline = sent.Add(ttl - s.margin)
-	s.timer = time.AfterFunc(time.Until(s.deadline), s.checkDeadline)
-	go s.keepAlive()
+	c.mu.Unlock()
 	return s
 }
 
-// alive reports whether the session can still take locks. It checks the clock itself,
-// so a process resumed after a pause sees an expired session at once.
-func (s *session) alive() bool {
-	s.checkDeadline()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.err == nil
+// Lock acquires the lock name on the Session's own lease. Options, waiting, retries and
+// errors are those of Client.Lock.
+func (s *Session) Lock(ctx context.Context, name string, opts ...LockOption) (*Lock, error) {
+	return s.c.lock(ctx, &s.set, name, opts)
 }
 
-// checkDeadline ends the session if its cautious deadline has passed.
-func (s *session) checkDeadline() {
-	s.mu.Lock()
-	late := s.err == nil && !time.Now().Before(s.deadline)
-	s.mu.Unlock()
-	if late {
-		s.end(fmt.Errorf("%w (lease %s, TTL %v)", ErrLeaseDeadline, s.id, s.ttl))
-	}
-}
-
-// renewed records an acknowledged keepalive that was sent at sent.
-func (s *session) renewed(sent time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.err != nil {
-		return
-	}
-	if d := sent.Add(s.ttl - s.margin); d.After(s.deadline) {
-		s.deadline = d
-		s.timer.Reset(time.Until(d))
-	}
-}
-
-// end cancels every lock of the session with cause and stops the keepalives.
-func (s *session) end(cause error) {
-	s.mu.Lock()
-	if s.err != nil {
-		s.mu.Unlock()
-		return
-	}
-	s.err = cause
-	s.timer.Stop()
-	close(s.stop)
-	locks := s.locks
-	s.locks = nil
-	s.mu.Unlock()
-	for l := range locks {
-		l.lost(cause)
-	}
-	// Client.session calls alive (and so end) with c.mu held; it replaces dead
-	// sessions itself, so end must not take c.mu.
-}
-
-func (s *session) add(l *Lock) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.err != nil {
-		return s.err
-	}
-	s.locks[l] = struct{}{}
-	return nil
-}
-
-func (s *session) remove(l *Lock) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.locks, l)
-}
-
-func (s *session) remaining() time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return time.Until(s.deadline)
-}
-
-// keepAlive renews the lease about every TTL/3 (jittered by ±10%), and sooner after a
-// failure, until the session ends. A keepalive is never allowed to run past the
-// cautious deadline: its answer would be useless after it.
-func (s *session) keepAlive() {
-	interval := s.ttl / 3
-	next := aligned(jitter(interval), interval)
-	retry := 20 * time.Millisecond
-	t := time.NewTimer(next)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-		}
-		s.checkDeadline()
-		left := s.remaining()
-		if left <= 0 {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), left)
-		sent := time.Now()
-		resp, err := s.c.leases.KeepAlive(ctx, &leaseholdv1.KeepAliveRequest{LeaseId: s.id})
-		cancel()
-		switch {
-		case err == nil:
-			s.renewed(sent)
-			s.deliver(resp)
-			retry = 20 * time.Millisecond
-			next = aligned(jitter(interval), interval)
-		case connect.CodeOf(err) == connect.CodeNotFound:
-			s.end(leaseGoneCause(err))
-			return
-		default:
-			// Unknown: the lease may still be alive. Retry quickly with backoff (on the
-			// next node), keeping several attempts inside the remaining time.
-			s.c.nodes.next()
-			next = min(jitter(retry), max(left/4, time.Millisecond))
-			retry = min(retry*2, interval)
-		}
-		t.Reset(next)
-	}
-}
-
-// deliver applies what a keepalive answer says about individual locks: force releases
-// and a changed efficiency epoch.
-func (s *session) deliver(resp *leaseholdv1.KeepAliveResponse) {
-	s.mu.Lock()
-	var lost []*Lock
-	var causes []error
-	for l := range s.locks {
-		if l.class == leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY && l.epoch != resp.GetEpoch() {
-			lost = append(lost, l)
-			causes = append(causes, fmt.Errorf("%w (epoch %s, now %s)", ErrStateLost, l.epoch, resp.GetEpoch()))
-			continue
-		}
-		for _, ll := range resp.GetLost() {
-			if ll.GetName() == l.name && ll.GetToken() == l.token {
-				lost = append(lost, l)
-				causes = append(causes, fmt.Errorf("%w: %s", ErrReleasedByOperator, ll.GetReason()))
-			}
-		}
-	}
-	for _, l := range lost {
-		delete(s.locks, l)
-	}
-	s.mu.Unlock()
-	for i, l := range lost {
-		l.lost(causes[i])
-	}
-}
-
-// aligned stretches a wait of d so that it ends on a boundary of a quantum shared by
-// every lease in the process (interval/32, between 1 ms and 100 ms): renewals that fall
-// due close together are sent together, so the fast lane carries them in one write and
-// the server reads them in one read. A renewal is late by less than a quantum, about 3%
-// of the renewal interval, which leaves the lease two thirds of its TTL to spare.
-func aligned(d, interval time.Duration) time.Duration {
-	return alignedAt(time.Since(processStart), d, interval)
-}
-
-// alignedAt is aligned at now (time since processStart).
-func alignedAt(now, d, interval time.Duration) time.Duration {
-	q := min(max(interval/32, time.Millisecond), 100*time.Millisecond)
-	end := now + d
-	return d + (q-end%q)%q
-}
-
-// processStart anchors the quanta of aligned.
-var processStart = time.Now()
-
-func jitter(d time.Duration) time.Duration {
-	return d - d/10 + time.Duration(rand.Int64N(int64(d/5)+1))
-}
-
-// errIsLeaseGone reports whether err says the lease no longer exists.
-func errIsLeaseGone(err error) bool {
-	return connect.CodeOf(err) == connect.CodeNotFound && !errors.Is(err, context.Canceled)
+// Close revokes the Session's leases, which releases every lock taken through it, and
+// stops their keepalives; later Locks fail with ErrClosed. It waits at most until ctx
+// ends; a lease it could not revoke expires on its own after its TTL. The Client and
+// its other Sessions carry on. Closing the Client closes all its Sessions.
+func (s *Session) Close(ctx context.Context) error {
+	s.c.mu.Lock()
+	delete(s.c.sessions, s)
+	s.c.mu.Unlock()
+	return s.c.revokeAll(ctx, &s.set)
 }

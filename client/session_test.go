@@ -1,30 +1,137 @@
-package client
+package client_test
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/testnode"
 )
 
-// TestAlignedRenewals: a renewal is never sooner than asked, late by less than one
-// quantum, ends on a quantum boundary, and renewals due within one quantum are sent at
-// the same moment.
-func TestAlignedRenewals(t *testing.T) {
-	for _, interval := range []time.Duration{10 * time.Millisecond, 333 * time.Millisecond, 3333 * time.Millisecond, time.Hour} {
-		q := min(max(interval/32, time.Millisecond), 100*time.Millisecond)
-		for _, now := range []time.Duration{0, 1, q - 1, 7*q + q/2, 1000 * time.Hour} {
-			for _, d := range []time.Duration{0, 1, q / 3, interval - q/2, interval} {
-				got := alignedAt(now, d, interval)
-				if got < d || got >= d+q {
-					t.Fatalf("interval %v now %v: alignedAt(%v) = %v, want in [%v, %v)", interval, now, d, got, d, d+q)
-				}
-				if (now+got)%q != 0 {
-					t.Fatalf("interval %v now %v d %v: ends %v past a boundary of %v", interval, now, d, (now+got)%q, q)
-				}
+// TestSessionsAreSeparateHolders: two Sessions of one Client contend for a lock like two
+// clients — the second waits in the queue, is granted on the first's Unlock, and gets a
+// larger token — while two Locks of one name through one Session get the same grant.
+func TestSessionsAreSeparateHolders(t *testing.T) {
+	_, c, ctx := startClient(t)
+	defer c.Close(ctx)
+
+	for _, tc := range []struct {
+		class client.LockOption
+		name  string
+	}{{client.Efficiency, "sessions/efficiency"}, {client.Correctness, "sessions/correctness"}} {
+		class, name := tc.class, tc.name
+		a, b := c.NewSession(), c.NewSession()
+		la, err := a.Lock(ctx, name, class)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := a.Lock(ctx, name, class, client.TryOnce)
+		if err != nil || again.Token() != la.Token() {
+			t.Fatalf("%s: the same Session locking again: token %d, %v; want the grant's %d", name, again.Token(), err, la.Token())
+		}
+		if _, err := b.Lock(ctx, name, class, client.TryOnce); !errors.Is(err, client.ErrNotAcquired) {
+			t.Fatalf("%s: another Session while held: %v, want ErrNotAcquired", name, err)
+		}
+		if _, err := c.Lock(ctx, name, class, client.TryOnce); !errors.Is(err, client.ErrNotAcquired) {
+			t.Fatalf("%s: the Client's own lease while a Session holds it: %v, want ErrNotAcquired", name, err)
+		}
+		granted := make(chan *client.Lock, 1)
+		go func() {
+			lb, err := b.Lock(ctx, name, class)
+			if err != nil {
+				t.Error(err)
 			}
-			base := alignedAt(now, interval, interval)
-			if other := alignedAt(now, base-q+1, interval); other != base {
-				t.Fatalf("interval %v now %v: renewals due in one quantum end at %v and %v", interval, now, base, other)
+			granted <- lb
+		}()
+		time.Sleep(50 * time.Millisecond) // b queues
+		if err := la.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lb := <-granted
+		if lb == nil || lb.Token() <= la.Token() {
+			t.Fatalf("%s: the waiting Session's grant %v after token %d", name, lb, la.Token())
+		}
+		if err := lb.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []*client.Session{a, b} {
+			if err := s.Close(ctx); err != nil {
+				t.Fatal(err)
 			}
 		}
 	}
+}
+
+// TestSessionClose: closing a Session releases its locks (their contexts end with
+// ErrLeaseRevoked) and makes its Lock fail with ErrClosed; the Client and other Sessions
+// carry on. Closing the Client closes its Sessions, and a Session made after that
+// cannot lock.
+func TestSessionClose(t *testing.T) {
+	addr, c, ctx := startClient(t)
+	a, b := c.NewSession(), c.NewSession()
+	la, err := a.Lock(ctx, "close/x", client.Correctness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if lost, cause := la.Lost(); !lost || !errors.Is(cause, client.ErrLeaseRevoked) || !errors.Is(context.Cause(la.Context()), client.ErrLeaseRevoked) {
+		t.Fatalf("a lock of a closed Session: lost %v, cause %v", lost, cause)
+	}
+	if _, err := a.Lock(ctx, "close/y", client.Correctness); !errors.Is(err, client.ErrClosed) {
+		t.Fatalf("Lock on a closed Session: %v, want ErrClosed", err)
+	}
+	lb, err := b.Lock(ctx, "close/x", client.Correctness, client.TryOnce)
+	if err != nil {
+		t.Fatalf("the lock of a closed Session is not free: %v", err)
+	}
+	lc, err := c.Lock(ctx, "close/z", client.Correctness)
+	if err != nil {
+		t.Fatalf("the Client after one of its Sessions closed: %v", err)
+	}
+
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []*client.Lock{lb, lc} {
+		if lost, cause := l.Lost(); !lost || !errors.Is(cause, client.ErrLeaseRevoked) {
+			t.Fatalf("%s after Client.Close: lost %v, cause %v", l.Name(), lost, cause)
+		}
+	}
+	if _, err := b.Lock(ctx, "close/w", client.Correctness); !errors.Is(err, client.ErrClosed) {
+		t.Fatalf("Lock on a Session of a closed Client: %v, want ErrClosed", err)
+	}
+	if _, err := c.NewSession().Lock(ctx, "close/w", client.Correctness); !errors.Is(err, client.ErrClosed) {
+		t.Fatalf("Lock on a Session made after Client.Close: %v, want ErrClosed", err)
+	}
+
+	// Every lease was revoked on the server, not left to expire.
+	c2, err := client.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close(ctx)
+	for _, name := range []string{"close/x", "close/z"} {
+		l, err := c2.Lock(ctx, name, client.Correctness, client.TryOnce)
+		if err != nil {
+			t.Fatalf("%s after Client.Close: %v", name, err)
+		}
+		_ = l.Unlock(ctx)
+	}
+}
+
+// startClient starts a node and dials it; the context ends with the test.
+func startClient(t *testing.T) (string, *client.Client, context.Context) {
+	t.Helper()
+	node := testnode.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	c, err := client.Dial(ctx, node.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return node.Addr(), c, ctx
 }
