@@ -58,6 +58,7 @@ type flags struct {
 	scaleLeaseTTL      time.Duration
 	scaleWindow        time.Duration
 	profile            bool
+	clientPerWorker    bool
 	startTimeout       time.Duration
 	prefix             string
 }
@@ -90,6 +91,7 @@ func main() {
 	flag.DurationVar(&f.scaleLeaseTTL, "scale-lease-ttl", 10*time.Second, "scale-leases: lease TTL (each lease gets TTL + k ms)")
 	flag.DurationVar(&f.scaleWindow, "scale-window", 30*time.Second, "scale-leases: measured window")
 	flag.BoolVar(&f.profile, "profile", false, "run leasehold with --pprof and write its CPU profile over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND][-nNODE].cpu.pprof (every node's, in a cluster) and, for scale-leases, to OUT/NAME-scale-leases.cpu.pprof")
+	flag.BoolVar(&f.clientPerWorker, "leasehold-client-per-worker", false, "leasehold recipe: a client.Dial per worker (a connection each) instead of one shared client with a Session per worker")
 	flag.DurationVar(&f.startTimeout, "start-timeout", 90*time.Second, "how long a server may take to start")
 	fromJSON := flag.String("from-json", "", "render the report of an earlier run from its JSON file, without running anything")
 	flag.Parse()
@@ -173,7 +175,7 @@ func mainErr(f flags) int {
 	rep.Fsync = report.MeasureFsync(tmp, f.fsyncSamples, 10*time.Second)
 	fmt.Fprintf(logw, "lockbench: fsync (4 KiB + fdatasync, %s): p50 %v p99 %v (%d samples) %s\n", rep.Fsync.FSType, rep.Fsync.P50, rep.Fsync.P99, rep.Fsync.Samples, rep.Fsync.Err)
 
-	opts := peers.Options{TTL: f.ttl, RedisRetry: f.redisRetry, LeaseholdBin: f.leaseholdBin, ZooKeeperHeap: f.zkHeap, LeaseholdPprof: f.profile}
+	opts := peers.Options{TTL: f.ttl, RedisRetry: f.redisRetry, LeaseholdBin: f.leaseholdBin, ZooKeeperHeap: f.zkHeap, LeaseholdPprof: f.profile, LeaseholdClientPerWorker: f.clientPerWorker}
 	needLeasehold := scaleLocks || scaleLeases || slices.ContainsFunc(systems, func(s string) bool { return strings.HasPrefix(s, "leasehold") })
 	if needLeasehold && opts.LeaseholdBin == "" {
 		opts.LeaseholdBin = filepath.Join(tmp, "leasehold")

@@ -30,6 +30,9 @@ type Leasehold struct {
 	addr        string // every node's API address, comma-separated (what clients dial)
 	fastLane    bool
 	version     string
+
+	mu     sync.Mutex
+	shared *client.Client // the workers' client, unless each has its own
 }
 
 func newLeasehold(o Options, correctness bool) *Leasehold {
@@ -64,8 +67,12 @@ func (l *Leasehold) Describe() string {
 	if l.nodes == 3 {
 		nodes = "three leasehold nodes on loopback (separate processes; clients given all three addresses)"
 	}
-	return fmt.Sprintf("%s, %s; recipe client.Dial (one client, so one lease of TTL %v, per worker) + Lock(ctx, name, %s) / Unlock — %s",
-		nodes, lane, l.o.TTL, class, how)
+	recipe := fmt.Sprintf("one shared client.Dial, a client.Session (so a lease of TTL %v) per worker", l.o.TTL)
+	if l.o.LeaseholdClientPerWorker {
+		recipe = fmt.Sprintf("client.Dial (one client, so one connection and one lease of TTL %v) per worker", l.o.TTL)
+	}
+	return fmt.Sprintf("%s, %s; recipe %s + Lock(ctx, name, %s) / Unlock — %s",
+		nodes, lane, recipe, class, how)
 }
 
 // Start runs `leasehold server` on free loopback ports with its data under dir.
@@ -251,8 +258,16 @@ func fetchProfile(ctx context.Context, addr string, d time.Duration, file string
 	return os.WriteFile(file, b, 0o644)
 }
 
-// Stop stops the servers.
+// Stop closes the shared client and stops the servers.
 func (l *Leasehold) Stop() {
+	l.mu.Lock()
+	if l.shared != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = l.shared.Close(ctx)
+		cancel()
+		l.shared = nil
+	}
+	l.mu.Unlock()
 	for i := len(l.ps) - 1; i >= 0; i-- {
 		l.ps[i].Stop(10 * time.Second)
 	}
@@ -266,29 +281,46 @@ func (l *Leasehold) Class() client.LockOption {
 	return client.Efficiency
 }
 
+// NewWorker returns a separate lease holder: a Session of its own on the shared client
+// (dialled by the first worker), as the etcd recipe gives each worker a
+// concurrency.Session on one shared clientv3 client; or, with
+// LeaseholdClientPerWorker, a client of its own.
+func (l *Leasehold) NewWorker(ctx context.Context) (Worker, error) {
+	if l.o.LeaseholdClientPerWorker {
+		c, err := client.Dial(ctx, l.addr, client.WithTTL(l.o.TTL))
+		if err != nil {
+			return nil, err
+		}
+		return leaseholdWorker{lock: c.Lock, close: c.Close, class: l.Class()}, nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.shared == nil {
+		c, err := client.Dial(ctx, l.addr, client.WithTTL(l.o.TTL))
+		if err != nil {
+			return nil, err
+		}
+		l.shared = c
+	}
+	s := l.shared.NewSession()
+	return leaseholdWorker{lock: s.Lock, close: s.Close, class: l.Class()}, nil
+}
+
 type leaseholdWorker struct {
-	c     *client.Client
+	lock  func(ctx context.Context, name string, opts ...client.LockOption) (*client.Lock, error)
+	close func(ctx context.Context) error
 	class client.LockOption
 }
 
-// NewWorker dials a client of its own: a worker is a separate lease holder.
-func (l *Leasehold) NewWorker(ctx context.Context) (Worker, error) {
-	c, err := client.Dial(ctx, l.addr, client.WithTTL(l.o.TTL))
-	if err != nil {
-		return nil, err
-	}
-	return leaseholdWorker{c: c, class: l.Class()}, nil
-}
-
 func (w leaseholdWorker) Acquire(ctx context.Context, name string) (Held, error) {
-	lk, err := w.c.Lock(ctx, name, w.class)
+	lk, err := w.lock(ctx, name, w.class)
 	if err != nil {
 		return nil, err
 	}
 	return heldFunc(lk.Unlock), nil
 }
 
-func (w leaseholdWorker) Close(ctx context.Context) error { return w.c.Close(ctx) }
+func (w leaseholdWorker) Close(ctx context.Context) error { return w.close(ctx) }
 
 // BuildLeasehold builds the leasehold binary from the module rooted at root into out,
 // stamping `git describe` as its version. It uses the parent module's own go.mod, not

@@ -77,6 +77,9 @@ type Options struct {
 	// LeaseholdPprof starts leasehold servers with --pprof, so that a run can fetch
 	// profiles from /debug/pprof/ on the API address.
 	LeaseholdPprof bool
+	// LeaseholdClientPerWorker gives every leasehold worker a client (and so a
+	// connection) of its own instead of a Session on one shared client.
+	LeaseholdClientPerWorker bool
 }
 
 // Names lists every system the harness knows, in report order.
