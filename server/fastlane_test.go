@@ -142,11 +142,19 @@ func TestFastLaneErrors(t *testing.T) {
 }
 
 // TestFastLaneWaitKeepsConnectionServing: requests the reader serves itself (efficiency
-// try-once acquires and releases) and requests that wait share one connection; a
-// waiting acquire must never hold the reader, or the release that would grant it, and
-// the cancel that would end it, could not be read.
+// try-once acquires and releases), requests that wait for a commit (correctness) and
+// requests that wait in a queue share one connection, for either class; a waiting
+// acquire must never hold the reader, or the release that would grant it, and the
+// cancel that would end it, could not be read.
 func TestFastLaneWaitKeepsConnectionServing(t *testing.T) {
 	addr := startFastLaneNode(t)
+	for _, class := range []leaseholdv1.LockClass{leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY, leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS} {
+		t.Run(class.String(), func(t *testing.T) { waitKeepsConnectionServing(t, addr, class) })
+	}
+}
+
+func waitKeepsConnectionServing(t *testing.T, addr string, class leaseholdv1.LockClass) {
+	x, free := class.String()+"/x", class.String()+"/free"
 	conn, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -190,13 +198,12 @@ func TestFastLaneWaitKeepsConnectionServing(t *testing.T) {
 		return g.GetLeaseId()
 	}
 	a, b := lease(), lease()
-	eff := leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY
 	var held leaseholdv1.AcquireResponse
-	read(send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: "x", Class: eff, LeaseId: a}), fastlane.KindResponse, &held)
+	read(send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: x, Class: class, LeaseId: a}), fastlane.KindResponse, &held)
 
 	// b waits; a's release on the same connection is read, answered, and grants b.
-	waiting := send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: "x", Class: eff, LeaseId: b, WaitMs: -1})
-	release := send(fastlane.KindRequest, fastlane.MethodRelease, &leaseholdv1.ReleaseRequest{Name: "x", LeaseId: a, Token: held.GetToken()})
+	waiting := send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: x, Class: class, LeaseId: b, WaitMs: -1})
+	release := send(fastlane.KindRequest, fastlane.MethodRelease, &leaseholdv1.ReleaseRequest{Name: x, LeaseId: a, Token: held.GetToken()})
 	got := map[uint64]bool{}
 	for range 2 {
 		f, err := r.Read()
@@ -213,7 +220,7 @@ func TestFastLaneWaitKeepsConnectionServing(t *testing.T) {
 	}
 
 	// a now waits behind b; a cancel frame on the same connection ends the wait.
-	waiting = send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: "x", Class: eff, LeaseId: a, WaitMs: -1})
+	waiting = send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: x, Class: class, LeaseId: a, WaitMs: -1})
 	time.Sleep(50 * time.Millisecond)
 	b2, err := fastlane.AppendFrame(nil, fastlane.KindCancel, fastlane.MethodAcquire, waiting, nil)
 	if err != nil {
@@ -225,9 +232,9 @@ func TestFastLaneWaitKeepsConnectionServing(t *testing.T) {
 	read(waiting, fastlane.KindError, nil)
 
 	// An acquire that may wait, of a free lock, is granted at once (by the reader).
-	var free leaseholdv1.AcquireResponse
-	read(send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: "free", Class: eff, LeaseId: a, WaitMs: -1}), fastlane.KindResponse, &free)
-	if free.GetToken() <= held.GetToken() {
-		t.Fatalf("grant of a free lock: token %d, want above %d", free.GetToken(), held.GetToken())
+	var got1 leaseholdv1.AcquireResponse
+	read(send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: free, Class: class, LeaseId: a, WaitMs: -1}), fastlane.KindResponse, &got1)
+	if got1.GetToken() <= held.GetToken() {
+		t.Fatalf("grant of a free lock: token %d, want above %d", got1.GetToken(), held.GetToken())
 	}
 }
