@@ -245,6 +245,34 @@ func (w *Writer) Send(frame []byte, yield bool) bool {
 		runtime.Gosched()
 		w.mu.Lock()
 	}
+	return w.flushLocked()
+}
+
+// Offer queues frame and returns without writing: a sender already writing takes it
+// along, or else a goroutine started for the purpose writes everything pending. For
+// callers that must never block on the connection (a goroutine that answers the
+// requests of many connections); frames offered together leave in one write. Offer
+// returns false once a write has failed.
+func (w *Writer) Offer(frame []byte) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err != nil {
+		return false
+	}
+	w.pending = append(w.pending, frame...)
+	if !w.flushing {
+		w.flushing = true
+		go func() {
+			w.mu.Lock()
+			w.flushLocked()
+		}()
+	}
+	return true
+}
+
+// flushLocked writes until nothing is pending, then stops being the flusher and unlocks
+// w.mu (held on entry). It reports whether the connection is still usable.
+func (w *Writer) flushLocked() bool {
 	for len(w.pending) > 0 && w.err == nil {
 		out := w.pending
 		w.pending = w.spare[:0]

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/leasehold/leasehold/fastlane"
 )
@@ -108,5 +110,53 @@ func TestReaderErrors(t *testing.T) {
 		if _, err := fastlane.NewReader(bytes.NewReader(b)).Read(); !errors.Is(err, fastlane.ErrProtocol) {
 			t.Errorf("%s: %v, want ErrProtocol", name, err)
 		}
+	}
+}
+
+// TestOfferNeverBlocks: Offer returns at once even while the peer reads nothing (a
+// net.Pipe blocks every write until it is read); the frames arrive whole and in order
+// once the peer reads; and after a failed write Offer reports false.
+func TestOfferNeverBlocks(t *testing.T) {
+	client, server := net.Pipe()
+	defer client.Close()
+	w := fastlane.NewWriter(server)
+	frames, _ := testFrames(t)
+	offered := make(chan struct{})
+	go func() {
+		defer close(offered)
+		for _, f := range frames {
+			b, err := fastlane.AppendFrame(nil, f.Kind, f.Method, f.ID, func(b []byte) ([]byte, error) { return append(b, f.Payload...), nil })
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if !w.Offer(b) {
+				t.Error("Offer failed on a live connection")
+			}
+		}
+	}()
+	select {
+	case <-offered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Offer blocked on a peer that does not read")
+	}
+	r := fastlane.NewReader(client)
+	for i, want := range frames {
+		got, err := r.Read()
+		if err != nil {
+			t.Fatalf("frame %d: %v", i, err)
+		}
+		if got.ID != want.ID || !bytes.Equal(got.Payload, want.Payload) {
+			t.Fatalf("frame %d: id %d with %d bytes, want id %d with %d", i, got.ID, len(got.Payload), want.ID, len(want.Payload))
+		}
+	}
+
+	_ = client.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for w.Offer([]byte{0, 0, 0, 10, 2, 1, 0, 0, 0, 0, 0, 0, 0, 1}) {
+		if time.Now().After(deadline) {
+			t.Fatal("Offer still succeeds after the connection failed")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -32,6 +32,9 @@ import (
 type Log interface {
 	// Apply proposes cmd and returns its result once committed and applied.
 	Apply(ctx context.Context, cmd core.Command) (core.Result, error)
+	// ApplyThen proposes cmd and returns; then gets what Apply would have returned
+	// (without a context's error), once, and must not block.
+	ApplyThen(cmd core.Command, then func(core.Result, error))
 	// Read calls fn with the applied state under a read lock.
 	Read(fn func(*core.State))
 	// Barrier waits until every committed entry has been applied.
@@ -419,23 +422,69 @@ func (l *Leader) Acquire(ctx context.Context, a AcquireArgs) (Grant, error) {
 }
 
 func (l *Leader) acquireCorrectness(ctx context.Context, a AcquireArgs) (Grant, error) {
+	ch, err := l.beginCorrectness(a)
+	if err != nil {
+		return Grant{}, err
+	}
+	res, err := l.log.Apply(ctx, acquireCommand(a))
+	if g, err, done := l.endCorrectness(a, ch, res, err); done {
+		return g, err
+	}
+	return l.await(ctx, a, ch, res)
+}
+
+// AcquireThen is Acquire without waiting for a correctness lock's commit: it proposes
+// the acquire and returns at once; then gets what Acquire would have returned. then runs
+// once, on the goroutine that hands out commit results (Log.ApplyThen), so it must not
+// block. An acquire that the commit queues waits for its grant on a goroutine of its
+// own, ended by ctx as Acquire's wait is; ctx does not cancel the commit itself. An
+// efficiency acquire runs as Acquire on a goroutine of its own.
+func (l *Leader) AcquireThen(ctx context.Context, a AcquireArgs, then func(Grant, error)) {
+	a.Wait = a.Forever || a.WaitFor > 0
+	if a.Class == core.Efficiency {
+		go func() { then(l.acquireEfficiency(ctx, a)) }()
+		return
+	}
+	ch, err := l.beginCorrectness(a)
+	if err != nil {
+		then(Grant{}, err)
+		return
+	}
+	l.log.ApplyThen(acquireCommand(a), func(res core.Result, err error) {
+		if g, err, done := l.endCorrectness(a, ch, res, err); done {
+			then(g, err)
+			return
+		}
+		go func() { then(l.await(ctx, a, ch, res)) }()
+	})
+}
+
+// beginCorrectness checks that a correctness acquire may be proposed and registers for
+// the grant of a queued one.
+func (l *Leader) beginCorrectness(a AcquireArgs) (chan outcome, error) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if !l.active {
-		l.mu.Unlock()
-		return Grant{}, ErrNotLeader
+		return nil, ErrNotLeader
 	}
 	if l.eff.Has(a.Name) {
-		l.mu.Unlock()
-		return Grant{}, fmt.Errorf("%w: %q is in use as efficiency", core.ErrClassConflict, a.Name)
+		return nil, fmt.Errorf("%w: %q is in use as efficiency", core.ErrClassConflict, a.Name)
 	}
 	l.pending[a.Name]++
-	ch := l.registerLocked(a.Lease, a.Name)
-	l.mu.Unlock()
+	return l.registerLocked(a.Lease, a.Name), nil
+}
 
-	res, err := l.log.Apply(ctx, core.Command{
+func acquireCommand(a AcquireArgs) core.Command {
+	return core.Command{
 		Op: core.OpAcquire, Lease: a.Lease, Name: a.Name, Class: core.Correctness,
 		Holder: a.Holder, Wait: a.Wait, DelayMillis: a.DelayMillis,
-	})
+	}
+}
+
+// endCorrectness takes the commit's outcome of a correctness acquire. It reports done
+// with the grant or error unless the acquire was queued, which then awaits its grant on
+// ch.
+func (l *Leader) endCorrectness(a AcquireArgs, ch chan outcome, res core.Result, err error) (Grant, error, bool) {
 	l.mu.Lock()
 	if l.pending[a.Name]--; l.pending[a.Name] == 0 {
 		delete(l.pending, a.Name)
@@ -446,9 +495,9 @@ func (l *Leader) acquireCorrectness(ctx context.Context, a AcquireArgs) (Grant, 
 	}
 	if err != nil || !res.Queued {
 		l.unregister(a.Lease, a.Name, ch)
-		return Grant{Token: res.Token, Class: core.Correctness}, err
+		return Grant{Token: res.Token, Class: core.Correctness}, err, true
 	}
-	return l.await(ctx, a, ch, res)
+	return Grant{}, nil, false
 }
 
 func (l *Leader) acquireEfficiency(ctx context.Context, a AcquireArgs) (Grant, error) {
@@ -613,22 +662,52 @@ func (l *Leader) cancelWait(ctx context.Context, a AcquireArgs, ch chan outcome)
 
 // Release gives up a lock held by lease under token.
 func (l *Leader) Release(ctx context.Context, lease core.LeaseID, name string, token uint64) error {
+	if done, err := l.releaseInMemory(lease, name, token); done {
+		return err
+	}
+	res, err := l.log.Apply(ctx, releaseCommand(lease, name, token))
+	return l.releaseResult(lease, res, err)
+}
+
+// ReleaseThen is Release without waiting for a correctness lock's commit: it proposes
+// the release and returns; then gets what Release would have returned, on the
+// goroutine that hands out commit results (so it must not block), or on the caller's
+// for an efficiency lock or a leader that is not active.
+func (l *Leader) ReleaseThen(lease core.LeaseID, name string, token uint64, then func(error)) {
+	if done, err := l.releaseInMemory(lease, name, token); done {
+		then(err)
+		return
+	}
+	l.log.ApplyThen(releaseCommand(lease, name, token), func(res core.Result, err error) {
+		then(l.releaseResult(lease, res, err))
+	})
+}
+
+// releaseInMemory releases an efficiency lock, reporting done; for any other it reports
+// not done and changes nothing (unless this node does not lead: done, ErrNotLeader).
+func (l *Leader) releaseInMemory(lease core.LeaseID, name string, token uint64) (bool, error) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if !l.active {
-		l.mu.Unlock()
-		return ErrNotLeader
+		return true, ErrNotLeader
 	}
-	if l.eff.Has(name) {
-		defer l.mu.Unlock()
-		if c := l.leases[lease]; c == nil || c.expiring {
-			return l.goneLocked(lease, c != nil)
-		}
-		r := l.eff.Release(lease, name, token, &l.effSeq)
-		l.effEffectsLocked(r.Effects)
-		return r.Err
+	if !l.eff.Has(name) {
+		return false, nil
 	}
-	l.mu.Unlock()
-	res, err := l.log.Apply(ctx, core.Command{Op: core.OpRelease, Lease: lease, Name: name, Token: token})
+	if c := l.leases[lease]; c == nil || c.expiring {
+		return true, l.goneLocked(lease, c != nil)
+	}
+	r := l.eff.Release(lease, name, token, &l.effSeq)
+	l.effEffectsLocked(r.Effects)
+	return true, r.Err
+}
+
+func releaseCommand(lease core.LeaseID, name string, token uint64) core.Command {
+	return core.Command{Op: core.OpRelease, Lease: lease, Name: name, Token: token}
+}
+
+// releaseResult is Release's answer from the commit's outcome.
+func (l *Leader) releaseResult(lease core.LeaseID, res core.Result, err error) error {
 	if err != nil {
 		return err
 	}

@@ -70,6 +70,11 @@ func (f *fakeLog) Apply(ctx context.Context, cmd core.Command) (core.Result, err
 	return res, nil
 }
 
+// ApplyThen applies like Apply, on a goroutine of its own (the proposer does not wait).
+func (f *fakeLog) ApplyThen(cmd core.Command, then func(core.Result, error)) {
+	go func() { then(f.Apply(context.Background(), cmd)) }()
+}
+
 func (f *fakeLog) Read(fn func(*core.State)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -1098,6 +1103,63 @@ func TestAcquireNow(t *testing.T) {
 		l.Demote()
 		if _, ok := l.AcquireNow(args(a, "eff/w", core.Efficiency, acquireOpts{})); ok {
 			t.Fatal("AcquireNow granted after Demote")
+		}
+	})
+}
+
+// TestAcquireThenReleaseThen: the variants that do not wait for the commit give the
+// same answers as Acquire and Release — a grant, a queued acquire's later grant (with
+// a larger token) once the holder releases, the owner check, the class conflict and
+// ErrNotLeader — each exactly once.
+func TestAcquireThenReleaseThen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, _ := newLeader(t, leader.Config{})
+		promote(t, l)
+		acquireThen := func(a leader.AcquireArgs) <-chan acqResult {
+			ch := make(chan acqResult, 2) // room for a wrong second call, caught below
+			l.AcquireThen(t.Context(), a, func(g leader.Grant, err error) { ch <- acqResult{g, err} })
+			synctest.Wait()
+			return ch
+		}
+		releaseThen := func(lease core.LeaseID, name string, token uint64) error {
+			ch := make(chan error, 2)
+			l.ReleaseThen(lease, name, token, func(err error) { ch <- err })
+			synctest.Wait()
+			if len(ch) != 1 {
+				t.Fatalf("ReleaseThen(%s) answered %d times", name, len(ch))
+			}
+			return <-ch
+		}
+		h, w := grant(t, l, time.Minute), grant(t, l, time.Minute)
+		const name = "then/x"
+		held := result(t, acquireThen(args(h, name, core.Correctness, acquireOpts{})), "grant")
+		if held.err != nil || held.g.Token == 0 || held.g.Class != core.Correctness {
+			t.Fatalf("AcquireThen of a free lock: %+v, %v", held.g, held.err)
+		}
+		waiting := acquireThen(args(w, name, core.Correctness, acquireOpts{forever: true}))
+		noResult(t, waiting, "a queued AcquireThen")
+		if err := releaseThen(w, name, held.g.Token); !errors.Is(err, core.ErrNotHolder) {
+			t.Fatalf("ReleaseThen by a lease that does not hold it: %v, want core.ErrNotHolder", err)
+		}
+		if err := releaseThen(h, name, held.g.Token); err != nil {
+			t.Fatalf("ReleaseThen by the holder: %v", err)
+		}
+		got := result(t, waiting, "the queued grant")
+		if got.err != nil || got.g.Token <= held.g.Token {
+			t.Fatalf("queued AcquireThen: %+v, %v; want a token above %d", got.g, got.err, held.g.Token)
+		}
+		noResult(t, waiting, "a second answer")
+
+		acquire(t, l, h, "then/eff", core.Efficiency, acquireOpts{})
+		if r := result(t, acquireThen(args(w, "then/eff", core.Correctness, acquireOpts{})), "conflict"); !errors.Is(r.err, core.ErrClassConflict) {
+			t.Fatalf("AcquireThen of an efficiency lock as correctness: %v, want core.ErrClassConflict", r.err)
+		}
+		l.Demote()
+		if r := result(t, acquireThen(args(w, "then/y", core.Correctness, acquireOpts{})), "not leader"); !errors.Is(r.err, leader.ErrNotLeader) {
+			t.Fatalf("AcquireThen after Demote: %v, want ErrNotLeader", r.err)
+		}
+		if err := releaseThen(w, name, got.g.Token); !errors.Is(err, leader.ErrNotLeader) {
+			t.Fatalf("ReleaseThen after Demote: %v, want ErrNotLeader", err)
 		}
 	})
 }

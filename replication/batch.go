@@ -90,10 +90,21 @@ func decodeBatch(data []byte) ([][]byte, error) {
 	return cmds, nil
 }
 
-// proposal is one command waiting for its commit.
+// proposal is one command waiting for its commit. Its outcome goes to done or, for a
+// proposer that does not wait (Node.ApplyThen), to then.
 type proposal struct {
 	data []byte
 	done chan outcome // buffered: the outcome never waits for the proposer
+	then func(outcome)
+}
+
+// settle hands p its outcome.
+func (p proposal) settle(o outcome) {
+	if p.then != nil {
+		p.then(o)
+		return
+	}
+	p.done <- o
 }
 
 // outcome is what a proposer learns: the command's result, or why its commit failed.
@@ -211,20 +222,20 @@ func (b *batcher) send(batch []proposal, seq uint64) {
 func deliver(batch []proposal, f raft.ApplyFuture, err error) {
 	if err != nil {
 		for _, p := range batch {
-			p.done <- outcome{err: err}
+			p.settle(outcome{err: err})
 		}
 		return
 	}
 	switch r := f.Response().(type) {
 	case core.Result:
 		if len(batch) == 1 {
-			batch[0].done <- outcome{res: r}
+			batch[0].settle(outcome{res: r})
 			return
 		}
 	case []core.Result:
 		if len(r) == len(batch) {
 			for i, p := range batch {
-				p.done <- outcome{res: r[i]}
+				p.settle(outcome{res: r[i]})
 			}
 			return
 		}
@@ -232,7 +243,7 @@ func deliver(batch []proposal, f raft.ApplyFuture, err error) {
 	// The state machine answered with a shape that does not fit the entry: the entry
 	// was written but did not apply as the batch (cannot happen with this fsm).
 	for _, p := range batch {
-		p.done <- outcome{res: core.Result{Err: errBatchCorrupt}}
+		p.settle(outcome{res: core.Result{Err: errBatchCorrupt}})
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -418,4 +419,57 @@ func openLeader(t *testing.T, cfg Config) *Node {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestApplyThen: ApplyThen gives its callback what Apply returns — the command's result
+// once committed, an encoding error at once on the caller's goroutine — exactly once.
+func TestApplyThen(t *testing.T) {
+	cfg := Config{DataDir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	n := openLeader(t, cfg)
+	defer n.Close()
+	type answer struct {
+		res core.Result
+		err error
+	}
+	then := func(cmd core.Command) chan answer {
+		ch := make(chan answer, 2)
+		n.ApplyThen(cmd, func(res core.Result, err error) { ch <- answer{res, err} })
+		return ch
+	}
+	wait := func(ch chan answer) answer {
+		t.Helper()
+		select {
+		case a := <-ch:
+			return a
+		case <-time.After(10 * time.Second):
+			t.Fatal("ApplyThen never answered")
+			return answer{}
+		}
+	}
+	lease := core.LeaseID{7}
+	if a := wait(then(core.Command{Op: core.OpGrant, Lease: lease, TTLMillis: 60000})); a.err != nil || a.res.Err != nil {
+		t.Fatalf("grant: %+v", a)
+	}
+	ch := then(core.Command{Op: core.OpAcquire, Lease: lease, Name: "then/x", Class: core.Correctness})
+	a := wait(ch)
+	if a.err != nil || a.res.Err != nil || a.res.Token == 0 {
+		t.Fatalf("acquire: %+v", a)
+	}
+	res, err := n.Apply(context.Background(), core.Command{Op: core.OpAcquire, Lease: lease, Name: "then/x", Class: core.Correctness})
+	if err != nil || res.Token != a.res.Token {
+		t.Fatalf("Apply of the same acquire: %+v, %v; want ApplyThen's token %d", res, err, a.res.Token)
+	}
+	bad := then(core.Command{Op: core.OpAcquire, Lease: lease, Name: strings.Repeat("n", 1<<17), Class: core.Correctness})
+	select {
+	case a := <-bad:
+		if a.err == nil {
+			t.Fatalf("a command that does not encode: %+v, want an error", a)
+		}
+	default:
+		t.Fatal("a command that does not encode was not answered at once")
+	}
+	time.Sleep(10 * time.Millisecond)
+	if len(ch) != 0 || len(bad) != 0 {
+		t.Fatal("ApplyThen answered twice")
+	}
 }

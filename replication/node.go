@@ -264,12 +264,30 @@ func (n *Node) Apply(ctx context.Context, cmd core.Command) (core.Result, error)
 	}
 	p := proposal{data: b, done: make(chan outcome, 1)}
 	n.batcher.propose(p)
-	var o outcome
 	select {
-	case o = <-p.done:
+	case o := <-p.done:
+		return o.result()
 	case <-ctx.Done():
 		return core.Result{}, ctx.Err()
 	}
+}
+
+// ApplyThen is Apply without the wait: it proposes cmd and returns, and then gets the
+// result and error Apply would have returned (never a context's error: the proposal
+// cannot be called back). then runs once, on the goroutine that hands out commit
+// results, or on the caller's when cmd does not encode; it must not block, since the
+// results of the commands committed after cmd wait for it.
+func (n *Node) ApplyThen(cmd core.Command, then func(core.Result, error)) {
+	b, err := core.EncodeCommand(cmd)
+	if err != nil {
+		then(core.Result{}, err)
+		return
+	}
+	n.batcher.propose(proposal{data: b, then: func(o outcome) { then(o.result()) }})
+}
+
+// result is the outcome as Apply returns it, with raft's error mapped.
+func (o outcome) result() (core.Result, error) {
 	switch err := o.err; {
 	case err == nil:
 		return o.res, nil

@@ -14,6 +14,7 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/fastlane"
+	"github.com/leasehold/leasehold/leader"
 )
 
 // ServeFastLane serves the fast lane (docs/PROTOCOL.md) on ln until ln is closed. Every
@@ -65,10 +66,12 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 }
 
 // fastConn is one fast-lane connection on the server side. One goroutine at a time
-// reads it. The reader answers what it can answer at once itself (servesAtOnce, grantNow);
-// for a request that may wait, it starts a new reader and serves that request itself,
-// so the request goes on without waiting for a new goroutine to be scheduled (the new
-// reader's start is off the request's path). One batching writer serves all.
+// reads it. The reader answers what it can answer at once itself (servesAtOnce,
+// grantNow), and proposes correctness acquires and releases itself, leaving their
+// answers to the commit (serveThen); for any other request that may wait, it starts a
+// new reader and serves that request itself, so the request goes on without waiting for
+// a new goroutine to be scheduled (the new reader's start is off the request's path).
+// One batching writer serves all.
 type fastConn struct {
 	s      *Server
 	pool   *workers
@@ -134,6 +137,11 @@ func (c *fastConn) read() {
 		c.inflight[f.ID] = cancel
 		c.mu.Unlock()
 		c.wg.Add(1)
+		if c.s.serveThen(ctx, f.Method, req, c.later(f.Method, f.ID)) {
+			continue
+		}
+		c.wg.Done()
+		c.wg.Add(1)
 		c.pool.Go(func() {
 			defer c.wg.Done()
 			c.read()
@@ -176,8 +184,25 @@ func (c *fastConn) serve(ctx context.Context, method fastlane.Method, id uint64,
 	c.answer(method, id, start, resp, err)
 }
 
+// later returns what answers request id when serveThen takes it: the answer is queued
+// on the connection without blocking (the caller answers other connections too), and
+// the request counts in c.wg until then.
+func (c *fastConn) later(method fastlane.Method, id uint64) func(proto.Message, error) {
+	start := time.Now()
+	return func(resp proto.Message, err error) {
+		c.respond(method, id, start, resp, err, func(frame []byte, _ bool) { c.w.Offer(frame) })
+		c.wg.Done()
+	}
+}
+
 // answer sends the answer to request id, begun at start.
 func (c *fastConn) answer(method fastlane.Method, id uint64, start time.Time, resp proto.Message, err error) {
+	c.respond(method, id, start, resp, err, func(frame []byte, others bool) { c.w.Send(frame, others) })
+}
+
+// respond frames the answer to request id, begun at start, and hands it to send, with
+// whether other requests are in flight on the connection.
+func (c *fastConn) respond(method fastlane.Method, id uint64, start time.Time, resp proto.Message, err error, send func(frame []byte, others bool)) {
 	c.s.metrics.observe(fastProcedures[method], start, err)
 	c.mu.Lock()
 	cancel := c.inflight[id] // nil for a request served at once: never registered
@@ -188,7 +213,7 @@ func (c *fastConn) answer(method fastlane.Method, id uint64, start time.Time, re
 		cancel()
 	}
 	if err != nil {
-		c.w.Send(errorFrame(method, id, err), others)
+		send(errorFrame(method, id, err), others)
 		return
 	}
 	buf := fastlane.GetBuffer()
@@ -196,9 +221,9 @@ func (c *fastConn) answer(method fastlane.Method, id uint64, start time.Time, re
 		return proto.MarshalOptions{}.MarshalAppend(b, resp)
 	})
 	if ferr != nil {
-		c.w.Send(errorFrame(method, id, ferr), others)
+		send(errorFrame(method, id, ferr), others)
 	} else {
-		c.w.Send(frame, others)
+		send(frame, others)
 	}
 	fastlane.PutBuffer(buf, frame)
 }
@@ -216,6 +241,53 @@ func (s *Server) servesAtOnce(m fastlane.Method, req proto.Message) bool {
 		return r.GetClass() == leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY && r.GetWaitMs() == 0 && s.leader.Active()
 	case fastlane.MethodRelease:
 		return s.leader.ServesInMemory(req.(*leaseholdv1.ReleaseRequest).GetName())
+	}
+	return false
+}
+
+// serveThen starts serving a correctness Acquire or Release on this node, the leader,
+// without waiting for its commit, and reports true; then gets the answer, on the
+// goroutine that hands out commit results (it must not block). The connection's reader
+// can so go on reading the requests behind it at once, instead of handing the reading
+// to another goroutine per request. Anything else — other methods, efficiency locks,
+// invalid requests, a node that must forward — it leaves alone and reports false, for
+// the full path (dispatchFast) to serve.
+func (s *Server) serveThen(ctx context.Context, m fastlane.Method, req proto.Message, then func(proto.Message, error)) bool {
+	if !s.leader.Active() {
+		return false
+	}
+	switch m {
+	case fastlane.MethodAcquire:
+		r := req.(*leaseholdv1.AcquireRequest)
+		if r.GetClass() != leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS {
+			return false
+		}
+		a, err := s.acquireArgs(r)
+		if err != nil {
+			return false
+		}
+		s.leader.AcquireThen(ctx, a, func(g leader.Grant, err error) {
+			if err != nil {
+				then(nil, err)
+				return
+			}
+			then(acquireResponse(g), nil)
+		})
+		return true
+	case fastlane.MethodRelease:
+		r := req.(*leaseholdv1.ReleaseRequest)
+		id, err := s.releaseArgs(r)
+		if err != nil {
+			return false
+		}
+		s.leader.ReleaseThen(id, r.GetName(), r.GetToken(), func(err error) {
+			if err != nil {
+				then(nil, err)
+				return
+			}
+			then(&leaseholdv1.ReleaseResponse{}, nil)
+		})
+		return true
 	}
 	return false
 }

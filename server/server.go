@@ -240,20 +240,29 @@ func (s *Server) acquireArgs(req *leaseholdv1.AcquireRequest) (leader.AcquireArg
 
 // Release gives up a lock.
 func (s *Server) release(ctx context.Context, req *leaseholdv1.ReleaseRequest) (*leaseholdv1.ReleaseResponse, error) {
-	if err := core.ValidateName("name", req.GetName()); err != nil {
-		return nil, err
-	}
-	id, err := leaseID(req.GetLeaseId())
+	id, err := s.releaseArgs(req)
 	if err != nil {
 		return nil, err
-	}
-	if req.GetToken() == 0 {
-		return nil, core.Invalid("token", "must be the grant's token (tokens start at 1)")
 	}
 	if err := s.leader.Release(ctx, id, req.GetName(), req.GetToken()); err != nil {
 		return nil, err
 	}
 	return &leaseholdv1.ReleaseResponse{}, nil
+}
+
+// releaseArgs validates a release and returns its lease.
+func (s *Server) releaseArgs(req *leaseholdv1.ReleaseRequest) (core.LeaseID, error) {
+	if err := core.ValidateName("name", req.GetName()); err != nil {
+		return core.LeaseID{}, err
+	}
+	id, err := leaseID(req.GetLeaseId())
+	if err != nil {
+		return core.LeaseID{}, err
+	}
+	if req.GetToken() == 0 {
+		return core.LeaseID{}, core.Invalid("token", "must be the grant's token (tokens start at 1)")
+	}
+	return id, nil
 }
 
 // Describe shows one lock.
