@@ -16,30 +16,48 @@ type countdown struct {
 	ttl      time.Duration
 	deadline time.Time // carries a monotonic reading: immune to wall-clock steps
 	expiring bool      // an Expire is being proposed; keepalives are refused
-	index    int
+	index    int       // in the heap
 }
 
-// countdownHeap orders countdowns by deadline; it implements heap.Interface.
-type countdownHeap []*countdown
+// countdownHeap orders countdowns by when the expiry loop must next look at them; it
+// implements heap.Interface. A keepalive only moves its countdown's deadline later and
+// leaves the heap alone, so a countdown's place (due) may be earlier than its deadline,
+// never later: the expiry loop, finding a countdown due whose deadline has not passed,
+// moves it to its deadline (one heap fix per lease and TTL at most, instead of one per
+// keepalive, and none on a keepalive's path). The key is kept in the heap beside the
+// pointer, so ordering reads no countdown.
+type countdownHeap []queued
+
+type queued struct {
+	due time.Time // at or before c.deadline, unless c is parked (expiring)
+	c   *countdown
+}
 
 func (h countdownHeap) Len() int           { return len(h) }
-func (h countdownHeap) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
+func (h countdownHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
 func (h countdownHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].index, h[j].index = i, j
+	h[i].c.index, h[j].c.index = i, j
 }
 func (h *countdownHeap) Push(x any) {
-	c := x.(*countdown)
-	c.index = len(*h)
-	*h = append(*h, c)
+	q := x.(queued)
+	q.c.index = len(*h)
+	*h = append(*h, q)
 }
 func (h *countdownHeap) Pop() any {
 	old := *h
-	c := old[len(old)-1]
-	old[len(old)-1] = nil
+	q := old[len(old)-1]
+	old[len(old)-1] = queued{}
 	*h = old[:len(old)-1]
-	c.index = -1
-	return c
+	q.c.index = -1
+	return q
+}
+
+// setDue moves c in the heap to due, and its deadline with it.
+func (h *countdownHeap) setDue(c *countdown, due time.Time) {
+	c.deadline = due
+	(*h)[c.index].due = due
+	heap.Fix(h, c.index)
 }
 
 // addCountdownLocked starts lease's countdown at full TTL from now, unless it is already
@@ -51,7 +69,7 @@ func (l *Leader) addCountdownLocked(id core.LeaseID, ttlMillis int64, now time.T
 	ttl := time.Duration(ttlMillis) * time.Millisecond
 	c := &countdown{id: id, ttl: ttl, deadline: now.Add(ttl)}
 	l.leases[id] = c
-	heap.Push(&l.queue, c)
+	heap.Push(&l.queue, queued{due: c.deadline, c: c})
 	if c.index == 0 && l.kick != nil {
 		select {
 		case l.kick <- struct{}{}:
@@ -72,17 +90,21 @@ func (l *Leader) expiryLoop(stop, kick chan struct{}) {
 		now := time.Now()
 		l.mu.Lock()
 		var due []*countdown
-		for len(l.queue) > 0 && !l.queue[0].deadline.After(now) && len(due) < maxExpiring {
-			c := l.queue[0]
+		for len(l.queue) > 0 && !l.queue[0].due.After(now) && len(due) < maxExpiring {
+			c := l.queue[0].c
+			if c.deadline.After(now) {
+				// Renewed since it was placed: look again at its deadline.
+				l.queue.setDue(c, c.deadline)
+				continue
+			}
 			c.expiring = true
 			// Park it far in the future until the expiry is applied or retried.
-			c.deadline = now.Add(24 * time.Hour)
-			heap.Fix(&l.queue, 0)
+			l.queue.setDue(c, now.Add(24*time.Hour))
 			due = append(due, c)
 		}
 		next := time.Hour
 		if len(l.queue) > 0 {
-			next = max(0, time.Until(l.queue[0].deadline))
+			next = max(0, time.Until(l.queue[0].due))
 		}
 		l.mu.Unlock()
 		for _, c := range due {
@@ -127,7 +149,6 @@ func (l *Leader) expire(stop chan struct{}, c *countdown) {
 	default:
 	}
 	if l.leases[c.id] == c {
-		c.deadline = time.Now().Add(100 * time.Millisecond)
-		heap.Fix(&l.queue, c.index)
+		l.queue.setDue(c, time.Now().Add(100*time.Millisecond))
 	}
 }

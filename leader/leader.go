@@ -364,8 +364,7 @@ func (l *Leader) KeepAlive(lease core.LeaseID) (time.Duration, string, []LostLoc
 	if c == nil || c.expiring {
 		return 0, "", nil, l.goneLocked(lease, c != nil)
 	}
-	c.deadline = time.Now().Add(c.ttl)
-	heap.Fix(&l.queue, c.index)
+	c.deadline = time.Now().Add(c.ttl) // later than its place in the queue: see countdownHeap
 	lost := l.lost[lease]
 	delete(l.lost, lease)
 	return c.ttl, l.epoch, lost, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -180,7 +181,7 @@ func (f *fakeLog) holder(name string) (core.LeaseID, uint64) {
 
 // newLeader returns a Leader on a fake log. It is demoted when the test ends, which stops
 // its goroutines so the bubble can exit.
-func newLeader(t *testing.T, cfg leader.Config) (*leader.Leader, *fakeLog) {
+func newLeader(t testing.TB, cfg leader.Config) (*leader.Leader, *fakeLog) {
 	t.Helper()
 	fl := newFakeLog(cfg.Limits)
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -1162,4 +1163,29 @@ func TestAcquireThenReleaseThen(t *testing.T) {
 			t.Fatalf("ReleaseThen after Demote: %v, want ErrNotLeader", err)
 		}
 	})
+}
+
+// BenchmarkKeepAlive renews leases in a random order among 100,000 live ones: the cost
+// of a keepalive in the leader (countdown bookkeeping under its mutex).
+func BenchmarkKeepAlive(b *testing.B) {
+	l, _ := newLeader(b, leader.Config{})
+	if err := l.Promote(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	defer l.Demote()
+	ids := make([]core.LeaseID, 100_000)
+	for i := range ids {
+		id, err := l.Grant(context.Background(), time.Minute)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids[i] = id
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	b.ResetTimer()
+	for b.Loop() {
+		if _, _, _, err := l.KeepAlive(ids[r.IntN(len(ids))]); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
