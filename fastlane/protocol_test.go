@@ -113,19 +113,57 @@ func TestReaderErrors(t *testing.T) {
 	}
 }
 
-// TestOfferNeverBlocks: Offer returns at once even while the peer reads nothing (a
-// net.Pipe blocks every write until it is read); the frames arrive whole and in order
-// once the peer reads; and after a failed write Offer reports false.
+// TestOfferNeverBlocks: Offer returns at once even while the peer reads nothing — on a
+// net.Pipe (which blocks every write until it is read) and on a TCP socket whose
+// buffers fill up — the frames arrive whole and in order once the peer reads, and after
+// a failed write Offer reports false.
 func TestOfferNeverBlocks(t *testing.T) {
-	client, server := net.Pipe()
+	t.Run("pipe", func(t *testing.T) {
+		client, server := net.Pipe()
+		offerNeverBlocks(t, client, server, 1)
+	})
+	t.Run("tcp", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c
+		}()
+		client, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		server := <-accepted
+		if server == nil {
+			t.Fatal("accept failed")
+		}
+		defer server.Close()
+		// Megabytes in all: more than the socket buffers of both ends hold.
+		offerNeverBlocks(t, client, server, 40)
+	})
+}
+
+func offerNeverBlocks(t *testing.T, client, server net.Conn, repeat int) {
 	defer client.Close()
 	w := fastlane.NewWriter(server)
-	frames, _ := testFrames(t)
+	var frames []fastlane.Frame
+	for range repeat {
+		f, _ := testFrames(t)
+		frames = append(frames, f...)
+	}
 	offered := make(chan struct{})
 	go func() {
 		defer close(offered)
-		for _, f := range frames {
-			b, err := fastlane.AppendFrame(nil, f.Kind, f.Method, f.ID, func(b []byte) ([]byte, error) { return append(b, f.Payload...), nil })
+		for i, f := range frames {
+			b, err := fastlane.AppendFrame(nil, f.Kind, f.Method, uint64(i), func(b []byte) ([]byte, error) { return append(b, f.Payload...), nil })
 			if err != nil {
 				t.Error(err)
 				return
@@ -137,7 +175,7 @@ func TestOfferNeverBlocks(t *testing.T) {
 	}()
 	select {
 	case <-offered:
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("Offer blocked on a peer that does not read")
 	}
 	r := fastlane.NewReader(client)
@@ -146,8 +184,8 @@ func TestOfferNeverBlocks(t *testing.T) {
 		if err != nil {
 			t.Fatalf("frame %d: %v", i, err)
 		}
-		if got.ID != want.ID || !bytes.Equal(got.Payload, want.Payload) {
-			t.Fatalf("frame %d: id %d with %d bytes, want id %d with %d", i, got.ID, len(got.Payload), want.ID, len(want.Payload))
+		if got.ID != uint64(i) || !bytes.Equal(got.Payload, want.Payload) {
+			t.Fatalf("frame %d: id %d with %d bytes, want %d bytes", i, got.ID, len(got.Payload), len(want.Payload))
 		}
 	}
 
