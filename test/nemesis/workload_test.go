@@ -25,7 +25,8 @@ import (
 	"github.com/leasehold/leasehold/client"
 )
 
-// The workload: N clients, each with its own client.Dial over all three nodes, run a
+// The workload: N workers, each with its own client.Dial over all three nodes (or, for a
+// quarter of them, a Session on another worker's client), run a
 // mixed workload until stopped —
 //
 //   - a correctness Lock (short WaitFor) on one of a few locks, then 1–3 fenced Puts with
@@ -419,7 +420,8 @@ type worker struct {
 	id      int
 	w       *Workload
 	c       *client.Client
-	obs     *observer // nil: default client (fast lane)
+	session *client.Session // set: the worker locks through a Session of a shared c
+	obs     *observer       // nil: default client (fast lane)
 	rng     *rand.Rand
 	ttl     time.Duration
 	seq     int
@@ -439,7 +441,9 @@ func lockIndex(name string) int {
 }
 
 // StartWorkload dials one client per worker (each with the node list rotated so that
-// they start on different nodes) and starts them.
+// they start on different nodes) and starts them. Of the fast-lane workers, every
+// second pair shares one client and locks through a Session each, so that separate
+// lease holders multiplexed on one connection go through the faults too.
 func StartWorkload(ctx context.Context, addrs []string, h *History, cfg WorkloadConfig) (*Workload, error) {
 	if cfg.Clients == 0 {
 		cfg.Clients = 8
@@ -465,6 +469,14 @@ func StartWorkload(ctx context.Context, addrs []string, h *History, cfg Workload
 		if i%2 == 0 {
 			wk.obs = newObserver(h)
 			opts = append(opts, client.WithoutFastLane(), client.WithHTTPClient(wk.obs))
+		}
+		if i%4 == 3 {
+			// Shares the client of worker i-2 (also fast lane), each through a Session.
+			peer := w.workers[i-2]
+			peer.session = peer.c.NewSession()
+			wk.c, wk.session = peer.c, peer.c.NewSession()
+			w.workers = append(w.workers, wk)
+			continue
 		}
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		c, err := client.Dial(dctx, strings.Join(rot, ","), opts...)
@@ -720,7 +732,11 @@ func (wk *worker) lockCycle() {
 	}
 	ctx, cancel := wk.ctx()
 	rec := &callRec{}
-	l, err := wk.c.Lock(withRec(ctx, rec), name, client.Correctness, client.WaitFor(wk.w.cfg.LockWait), client.LockTTL(wk.ttl))
+	lock := wk.c.Lock
+	if wk.session != nil {
+		lock = wk.session.Lock
+	}
+	l, err := lock(withRec(ctx, rec), name, client.Correctness, client.WaitFor(wk.w.cfg.LockWait), client.LockTTL(wk.ttl))
 	ack := h.now()
 	cancel()
 	if err != nil {
