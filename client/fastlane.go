@@ -27,6 +27,10 @@ func WithoutFastLane() Option { return func(o *options) { o.noFastLane = true } 
 // unknown if it had been sent.
 var errFastLaneBroken = errors.New("client: fast-lane connection broken")
 
+// errFastLaneFull means the connection has as many requests in flight as the server
+// accepts: the request was not sent; fastCall sends it through Connect.
+var errFastLaneFull = errors.New("client: fast-lane connection has the most requests in flight the server accepts")
+
 // errFastLaneClosed means the server had closed the connection before the request was
 // sent: the request was not sent, and is safe to send again on a new connection.
 var errFastLaneClosed = errors.New("client: fast-lane connection closed by the server")
@@ -41,16 +45,29 @@ var errFastLaneClosed = errors.New("client: fast-lane connection closed by the s
 // hand them their answers; a reading call that got its answer while others still wait
 // leaves the reading to a goroutine (readLoop), which reads until nothing is pending.
 // Whenever a call is pending, someone is reading.
+//
+// In flight: the server answers a request beyond fastlane.MaxInFlight on one
+// connection with ResourceExhausted, so a call first takes one of that many slots. When
+// they are all taken (thousands of Sessions of one Client, each waiting for a lock, can
+// get there), the call is not sent and goes through Connect instead (errFastLaneFull):
+// waiting for a slot could wait for ever, behind acquires that wait for the very
+// release or keepalive that would be queued. A slot is freed when the server has
+// answered the request — not when its caller gives up: a call abandoned by its context
+// stays pending, with no one to hand the answer to, until the answer to its cancel
+// arrives.
 type flConn struct {
 	conn   net.Conn
 	w      *fastlane.Writer
 	r      *fastlane.Reader // used by the one reader of the moment
 	dead   chan struct{}
+	slots  chan struct{} // one per request the server has not answered yet
 	nextID atomic.Uint64
 	// lastRead is when the last frame arrived (monotonic, since clockBase).
 	lastRead atomic.Int64
 
-	mu          sync.Mutex
+	mu sync.Mutex
+	// pending holds the calls the server has not answered yet; nil for a call whose
+	// caller gave up (its answer still to come).
 	pending     map[uint64]chan flResult
 	reading     bool   // someone reads; true whenever pending is not empty
 	turn        uint64 // counts the reading calls, so that a late interrupt hits no one else
@@ -83,10 +100,15 @@ func dialFastLane(ctx context.Context, addr string) (*flConn, error) {
 		_ = conn.Close()
 		return nil, err
 	}
+	return newFLConn(conn, fastlane.MaxInFlight), nil
+}
+
+func newFLConn(conn net.Conn, maxInFlight int) *flConn {
 	return &flConn{
 		conn: conn, w: fastlane.NewWriter(conn), r: fastlane.NewReader(conn),
-		dead: make(chan struct{}), pending: make(map[uint64]chan flResult),
-	}, nil
+		dead: make(chan struct{}), slots: make(chan struct{}, maxInFlight),
+		pending: make(map[uint64]chan flResult),
+	}
 }
 
 // readLoop reads for the calls in flight until none is left.
@@ -120,7 +142,7 @@ func (c *flConn) readOwn(ctx context.Context, id uint64) (flResult, error) {
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				if ctx.Err() != nil {
-					c.endTurn(id)
+					c.endTurn(id, false)
 					return flResult{}, ctxError(ctx)
 				}
 				_ = c.conn.SetReadDeadline(time.Time{}) // cannot happen; read on
@@ -130,7 +152,7 @@ func (c *flConn) readOwn(ctx context.Context, id uint64) (flResult, error) {
 			return flResult{}, connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, err))
 		}
 		if f.ID == id {
-			c.endTurn(id)
+			c.endTurn(id, true)
 			return flResult{kind: f.Kind, payload: bytes.Clone(f.Payload)}, nil
 		}
 		c.handOut(f, false)
@@ -151,13 +173,16 @@ func (c *flConn) read() (fastlane.Frame, error) {
 // in the same step, and handOut reports true.
 func (c *flConn) handOut(f fastlane.Frame, last bool) bool {
 	c.mu.Lock()
-	ch := c.pending[f.ID]
+	ch, ok := c.pending[f.ID]
 	delete(c.pending, f.ID)
 	stop := last && len(c.pending) == 0
 	if stop {
 		c.reading = false
 	}
 	c.mu.Unlock()
+	if ok {
+		<-c.slots // answered: the server no longer counts it
+	}
 	if ch != nil {
 		ch <- flResult{kind: f.Kind, payload: bytes.Clone(f.Payload)}
 	}
@@ -174,12 +199,20 @@ func (c *flConn) interrupt(turn uint64) {
 	}
 }
 
-// endTurn ends the reading call id's turn: the call is no longer pending, and the
-// reading passes to a readLoop if other calls wait.
-func (c *flConn) endTurn(id uint64) {
+// endTurn ends the reading call id's turn, answered or abandoned (its answer still to
+// come, so it stays pending without a channel), and the reading passes to a readLoop
+// if calls are pending.
+func (c *flConn) endTurn(id uint64, answered bool) {
+	if answered {
+		<-c.slots
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.pending, id)
+	if answered {
+		delete(c.pending, id)
+	} else {
+		c.abandonLocked(id)
+	}
 	c.turn++
 	if c.interrupted {
 		c.interrupted = false
@@ -189,6 +222,14 @@ func (c *flConn) endTurn(id uint64) {
 		go c.readLoop()
 	} else {
 		c.reading = false
+	}
+}
+
+// abandonLocked leaves call id pending without a caller, if its answer has not been
+// handed out yet: its slot is freed when the answer arrives.
+func (c *flConn) abandonLocked(id uint64) {
+	if _, ok := c.pending[id]; ok {
+		c.pending[id] = nil
 	}
 }
 
@@ -227,10 +268,16 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 	if err != nil {
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	}
+	select {
+	case c.slots <- struct{}{}:
+	default:
+		return errFastLaneFull
+	}
 	ch := make(chan flResult, 1)
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
+		<-c.slots
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, c.err))
 	}
 	reader := !c.reading
@@ -239,6 +286,7 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 		// closed it meanwhile (restarted, say), while the request is still unsent.
 		if err := peerClosed(c.conn); err != nil {
 			c.mu.Unlock()
+			<-c.slots
 			c.fail(err)
 			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneClosed, err))
 		}
@@ -264,7 +312,7 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 		case r = <-ch:
 		case <-ctx.Done():
 			c.mu.Lock()
-			delete(c.pending, id)
+			c.abandonLocked(id)
 			c.mu.Unlock()
 			c.cancel(m, id)
 			return ctxError(ctx)
@@ -403,6 +451,8 @@ func fastCall[Req, Res proto.Message](ctx context.Context, f *fastLanes, m fastl
 		switch {
 		case err == nil:
 			return resp, nil
+		case errors.Is(err, errFastLaneFull):
+			return viaConnect(ctx, req)
 		case errors.Is(err, errFastLaneClosed) && attempt == 0:
 			continue // not sent: send it once more, on a new connection or through Connect
 		case errors.Is(err, errFastLaneBroken):

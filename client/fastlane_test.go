@@ -206,3 +206,68 @@ func TestFastLaneClosedWhileIdle(t *testing.T) {
 		t.Fatalf("call on a connection the server closed: %v, want Unavailable wrapping errFastLaneClosed", err)
 	}
 }
+
+// TestFastLaneInFlightLimit: a call beyond the connection's in-flight limit is not sent
+// (the server would refuse it) and reports errFastLaneFull, for fastCall to send it
+// through Connect; a slot is freed by the server's answer, not by a caller giving up:
+// a call abandoned by its context keeps its slot until the answer to it arrives.
+func TestFastLaneInFlightLimit(t *testing.T) {
+	c, f := startFakeLane(t)
+	c.slots = make(chan struct{}, 2)
+	results := make(chan error, 8)
+	call := func(ctx context.Context, token uint64) {
+		go func() {
+			got, err := check(ctx, c, token)
+			if err == nil && got != token {
+				err = errors.New("got another call's answer")
+			}
+			results <- err
+		}()
+	}
+	full := func(what string) {
+		t.Helper()
+		if _, err := check(context.Background(), c, 99); !errors.Is(err, errFastLaneFull) {
+			t.Fatalf("%s: %v, want errFastLaneFull", what, err)
+		}
+		select {
+		case fr := <-f.frames:
+			t.Fatalf("%s: the client sent kind %d id %d", what, fr.Kind, fr.ID)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	abandoned, giveUp := context.WithCancel(context.Background())
+	call(abandoned, 1)
+	first := f.next()
+	call(context.Background(), 2)
+	second := f.next()
+	full("a third call with two in flight")
+
+	giveUp()
+	if err := <-results; connect.CodeOf(err) != connect.CodeCanceled {
+		t.Fatalf("the abandoned call: %v, want Canceled", err)
+	}
+	if fr := f.next(); fr.Kind != fastlane.KindCancel || fr.ID != first.ID {
+		t.Fatalf("after giving up the client sent kind %d id %d, want a cancel of %d", fr.Kind, fr.ID, first.ID)
+	}
+	full("a third call while the abandoned one is unanswered")
+
+	f.answer(first) // the server's answer to the abandoned call frees its slot
+	time.Sleep(20 * time.Millisecond)
+	call(context.Background(), 3)
+	third := f.next()
+	if third.Kind != fastlane.KindRequest {
+		t.Fatalf("after the abandoned call's answer the client sent kind %d, want the third request", third.Kind)
+	}
+	f.answer(second)
+	f.answer(third)
+	for range 2 {
+		select {
+		case err := <-results:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a call got no answer")
+		}
+	}
+}

@@ -3,10 +3,13 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/fastlane"
 	"github.com/leasehold/leasehold/internal/testnode"
 )
 
@@ -134,4 +137,52 @@ func startClient(t *testing.T) (string, *client.Client, context.Context) {
 		t.Fatal(err)
 	}
 	return node.Addr(), c, ctx
+}
+
+// TestSessionsBeyondInFlightLimit: more Sessions of one Client wait for locks at once
+// than the server lets one connection have requests in flight; the ones beyond wait in
+// the client for a slot instead of failing with ResourceExhausted, and all are granted
+// once the locks are free.
+func TestSessionsBeyondInFlightLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("thousands of sessions")
+	}
+	_, c, ctx := startClient(t)
+	defer c.Close(ctx)
+	n := fastlane.MaxInFlight + 64
+	holder := c.NewSession()
+	held := make([]*client.Lock, n)
+	for i := range n {
+		l, err := holder.Lock(ctx, fmt.Sprintf("limit/%d", i), client.Efficiency)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held[i] = l
+	}
+	errs := make(chan error, n)
+	var queued sync.WaitGroup
+	for i := range n {
+		queued.Add(1)
+		go func() {
+			s := c.NewSession()
+			queued.Done()
+			l, err := s.Lock(ctx, fmt.Sprintf("limit/%d", i), client.Efficiency)
+			if err == nil {
+				err = l.Unlock(ctx)
+			}
+			errs <- err
+		}()
+	}
+	queued.Wait()
+	time.Sleep(500 * time.Millisecond) // the waiters fill the connection
+	for _, l := range held {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatalf("a waiting Session: %v", err)
+		}
+	}
 }
