@@ -14,9 +14,11 @@ import "context"
 // their requests over the Client's one fast-lane connection, which the server reads and
 // answers in batches, where Clients would each open their own.
 //
-// A Session costs nothing until its first Lock grants its lease; then one keepalive
-// every TTL/3 per lease. Locks taken through a Session behave exactly like a Client's
-// (Token, Context, Unlock). A Session is safe for concurrent use.
+// A Session costs nothing until its first Lock grants its lease; from then on its
+// leases are kept alive (one keepalive every TTL/3 each), even with no lock held, until
+// Session.Close or Client.Close: close a Session you no longer need. Locks taken
+// through a Session behave exactly like a Client's (Token, Context, Unlock). A Session
+// is safe for concurrent use.
 type Session struct {
 	c   *Client
 	set leaseSet
