@@ -88,11 +88,17 @@ type fastConn struct {
 	inflight map[uint64]context.CancelFunc
 }
 
-// end records why the connection ended and cancels every request in flight.
+// end records why the connection ended and cancels every request in flight. Only the
+// reader calls it, and no reader registers a request after it.
 func (c *fastConn) end(err error) {
 	c.once.Do(func() {
 		c.err = err
 		c.cancel()
+		c.mu.Lock()
+		for _, cancel := range c.inflight {
+			cancel()
+		}
+		c.mu.Unlock()
 		close(c.done)
 	})
 }
@@ -132,7 +138,9 @@ func (c *fastConn) read() {
 			c.answer(f.Method, f.ID, time.Now(), resp, nil)
 			continue
 		}
-		ctx, cancel := context.WithCancel(c.ctx)
+		// Not derived from c.ctx: end cancels it through inflight, and the requests of
+		// a busy connection do not all register with (and lock) one parent context.
+		ctx, cancel := context.WithCancel(context.Background())
 		c.mu.Lock()
 		c.inflight[f.ID] = cancel
 		c.mu.Unlock()

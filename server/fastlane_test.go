@@ -238,3 +238,92 @@ func waitKeepsConnectionServing(t *testing.T, addr string, class leaseholdv1.Loc
 		t.Fatalf("grant of a free lock: token %d, want above %d", got1.GetToken(), held.GetToken())
 	}
 }
+
+// TestFastLaneCloseCancelsWaits: closing a connection cancels the requests still in
+// flight on it, so an acquire waiting in a lock's queue leaves it (either class): when
+// the holder releases, the lock is free, not granted to the lease whose caller is gone.
+func TestFastLaneCloseCancelsWaits(t *testing.T) {
+	addr := startFastLaneNode(t)
+	for _, class := range []leaseholdv1.LockClass{leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY, leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS} {
+		t.Run(class.String(), func(t *testing.T) {
+			holder, waiter := dialLane(t, addr), dialLane(t, addr)
+			a, b := holder.lease(), waiter.lease()
+			name := class.String() + "/closed"
+			var held leaseholdv1.AcquireResponse
+			holder.roundTrip(fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: a}, &held)
+			waiter.send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: b, WaitMs: -1})
+			time.Sleep(100 * time.Millisecond) // b is in the queue
+			_ = waiter.conn.Close()
+			time.Sleep(200 * time.Millisecond) // the server sees the close and cancels b's wait
+			holder.roundTrip(fastlane.MethodRelease, &leaseholdv1.ReleaseRequest{Name: name, LeaseId: a, Token: held.GetToken()}, &leaseholdv1.ReleaseResponse{})
+			var again leaseholdv1.AcquireResponse
+			if kind := holder.roundTrip(fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: a}, &again); kind != fastlane.KindResponse {
+				t.Fatalf("the lock after its only waiter's connection closed: answer kind %d, want it free", kind)
+			}
+		})
+	}
+}
+
+// lane is a raw fast-lane connection for tests.
+type lane struct {
+	t    *testing.T
+	conn net.Conn
+	r    *fastlane.Reader
+	next uint64
+}
+
+func dialLane(t *testing.T, addr string) *lane {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := fastlane.ClientHello(conn); err != nil {
+		t.Fatal(err)
+	}
+	return &lane{t: t, conn: conn, r: fastlane.NewReader(conn)}
+}
+
+func (l *lane) send(kind fastlane.Kind, m fastlane.Method, msg proto.Message) uint64 {
+	l.t.Helper()
+	l.next++
+	b, err := fastlane.AppendFrame(nil, kind, m, l.next, func(b []byte) ([]byte, error) { return proto.MarshalOptions{}.MarshalAppend(b, msg) })
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	if _, err := l.conn.Write(b); err != nil {
+		l.t.Fatal(err)
+	}
+	return l.next
+}
+
+// roundTrip sends one request and reads its answer into resp (when it is a response),
+// returning the answer's kind.
+func (l *lane) roundTrip(m fastlane.Method, req, resp proto.Message) fastlane.Kind {
+	l.t.Helper()
+	id := l.send(fastlane.KindRequest, m, req)
+	f, err := l.r.Read()
+	if err != nil {
+		l.t.Fatalf("waiting for answer %d: %v", id, err)
+	}
+	if f.ID != id {
+		l.t.Fatalf("got frame %d, want %d", f.ID, id)
+	}
+	if f.Kind == fastlane.KindResponse {
+		if err := proto.Unmarshal(f.Payload, resp); err != nil {
+			l.t.Fatal(err)
+		}
+	}
+	return f.Kind
+}
+
+func (l *lane) lease() string {
+	l.t.Helper()
+	var g leaseholdv1.GrantResponse
+	if kind := l.roundTrip(fastlane.MethodGrant, &leaseholdv1.GrantRequest{TtlMs: 10_000}, &g); kind != fastlane.KindResponse {
+		l.t.Fatalf("grant: answer kind %d", kind)
+	}
+	return g.GetLeaseId()
+}
