@@ -252,7 +252,12 @@ func TestFastLaneInFlightLimit(t *testing.T) {
 	full("a third call while the abandoned one is unanswered")
 
 	f.answer(first) // the server's answer to the abandoned call frees its slot
-	time.Sleep(20 * time.Millisecond)
+	for deadline := time.Now().Add(5 * time.Second); len(c.slots) == cap(c.slots); {
+		if time.Now().After(deadline) {
+			t.Fatal("the answer to the abandoned call did not free its slot")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	call(context.Background(), 3)
 	third := f.next()
 	if third.Kind != fastlane.KindRequest {
