@@ -100,15 +100,11 @@ func dialFastLane(ctx context.Context, addr string) (*flConn, error) {
 		_ = conn.Close()
 		return nil, err
 	}
-	return newFLConn(conn, fastlane.MaxInFlight), nil
-}
-
-func newFLConn(conn net.Conn, maxInFlight int) *flConn {
 	return &flConn{
 		conn: conn, w: fastlane.NewWriter(conn), r: fastlane.NewReader(conn),
-		dead: make(chan struct{}), slots: make(chan struct{}, maxInFlight),
+		dead: make(chan struct{}), slots: make(chan struct{}, fastlane.MaxInFlight),
 		pending: make(map[uint64]chan flResult),
-	}
+	}, nil
 }
 
 // readLoop reads for the calls in flight until none is left.

@@ -144,12 +144,10 @@ func (c *fastConn) read() {
 		c.mu.Lock()
 		c.inflight[f.ID] = cancel
 		c.mu.Unlock()
-		c.wg.Add(1)
+		c.wg.Add(1) // the request answered later, or the new reader
 		if c.s.serveThen(ctx, f.Method, req, c.later(f.Method, f.ID)) {
 			continue
 		}
-		c.wg.Done()
-		c.wg.Add(1)
 		c.pool.Go(func() {
 			defer c.wg.Done()
 			c.read()
@@ -254,10 +252,11 @@ func (s *Server) servesAtOnce(m fastlane.Method, req proto.Message) bool {
 }
 
 // serveThen starts serving a correctness Acquire or Release on this node, the leader,
-// without waiting for its commit, and reports true; then gets the answer, on the
-// goroutine that hands out commit results (it must not block). The connection's reader
-// can so go on reading the requests behind it at once, instead of handing the reading
-// to another goroutine per request. Anything else — other methods, efficiency locks,
+// without waiting for its commit, and reports true; then gets the answer (its response
+// counts only when the error is nil, as in respond), on the goroutine that hands out
+// commit results (it must not block). The connection's reader can so go on reading the
+// requests behind it at once, instead of handing the reading to another goroutine per
+// request. Anything else — other methods, efficiency locks,
 // invalid requests, a node that must forward — it leaves alone and reports false, for
 // the full path (dispatchFast) to serve.
 func (s *Server) serveThen(ctx context.Context, m fastlane.Method, req proto.Message, then func(proto.Message, error)) bool {
@@ -274,13 +273,7 @@ func (s *Server) serveThen(ctx context.Context, m fastlane.Method, req proto.Mes
 		if err != nil {
 			return false
 		}
-		s.leader.AcquireThen(ctx, a, func(g leader.Grant, err error) {
-			if err != nil {
-				then(nil, err)
-				return
-			}
-			then(acquireResponse(g), nil)
-		})
+		s.leader.AcquireThen(ctx, a, func(g leader.Grant, err error) { then(acquireResponse(g), err) })
 		return true
 	case fastlane.MethodRelease:
 		r := req.(*leaseholdv1.ReleaseRequest)
@@ -288,13 +281,7 @@ func (s *Server) serveThen(ctx context.Context, m fastlane.Method, req proto.Mes
 		if err != nil {
 			return false
 		}
-		s.leader.ReleaseThen(id, r.GetName(), r.GetToken(), func(err error) {
-			if err != nil {
-				then(nil, err)
-				return
-			}
-			then(&leaseholdv1.ReleaseResponse{}, nil)
-		})
+		s.leader.ReleaseThen(id, r.GetName(), r.GetToken(), func(err error) { then(&leaseholdv1.ReleaseResponse{}, err) })
 		return true
 	}
 	return false
