@@ -39,7 +39,11 @@ func newLease(c *Client, id string, ttl time.Duration, sent time.Time) *lease {
 		stop:   make(chan struct{}),
 	}
 	s.deadline = sent.Add(ttl - s.margin)
+	// Under mu: a deadline already past (a grant answered late) fires the timer at once,
+	// and its end reads s.timer.
+	s.mu.Lock()
 	s.timer = time.AfterFunc(time.Until(s.deadline), s.checkDeadline)
+	s.mu.Unlock()
 	go s.keepAlive()
 	return s
 }

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -25,6 +26,26 @@ func TestAlignedRenewals(t *testing.T) {
 			if other := alignedAt(now, base-q+1, interval); other != base {
 				t.Fatalf("interval %v now %v: renewals due in one quantum end at %v and %v", interval, now, base, other)
 			}
+		}
+	}
+}
+
+// TestLeaseGrantedPastItsDeadline: a lease whose grant was answered after its cautious
+// deadline (the server paused, say) ends at once, and the timer that ends it does not
+// race with setting it up (the race detector catches that).
+func TestLeaseGrantedPastItsDeadline(t *testing.T) {
+	c := &Client{}
+	for range 50 {
+		s := newLease(c, "late", time.Second, time.Now().Add(-time.Hour))
+		deadline := time.Now().Add(5 * time.Second)
+		for s.alive() {
+			if time.Now().After(deadline) {
+				t.Fatal("a lease past its deadline is still alive")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if !errors.Is(s.err, ErrLeaseDeadline) {
+			t.Fatalf("ended with %v, want ErrLeaseDeadline", s.err)
 		}
 	}
 }
