@@ -133,12 +133,9 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		sessions: make(map[*Session]struct{}),
 	}
 	c.fast = &fastLanes{c: c, disabled: o.noFastLane}
-	c.leases = fastLeaseClient{LeaseServiceClient: c.leases, f: c.fast}
-	c.locks = fastLockClient{LockServiceClient: c.locks, f: c.fast}
-	c.kv = fastKVClient{KVServiceClient: c.kv, f: c.fast}
 	var err error
 	for range addrs {
-		if _, err = c.cluster.Status(ctx, &leaseholdv1.StatusRequest{}); err == nil {
+		if _, err = rpc(ctx, c, c.cluster.Status, &leaseholdv1.StatusRequest{}); err == nil {
 			return c, nil
 		}
 		if ctx.Err() != nil {
@@ -150,30 +147,30 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 
 // Status returns the server's status.
 func (c *Client) Status(ctx context.Context) (*leaseholdv1.StatusResponse, error) {
-	return c.cluster.Status(ctx, &leaseholdv1.StatusRequest{})
+	return rpc(ctx, c, c.cluster.Status, &leaseholdv1.StatusRequest{})
 }
 
 // List lists locks under prefix (limit 0 means the server's default).
 func (c *Client) List(ctx context.Context, prefix string, limit int) (*leaseholdv1.ListResponse, error) {
-	return c.locks.List(ctx, &leaseholdv1.ListRequest{Prefix: prefix, Limit: uint32(max(0, limit))})
+	return rpc(ctx, c, c.locks.List, &leaseholdv1.ListRequest{Prefix: prefix, Limit: uint32(max(0, limit))})
 }
 
 // Describe shows one lock.
 func (c *Client) Describe(ctx context.Context, name string) (*leaseholdv1.LockInfo, error) {
-	resp, err := c.locks.Describe(ctx, &leaseholdv1.DescribeRequest{Name: name})
+	resp, err := rpc(ctx, c, c.locks.Describe, &leaseholdv1.DescribeRequest{Name: name})
 	return resp.GetLock(), err
 }
 
 // ForceRelease releases a lock whoever holds it (an operator's action). It returns the
 // released token and the fence token every later grant exceeds.
 func (c *Client) ForceRelease(ctx context.Context, name, reason string) (released, fence uint64, err error) {
-	resp, err := c.locks.ForceRelease(ctx, &leaseholdv1.ForceReleaseRequest{Name: name, Reason: reason})
+	resp, err := rpc(ctx, c, c.locks.ForceRelease, &leaseholdv1.ForceReleaseRequest{Name: name, Reason: reason})
 	return resp.GetReleasedToken(), resp.GetFenceToken(), err
 }
 
 // CheckToken tells whether token is the current holder's token for lock name.
 func (c *Client) CheckToken(ctx context.Context, name string, token uint64) (bool, error) {
-	resp, err := c.locks.CheckToken(ctx, &leaseholdv1.CheckTokenRequest{Name: name, Token: token})
+	resp, err := rpc(ctx, c, c.locks.CheckToken, &leaseholdv1.CheckTokenRequest{Name: name, Token: token})
 	return resp.GetCurrent(), err
 }
 
@@ -228,7 +225,7 @@ func (c *Client) revokeAll(ctx context.Context, set *leaseSet) error {
 	var errs []error
 	for _, s := range leases {
 		s.end(ErrLeaseRevoked)
-		if _, err := c.leases.Revoke(ctx, &leaseholdv1.RevokeRequest{LeaseId: s.id}); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+		if _, err := rpc(ctx, c, c.leases.Revoke, &leaseholdv1.RevokeRequest{LeaseId: s.id}); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
 			errs = append(errs, err)
 		}
 	}
@@ -249,7 +246,7 @@ func (c *Client) leaseFor(ctx context.Context, set *leaseSet, ttl time.Duration)
 	set.mu.Unlock()
 
 	sent := time.Now()
-	resp, err := c.leases.Grant(ctx, &leaseholdv1.GrantRequest{TtlMs: ttl.Milliseconds()})
+	resp, err := rpc(ctx, c, c.leases.Grant, &leaseholdv1.GrantRequest{TtlMs: ttl.Milliseconds()})
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +275,7 @@ func (c *Client) leaseFor(ctx context.Context, set *leaseSet, ttl time.Duration)
 func (c *Client) revokeLater(s *lease) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _ = c.leases.Revoke(ctx, &leaseholdv1.RevokeRequest{LeaseId: s.id})
+	_, _ = rpc(ctx, c, c.leases.Revoke, &leaseholdv1.RevokeRequest{LeaseId: s.id})
 }
 
 func (c *Client) margin(ttl time.Duration) time.Duration {
@@ -290,18 +287,18 @@ func (c *Client) margin(ttl time.Duration) time.Duration {
 
 // Members lists the cluster's nodes.
 func (c *Client) Members(ctx context.Context) ([]*leaseholdv1.Member, error) {
-	resp, err := c.cluster.Members(ctx, &leaseholdv1.MembersRequest{})
+	resp, err := rpc(ctx, c, c.cluster.Members, &leaseholdv1.MembersRequest{})
 	return resp.GetMembers(), err
 }
 
 // AddMember adds a running node to the cluster as a voter.
 func (c *Client) AddMember(ctx context.Context, id, raftAddr, apiAddr string) ([]*leaseholdv1.Member, error) {
-	resp, err := c.cluster.AddMember(ctx, &leaseholdv1.AddMemberRequest{NodeId: id, RaftAddr: raftAddr, ApiAddr: apiAddr})
+	resp, err := rpc(ctx, c, c.cluster.AddMember, &leaseholdv1.AddMemberRequest{NodeId: id, RaftAddr: raftAddr, ApiAddr: apiAddr})
 	return resp.GetMembers(), err
 }
 
 // RemoveMember removes a node from the cluster.
 func (c *Client) RemoveMember(ctx context.Context, id string) ([]*leaseholdv1.Member, error) {
-	resp, err := c.cluster.RemoveMember(ctx, &leaseholdv1.RemoveMemberRequest{NodeId: id})
+	resp, err := rpc(ctx, c, c.cluster.RemoveMember, &leaseholdv1.RemoveMemberRequest{NodeId: id})
 	return resp.GetMembers(), err
 }

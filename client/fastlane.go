@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
-	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/fastlane"
 )
 
@@ -408,7 +407,7 @@ func (f *fastLanes) get(ctx context.Context) *flConn {
 func (f *fastLanes) connect(ctx context.Context, node string) (*flConn, error) {
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	st, err := f.c.cluster.Status(sctx, &leaseholdv1.StatusRequest{})
+	st, err := rpc(sctx, f.c, f.c.cluster.Status, &leaseholdv1.StatusRequest{})
 	if err != nil {
 		return nil, err
 	}
@@ -436,13 +435,28 @@ func (f *fastLanes) close() {
 	}
 }
 
-// fastCall runs one RPC over the fast lane when there is one, else through Connect.
-func fastCall[Req, Res proto.Message](ctx context.Context, f *fastLanes, m fastlane.Method, req Req, resp Res, viaConnect func(context.Context, Req) (Res, error)) (Res, error) {
+// rpc runs one RPC: over the fast lane when the .proto file gives the RPC a fast-lane
+// number (its `fast_lane` option; see package fastlane) and a connection is up, else
+// through viaConnect, the generated Connect client's method. Call sites name the RPC
+// once, by its Connect method: rpc(ctx, c, c.locks.Acquire, req).
+func rpc[Req, Res any, PReq interface {
+	*Req
+	proto.Message
+}, PRes interface {
+	*Res
+	proto.Message
+}](ctx context.Context, c *Client, viaConnect func(context.Context, PReq) (PRes, error), req PReq) (PRes, error) {
+	m, ok := fastlane.MethodFor(req)
+	if !ok {
+		return viaConnect(ctx, req)
+	}
+	f := c.fast
 	for attempt := 0; ; attempt++ {
 		conn := f.get(ctx)
 		if conn == nil {
 			return viaConnect(ctx, req)
 		}
+		resp := PRes(new(Res))
 		err := conn.call(ctx, m, req, resp)
 		switch {
 		case err == nil:
@@ -454,60 +468,6 @@ func fastCall[Req, Res proto.Message](ctx context.Context, f *fastLanes, m fastl
 		case errors.Is(err, errFastLaneBroken):
 			f.c.nodes.next()
 		}
-		var zero Res
-		return zero, err
+		return nil, err
 	}
-}
-
-// The service clients the Client uses: hot calls over the fast lane, the rest Connect.
-
-type fastLeaseClient struct {
-	leaseholdv1connect.LeaseServiceClient
-	f *fastLanes
-}
-
-func (c fastLeaseClient) Grant(ctx context.Context, req *leaseholdv1.GrantRequest) (*leaseholdv1.GrantResponse, error) {
-	return fastCall(ctx, c.f, fastlane.MethodGrant, req, new(leaseholdv1.GrantResponse), c.LeaseServiceClient.Grant)
-}
-
-func (c fastLeaseClient) KeepAlive(ctx context.Context, req *leaseholdv1.KeepAliveRequest) (*leaseholdv1.KeepAliveResponse, error) {
-	return fastCall(ctx, c.f, fastlane.MethodKeepAlive, req, new(leaseholdv1.KeepAliveResponse), c.LeaseServiceClient.KeepAlive)
-}
-
-func (c fastLeaseClient) Revoke(ctx context.Context, req *leaseholdv1.RevokeRequest) (*leaseholdv1.RevokeResponse, error) {
-	return fastCall(ctx, c.f, fastlane.MethodRevoke, req, new(leaseholdv1.RevokeResponse), c.LeaseServiceClient.Revoke)
-}
-
-type fastLockClient struct {
-	leaseholdv1connect.LockServiceClient
-	f *fastLanes
-}
-
-func (c fastLockClient) Acquire(ctx context.Context, req *leaseholdv1.AcquireRequest) (*leaseholdv1.AcquireResponse, error) {
-	return fastCall(ctx, c.f, fastlane.MethodAcquire, req, new(leaseholdv1.AcquireResponse), c.LockServiceClient.Acquire)
-}
-
-func (c fastLockClient) Release(ctx context.Context, req *leaseholdv1.ReleaseRequest) (*leaseholdv1.ReleaseResponse, error) {
-	return fastCall(ctx, c.f, fastlane.MethodRelease, req, new(leaseholdv1.ReleaseResponse), c.LockServiceClient.Release)
-}
-
-func (c fastLockClient) CheckToken(ctx context.Context, req *leaseholdv1.CheckTokenRequest) (*leaseholdv1.CheckTokenResponse, error) {
-	return fastCall(ctx, c.f, fastlane.MethodCheckToken, req, new(leaseholdv1.CheckTokenResponse), c.LockServiceClient.CheckToken)
-}
-
-type fastKVClient struct {
-	leaseholdv1connect.KVServiceClient
-	f *fastLanes
-}
-
-func (c fastKVClient) Get(ctx context.Context, req *leaseholdv1.GetRequest) (*leaseholdv1.GetResponse, error) {
-	return fastCall(ctx, c.f, fastlane.MethodGet, req, new(leaseholdv1.GetResponse), c.KVServiceClient.Get)
-}
-
-func (c fastKVClient) Put(ctx context.Context, req *leaseholdv1.PutRequest) (*leaseholdv1.PutResponse, error) {
-	return fastCall(ctx, c.f, fastlane.MethodPut, req, new(leaseholdv1.PutResponse), c.KVServiceClient.Put)
-}
-
-func (c fastKVClient) Delete(ctx context.Context, req *leaseholdv1.DeleteRequest) (*leaseholdv1.DeleteResponse, error) {
-	return fastCall(ctx, c.f, fastlane.MethodDelete, req, new(leaseholdv1.DeleteResponse), c.KVServiceClient.Delete)
 }

@@ -12,7 +12,13 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/fastlane"
+)
+
+// The fast-lane numbers of the RPCs these tests send (the .proto file's fast_lane options).
+var (
+	methodCheckToken = fastlane.MustMethodOf(leaseholdv1connect.LockServiceCheckTokenProcedure)
 )
 
 // fakeLane is a scripted fast-lane server for one connection: it hands every frame it
@@ -98,7 +104,7 @@ func (f *fakeLane) answer(req fastlane.Frame) {
 // check makes one CheckToken call for token and reports the holder token it got back.
 func check(ctx context.Context, c *flConn, token uint64) (uint64, error) {
 	var resp leaseholdv1.CheckTokenResponse
-	err := c.call(ctx, fastlane.MethodCheckToken, &leaseholdv1.CheckTokenRequest{Name: "a", Token: token}, &resp)
+	err := c.call(ctx, methodCheckToken, &leaseholdv1.CheckTokenRequest{Name: "a", Token: token}, &resp)
 	return resp.GetHolderToken(), err
 }
 

@@ -95,7 +95,7 @@ func IfVersion(v uint64) WriteOption { return func(o *writeOptions) { o.ifVersio
 
 // Get reads key, linearizably.
 func (c *Client) Get(ctx context.Context, key string) (Value, error) {
-	resp, err := c.kv.Get(ctx, &leaseholdv1.GetRequest{Key: key})
+	resp, err := rpc(ctx, c, c.kv.Get, &leaseholdv1.GetRequest{Key: key})
 	if err != nil {
 		return Value{}, err
 	}
@@ -109,7 +109,7 @@ func (c *Client) Put(ctx context.Context, key string, value []byte, opts ...Writ
 	for _, opt := range opts {
 		opt(&o)
 	}
-	resp, err := c.kv.Put(ctx, &leaseholdv1.PutRequest{Key: key, Value: value, Fence: o.fence, IfVersion: o.ifVersion})
+	resp, err := rpc(ctx, c, c.kv.Put, &leaseholdv1.PutRequest{Key: key, Value: value, Fence: o.fence, IfVersion: o.ifVersion})
 	if err != nil {
 		return 0, kvError(key, o.fence, err)
 	}
@@ -122,7 +122,7 @@ func (c *Client) Delete(ctx context.Context, key string, opts ...WriteOption) (b
 	for _, opt := range opts {
 		opt(&o)
 	}
-	resp, err := c.kv.Delete(ctx, &leaseholdv1.DeleteRequest{Key: key, Fence: o.fence, IfVersion: o.ifVersion})
+	resp, err := rpc(ctx, c, c.kv.Delete, &leaseholdv1.DeleteRequest{Key: key, Fence: o.fence, IfVersion: o.ifVersion})
 	if err != nil {
 		return false, kvError(key, o.fence, err)
 	}
@@ -131,7 +131,7 @@ func (c *Client) Delete(ctx context.Context, key string, opts ...WriteOption) (b
 
 // ListKV returns keys under prefix (limit 0: the server's default).
 func (c *Client) ListKV(ctx context.Context, prefix string, limit int) ([]*leaseholdv1.KeyValue, bool, error) {
-	resp, err := c.kv.List(ctx, &leaseholdv1.KVServiceListRequest{Prefix: prefix, Limit: uint32(max(0, limit))})
+	resp, err := rpc(ctx, c, c.kv.List, &leaseholdv1.KVServiceListRequest{Prefix: prefix, Limit: uint32(max(0, limit))})
 	return resp.GetItems(), resp.GetTruncated(), err
 }
 

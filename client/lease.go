@@ -144,7 +144,7 @@ func (s *lease) keepAlive() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), left)
 		sent := time.Now()
-		resp, err := s.c.leases.KeepAlive(ctx, &leaseholdv1.KeepAliveRequest{LeaseId: s.id})
+		resp, err := rpc(ctx, s.c, s.c.leases.KeepAlive, &leaseholdv1.KeepAliveRequest{LeaseId: s.id})
 		cancel()
 		switch {
 		case err == nil:

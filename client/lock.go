@@ -150,7 +150,7 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, name string, opts []Lo
 }
 
 func (c *Client) acquire(ctx context.Context, s *lease, name string, o lockOptions, h Holder) (*Lock, error) {
-	resp, err := c.locks.Acquire(ctx, &leaseholdv1.AcquireRequest{
+	resp, err := rpc(ctx, c, c.locks.Acquire, &leaseholdv1.AcquireRequest{
 		Name:        name,
 		Class:       o.class,
 		LeaseId:     s.id,
@@ -230,7 +230,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	}
 	backoff := 20 * time.Millisecond
 	for {
-		_, err := l.c.locks.Release(ctx, &leaseholdv1.ReleaseRequest{Name: l.name, LeaseId: l.s.id, Token: l.token})
+		_, err := rpc(ctx, l.c, l.c.locks.Release, &leaseholdv1.ReleaseRequest{Name: l.name, LeaseId: l.s.id, Token: l.token})
 		if err == nil {
 			l.s.remove(l)
 			l.lost(ErrUnlocked)
@@ -274,9 +274,9 @@ func (c *Client) abandon(s *lease, name string, class leaseholdv1.LockClass) {
 	backoff := 50 * time.Millisecond
 	for s.alive() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := c.locks.Acquire(ctx, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: s.id, WaitMs: 0})
+		resp, err := rpc(ctx, c, c.locks.Acquire, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: s.id, WaitMs: 0})
 		if err == nil {
-			_, err = c.locks.Release(ctx, &leaseholdv1.ReleaseRequest{Name: name, LeaseId: s.id, Token: resp.GetToken()})
+			_, err = rpc(ctx, c, c.locks.Release, &leaseholdv1.ReleaseRequest{Name: name, LeaseId: s.id, Token: resp.GetToken()})
 		}
 		cancel()
 		if err == nil || !retryable(context.Background(), err) {

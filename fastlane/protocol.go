@@ -48,22 +48,6 @@ const (
 	KindCancel   Kind = 4 // client → server: id; the server cancels that request's context
 )
 
-// Method identifies an RPC. Values are part of the protocol: never renumber them.
-type Method uint8
-
-// The methods the fast lane carries.
-const (
-	MethodGrant      Method = 1
-	MethodKeepAlive  Method = 2
-	MethodRevoke     Method = 3
-	MethodAcquire    Method = 4
-	MethodRelease    Method = 5
-	MethodCheckToken Method = 6
-	MethodPut        Method = 7
-	MethodGet        Method = 8
-	MethodDelete     Method = 9
-)
-
 // Errors of the framing layer.
 var (
 	// ErrProtocol is returned for a malformed frame or handshake; the connection must be

@@ -9,7 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/fastlane"
+)
+
+// The fast-lane numbers of the RPCs these tests send (the .proto file's fast_lane options).
+var (
+	methodAcquire = fastlane.MustMethodOf(leaseholdv1connect.LockServiceAcquireProcedure)
 )
 
 // chunkReader hands out its data a few bytes at a time, and fails every other read
@@ -42,7 +48,7 @@ func testFrames(t *testing.T) ([]fastlane.Frame, []byte) {
 	)
 	for i, size := range []int{0, 1, 100, 40 << 10, 7, fastlane.MaxFrame - fastlane.HeaderLen, 3} {
 		payload := bytes.Repeat([]byte{byte(i + 1)}, size)
-		f := fastlane.Frame{Kind: fastlane.KindResponse, Method: fastlane.MethodAcquire, ID: uint64(i) << 40, Payload: payload}
+		f := fastlane.Frame{Kind: fastlane.KindResponse, Method: methodAcquire, ID: uint64(i) << 40, Payload: payload}
 		var err error
 		stream, err = fastlane.AppendFrame(stream, f.Kind, f.Method, f.ID, func(b []byte) ([]byte, error) { return append(b, payload...), nil })
 		if err != nil {

@@ -10,7 +10,8 @@ import (
 	"github.com/leasehold/leasehold/replication"
 )
 
-// Members lists the cluster's nodes from this node's latest raft configuration.
+// Members serves ClusterService.Members: the cluster's nodes from this node's latest
+// raft configuration, on any node.
 func (s *Server) Members(context.Context, *leaseholdv1.MembersRequest) (*leaseholdv1.MembersResponse, error) {
 	members, err := s.members()
 	if err != nil {
@@ -38,14 +39,9 @@ func (s *Server) members() ([]*leaseholdv1.Member, error) {
 	return out, nil
 }
 
-// AddMember adds a voter through the leader and registers its API address.
+// AddMember serves ClusterService.AddMember on the leader: it adds a voter and
+// registers its API address.
 func (s *Server) AddMember(ctx context.Context, req *leaseholdv1.AddMemberRequest) (*leaseholdv1.AddMemberResponse, error) {
-	return call(ctx, s, req, s.addMember, func(p *peerClients) func(context.Context, *leaseholdv1.AddMemberRequest) (*leaseholdv1.AddMemberResponse, error) {
-		return p.cluster.AddMember
-	})
-}
-
-func (s *Server) addMember(ctx context.Context, req *leaseholdv1.AddMemberRequest) (*leaseholdv1.AddMemberResponse, error) {
 	if err := core.ValidateNodeID("node_id", req.GetNodeId()); err != nil {
 		return nil, err
 	}
@@ -68,14 +64,8 @@ func (s *Server) addMember(ctx context.Context, req *leaseholdv1.AddMemberReques
 	return &leaseholdv1.AddMemberResponse{Members: members}, nil
 }
 
-// RemoveMember removes a node through the leader.
+// RemoveMember serves ClusterService.RemoveMember on the leader.
 func (s *Server) RemoveMember(ctx context.Context, req *leaseholdv1.RemoveMemberRequest) (*leaseholdv1.RemoveMemberResponse, error) {
-	return call(ctx, s, req, s.removeMember, func(p *peerClients) func(context.Context, *leaseholdv1.RemoveMemberRequest) (*leaseholdv1.RemoveMemberResponse, error) {
-		return p.cluster.RemoveMember
-	})
-}
-
-func (s *Server) removeMember(ctx context.Context, req *leaseholdv1.RemoveMemberRequest) (*leaseholdv1.RemoveMemberResponse, error) {
 	if err := core.ValidateNodeID("node_id", req.GetNodeId()); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -18,8 +19,9 @@ import (
 )
 
 // ServeFastLane serves the fast lane (docs/PROTOCOL.md) on ln until ln is closed. Every
-// request goes through the same handlers as Connect — validation, forwarding to the
-// leader, the error table — so the two transports cannot disagree.
+// request goes through the method table as Connect's do — the same handlers,
+// validation, forwarding to the leader, error mapping and metrics — so the two
+// transports cannot disagree.
 func (s *Server) ServeFastLane(ln net.Listener, log *slog.Logger) error {
 	pool := new(workers)
 	defer pool.close()
@@ -66,9 +68,10 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 }
 
 // fastConn is one fast-lane connection on the server side. One goroutine at a time
-// reads it. The reader answers what it can answer at once itself (servesAtOnce,
-// grantNow), and proposes correctness acquires and releases itself, leaving their
-// answers to the commit (serveThen); for any other request that may wait, it starts a
+// reads it. The reader takes the shortcuts the method table allows a request: it answers
+// what it can answer at once itself (method.atOnce, method.now), and proposes
+// correctness acquires and releases itself, leaving their answers to the commit
+// (method.then); for any other request that may wait, it starts a
 // new reader and serves that request itself, so the request goes on without waiting for
 // a new goroutine to be scheduled (the new reader's start is off the request's path).
 // One batching writer serves all.
@@ -125,18 +128,20 @@ func (c *fastConn) read() {
 			c.end(fastlane.ErrProtocol)
 			return
 		}
-		req, ok := c.admit(f)
+		m, req, ok := c.admit(f)
 		if !ok {
 			continue
 		}
-		if c.s.servesAtOnce(f.Method, req) {
+		if m.atOnce != nil && m.atOnce(c.s, req) {
 			// Nothing can cancel it: no other frame is read until it is answered.
-			c.serve(c.ctx, f.Method, f.ID, req)
+			c.serve(c.ctx, m, f.ID, req)
 			continue
 		}
-		if resp, ok := c.s.grantNow(f.Method, req); ok {
-			c.answer(f.Method, f.ID, time.Now(), resp, nil)
-			continue
+		if m.now != nil {
+			if resp, ok := m.now(c.s, req); ok {
+				c.answer(m, f.ID, time.Now(), resp, nil)
+				continue
+			}
 		}
 		// Not derived from c.ctx: end cancels it through inflight, and the requests of
 		// a busy connection do not all register with (and lock) one parent context.
@@ -145,71 +150,82 @@ func (c *fastConn) read() {
 		c.inflight[f.ID] = cancel
 		c.mu.Unlock()
 		c.wg.Add(1) // the request answered later, or the new reader
-		if c.s.serveThen(ctx, f.Method, req, c.later(f.Method, f.ID)) {
+		if m.then != nil && m.then(c.s, ctx, req, c.later(m, f.ID)) {
 			continue
 		}
 		c.pool.Go(func() {
 			defer c.wg.Done()
 			c.read()
 		})
-		c.serve(ctx, f.Method, f.ID, req)
+		c.serve(ctx, m, f.ID, req)
 		return
 	}
 }
 
-// admit decodes request f. A duplicate id, too many requests in flight or a payload
-// that does not decode is answered with an error frame at once, and admit returns false.
-func (c *fastConn) admit(f fastlane.Frame) (proto.Message, bool) {
+// admit finds request f's method and decodes its request. A duplicate id, too many
+// requests in flight, an unknown method or a payload that does not decode is answered
+// with an error frame at once, and admit returns false.
+func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 	c.mu.Lock()
 	_, dup := c.inflight[f.ID]
 	full := len(c.inflight) >= fastlane.MaxInFlight
 	c.mu.Unlock()
+	m := c.s.methods.byFast[f.Method]
 	var err error
 	switch {
 	case dup:
 		err = connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request id already in flight"))
 	case full:
 		err = connect.NewError(connect.CodeResourceExhausted, errors.New("fastlane: too many requests in flight on this connection"))
+	case m == nil:
+		err = connect.NewError(connect.CodeUnimplemented, fmt.Errorf("fastlane: unknown method %d", f.Method))
 	}
 	var req proto.Message
 	if err == nil {
-		req, err = decodeRequest(f.Method, f.Payload)
+		req = m.newRequest()
+		if uerr := proto.Unmarshal(f.Payload, req); uerr != nil {
+			err = connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request does not decode: "+uerr.Error()))
+		}
 	}
 	if err != nil {
+		if m != nil {
+			err = c.s.finish(m, time.Now(), err)
+		}
 		c.w.Send(errorFrame(f.Method, f.ID, err), false)
-		return nil, false
+		return nil, nil, false
 	}
-	return req, true
+	return m, req, true
 }
 
 // serve answers one admitted request; one that may wait is in inflight with the
 // cancel function of its ctx.
-func (c *fastConn) serve(ctx context.Context, method fastlane.Method, id uint64, req proto.Message) {
-	start := time.Now()
-	resp, err := c.s.dispatchFast(ctx, method, req)
-	c.answer(method, id, start, resp, err)
+func (c *fastConn) serve(ctx context.Context, m *method, id uint64, req proto.Message) {
+	resp, err := c.s.call(ctx, m, req, false)
+	c.send(m.fast, id, resp, err, func(frame []byte, others bool) { c.w.Send(frame, others) })
 }
 
-// later returns what answers request id when serveThen takes it: the answer is queued
-// on the connection without blocking (the caller answers other connections too), and
-// the request counts in c.wg until then.
-func (c *fastConn) later(method fastlane.Method, id uint64) func(proto.Message, error) {
+// later returns what answers request id when the method's then shortcut takes it: the
+// answer is queued on the connection without blocking (the caller answers other
+// connections too), and the request counts in c.wg until then.
+func (c *fastConn) later(m *method, id uint64) func(proto.Message, error) {
 	start := time.Now()
 	return func(resp proto.Message, err error) {
-		c.respond(method, id, start, resp, err, func(frame []byte, _ bool) { c.w.Offer(frame) })
+		err = c.s.finish(m, start, err)
+		c.send(m.fast, id, resp, err, func(frame []byte, _ bool) { c.w.Offer(frame) })
 		c.wg.Done()
 	}
 }
 
-// answer sends the answer to request id, begun at start.
-func (c *fastConn) answer(method fastlane.Method, id uint64, start time.Time, resp proto.Message, err error) {
-	c.respond(method, id, start, resp, err, func(frame []byte, others bool) { c.w.Send(frame, others) })
+// answer sends the answer to request id, begun at start, that a shortcut produced.
+func (c *fastConn) answer(m *method, id uint64, start time.Time, resp proto.Message, err error) {
+	err = c.s.finish(m, start, err)
+	c.send(m.fast, id, resp, err, func(frame []byte, others bool) { c.w.Send(frame, others) })
 }
 
-// respond frames the answer to request id, begun at start, and hands it to send, with
-// whether other requests are in flight on the connection.
-func (c *fastConn) respond(method fastlane.Method, id uint64, start time.Time, resp proto.Message, err error, send func(frame []byte, others bool)) {
-	c.s.metrics.observe(fastProcedures[method], start, err)
+// send frames the answer to request id — its response, or err, already finished (mapped
+// to its code and counted) — and hands it to out, with whether other requests are in
+// flight on the connection.
+func (c *fastConn) send(method fastlane.Method, id uint64, resp proto.Message, err error, out func(frame []byte, others bool)) {
 	c.mu.Lock()
 	cancel := c.inflight[id] // nil for a request served at once: never registered
 	delete(c.inflight, id)
@@ -219,7 +235,7 @@ func (c *fastConn) respond(method fastlane.Method, id uint64, start time.Time, r
 		cancel()
 	}
 	if err != nil {
-		send(errorFrame(method, id, err), others)
+		out(errorFrame(method, id, err), others)
 		return
 	}
 	buf := fastlane.GetBuffer()
@@ -227,73 +243,35 @@ func (c *fastConn) respond(method fastlane.Method, id uint64, start time.Time, r
 		return proto.MarshalOptions{}.MarshalAppend(b, resp)
 	})
 	if ferr != nil {
-		send(errorFrame(method, id, ferr), others)
+		out(errorFrame(method, id, ToConnect(ferr)), others)
 	} else {
-		send(frame, others)
+		out(frame, others)
 	}
 	fastlane.PutBuffer(buf, frame)
 }
 
-// servesAtOnce reports whether a request is answered from the leader's memory without
-// waiting — an efficiency acquire that tries once, or the release of an efficiency lock
-// — so that the connection's reader can serve it itself instead of handing it to a new
-// goroutine (saving a goroutine start and a wake-up per call). A request that may wait
-// (a queue, a commit, a quorum round, a forward to another node) always gets its own
-// goroutine: the reader must stay free to read cancels and other requests.
-func (s *Server) servesAtOnce(m fastlane.Method, req proto.Message) bool {
-	switch m {
-	case fastlane.MethodAcquire:
-		r := req.(*leaseholdv1.AcquireRequest)
-		return r.GetClass() == leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY && r.GetWaitMs() == 0 && s.leader.Active()
-	case fastlane.MethodRelease:
-		return s.leader.ServesInMemory(req.(*leaseholdv1.ReleaseRequest).GetName())
-	}
-	return false
+// The fast-lane reader's shortcuts of Acquire and Release (see method). A request that
+// may wait (a queue, a commit, a quorum round, a forward to another node) never takes
+// one: the reader must stay free to read cancels and other requests.
+
+// acquireAtOnce reports that an acquire is served from the leader's memory without
+// waiting: an efficiency acquire that tries once. The reader then serves it itself,
+// saving a goroutine start and a wake-up per call.
+func (s *Server) acquireAtOnce(r *leaseholdv1.AcquireRequest) bool {
+	return r.GetClass() == leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY && r.GetWaitMs() == 0 && s.leader.Active()
 }
 
-// serveThen starts serving a correctness Acquire or Release on this node, the leader,
-// without waiting for its commit, and reports true; then gets the answer (its response
-// counts only when the error is nil, as in respond), on the goroutine that hands out
-// commit results (it must not block). The connection's reader can so go on reading the
-// requests behind it at once, instead of handing the reading to another goroutine per
-// request. Anything else — other methods, efficiency locks,
-// invalid requests, a node that must forward — it leaves alone and reports false, for
-// the full path (dispatchFast) to serve.
-func (s *Server) serveThen(ctx context.Context, m fastlane.Method, req proto.Message, then func(proto.Message, error)) bool {
-	if !s.leader.Active() {
-		return false
-	}
-	switch m {
-	case fastlane.MethodAcquire:
-		r := req.(*leaseholdv1.AcquireRequest)
-		if r.GetClass() != leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS {
-			return false
-		}
-		a, err := s.acquireArgs(r)
-		if err != nil {
-			return false
-		}
-		s.leader.AcquireThen(ctx, a, func(g leader.Grant, err error) { then(acquireResponse(g), err) })
-		return true
-	case fastlane.MethodRelease:
-		r := req.(*leaseholdv1.ReleaseRequest)
-		id, err := s.releaseArgs(r)
-		if err != nil {
-			return false
-		}
-		s.leader.ReleaseThen(id, r.GetName(), r.GetToken(), func(err error) { then(&leaseholdv1.ReleaseResponse{}, err) })
-		return true
-	}
-	return false
+// releaseAtOnce reports that a release is of an efficiency lock this node holds in
+// memory.
+func (s *Server) releaseAtOnce(r *leaseholdv1.ReleaseRequest) bool {
+	return s.leader.ServesInMemory(r.GetName())
 }
 
-// grantNow answers an efficiency acquire that may wait when the leader can grant it at
-// once from memory (leader.AcquireNow): the connection's reader then answers it itself.
-// It reports false, having changed nothing, when the request must go the full way
-// (through dispatchFast on a goroutine of its own), including when it is invalid.
-func (s *Server) grantNow(m fastlane.Method, req proto.Message) (proto.Message, bool) {
-	r, ok := req.(*leaseholdv1.AcquireRequest)
-	if m != fastlane.MethodAcquire || !ok || r.GetClass() != leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY {
+// acquireNow answers an efficiency acquire that may wait when the leader can grant it at
+// once from memory (leader.AcquireNow). It reports false, having changed nothing, when
+// the request must go the full way, including when it is invalid.
+func (s *Server) acquireNow(r *leaseholdv1.AcquireRequest) (*leaseholdv1.AcquireResponse, bool) {
+	if r.GetClass() != leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY {
 		return nil, false
 	}
 	a, err := s.acquireArgs(r)
@@ -307,74 +285,35 @@ func (s *Server) grantNow(m fastlane.Method, req proto.Message) (proto.Message, 
 	return acquireResponse(g), true
 }
 
-// fastProcedures names fast-lane methods as their Connect procedures, so metrics of
-// both transports add up.
-var fastProcedures = map[fastlane.Method]string{
-	fastlane.MethodGrant:      "/leasehold.v1.LeaseService/Grant",
-	fastlane.MethodKeepAlive:  "/leasehold.v1.LeaseService/KeepAlive",
-	fastlane.MethodRevoke:     "/leasehold.v1.LeaseService/Revoke",
-	fastlane.MethodAcquire:    "/leasehold.v1.LockService/Acquire",
-	fastlane.MethodRelease:    "/leasehold.v1.LockService/Release",
-	fastlane.MethodCheckToken: "/leasehold.v1.LockService/CheckToken",
-	fastlane.MethodPut:        "/leasehold.v1.KVService/Put",
-	fastlane.MethodGet:        "/leasehold.v1.KVService/Get",
-	fastlane.MethodDelete:     "/leasehold.v1.KVService/Delete",
+// acquireThen starts a correctness acquire on this node, the leader, without waiting
+// for its commit, and reports true; done then gets the answer on the goroutine that
+// hands out commit results (it must not block). The connection's reader so goes on
+// reading the requests behind it at once, instead of handing the reading to another
+// goroutine per request. Anything else — efficiency locks, invalid requests, a node
+// that must forward — it leaves alone and reports false.
+func (s *Server) acquireThen(ctx context.Context, r *leaseholdv1.AcquireRequest, done func(proto.Message, error)) bool {
+	if !s.leader.Active() || r.GetClass() != leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS {
+		return false
+	}
+	a, err := s.acquireArgs(r)
+	if err != nil {
+		return false
+	}
+	s.leader.AcquireThen(ctx, a, func(g leader.Grant, err error) { done(acquireResponse(g), err) })
+	return true
 }
 
-// decodeRequest unmarshals a request payload for method. Unknown methods and payloads
-// that do not decode are InvalidArgument.
-func decodeRequest(m fastlane.Method, payload []byte) (proto.Message, error) {
-	var req proto.Message
-	switch m {
-	case fastlane.MethodGrant:
-		req = new(leaseholdv1.GrantRequest)
-	case fastlane.MethodKeepAlive:
-		req = new(leaseholdv1.KeepAliveRequest)
-	case fastlane.MethodRevoke:
-		req = new(leaseholdv1.RevokeRequest)
-	case fastlane.MethodAcquire:
-		req = new(leaseholdv1.AcquireRequest)
-	case fastlane.MethodRelease:
-		req = new(leaseholdv1.ReleaseRequest)
-	case fastlane.MethodCheckToken:
-		req = new(leaseholdv1.CheckTokenRequest)
-	case fastlane.MethodPut:
-		req = new(leaseholdv1.PutRequest)
-	case fastlane.MethodGet:
-		req = new(leaseholdv1.GetRequest)
-	case fastlane.MethodDelete:
-		req = new(leaseholdv1.DeleteRequest)
-	default:
-		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fastlane: unknown method"))
+// releaseThen is acquireThen for a release.
+func (s *Server) releaseThen(_ context.Context, r *leaseholdv1.ReleaseRequest, done func(proto.Message, error)) bool {
+	if !s.leader.Active() {
+		return false
 	}
-	if err := proto.Unmarshal(payload, req); err != nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request does not decode: "+err.Error()))
+	id, err := s.releaseArgs(r)
+	if err != nil {
+		return false
 	}
-	return req, nil
-}
-
-func (s *Server) dispatchFast(ctx context.Context, m fastlane.Method, req proto.Message) (proto.Message, error) {
-	switch m {
-	case fastlane.MethodGrant:
-		return s.Grant(ctx, req.(*leaseholdv1.GrantRequest))
-	case fastlane.MethodKeepAlive:
-		return s.KeepAlive(ctx, req.(*leaseholdv1.KeepAliveRequest))
-	case fastlane.MethodRevoke:
-		return s.Revoke(ctx, req.(*leaseholdv1.RevokeRequest))
-	case fastlane.MethodAcquire:
-		return s.Acquire(ctx, req.(*leaseholdv1.AcquireRequest))
-	case fastlane.MethodRelease:
-		return s.Release(ctx, req.(*leaseholdv1.ReleaseRequest))
-	case fastlane.MethodCheckToken:
-		return s.CheckToken(ctx, req.(*leaseholdv1.CheckTokenRequest))
-	case fastlane.MethodPut:
-		return s.Put(ctx, req.(*leaseholdv1.PutRequest))
-	case fastlane.MethodGet:
-		return s.Get(ctx, req.(*leaseholdv1.GetRequest))
-	case fastlane.MethodDelete:
-		return s.Delete(ctx, req.(*leaseholdv1.DeleteRequest))
-	}
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fastlane: unknown method"))
+	s.leader.ReleaseThen(id, r.GetName(), r.GetToken(), func(err error) { done(&leaseholdv1.ReleaseResponse{}, err) })
+	return true
 }
 
 // errorFrame encodes err as an error frame, with the code and ErrorDetail the Connect

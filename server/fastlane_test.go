@@ -11,9 +11,18 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/client"
 	"github.com/leasehold/leasehold/fastlane"
 	"github.com/leasehold/leasehold/internal/testnode"
+)
+
+// The fast-lane numbers of the RPCs these tests send (the .proto file's fast_lane options).
+var (
+	methodAcquire    = fastlane.MustMethodOf(leaseholdv1connect.LockServiceAcquireProcedure)
+	methodCheckToken = fastlane.MustMethodOf(leaseholdv1connect.LockServiceCheckTokenProcedure)
+	methodGrant      = fastlane.MustMethodOf(leaseholdv1connect.LeaseServiceGrantProcedure)
+	methodRelease    = fastlane.MustMethodOf(leaseholdv1connect.LockServiceReleaseProcedure)
 )
 
 // startFastLaneNode starts an in-process node and returns its fast-lane address.
@@ -30,10 +39,10 @@ func FuzzFastLane(f *testing.F) {
 		b, _ := fastlane.AppendFrame(nil, kind, m, id, func(b []byte) ([]byte, error) { return append(b, payload...), nil })
 		return b
 	}
-	f.Add(false, frame(fastlane.KindRequest, fastlane.MethodGrant, 1, nil))
-	f.Add(false, frame(fastlane.KindRequest, fastlane.MethodAcquire, 2, []byte{0x0a, 0x03, 'a', '/', 'b'}))
+	f.Add(false, frame(fastlane.KindRequest, methodGrant, 1, nil))
+	f.Add(false, frame(fastlane.KindRequest, methodAcquire, 2, []byte{0x0a, 0x03, 'a', '/', 'b'}))
 	f.Add(false, frame(fastlane.KindRequest, 200, 3, []byte{1, 2, 3}))
-	f.Add(false, frame(fastlane.KindCancel, fastlane.MethodAcquire, 9, nil))
+	f.Add(false, frame(fastlane.KindCancel, methodAcquire, 9, nil))
 	f.Add(false, []byte{0xff, 0xff, 0xff, 0xff, 1, 1})
 	f.Add(false, []byte{0, 0, 0, 1, 1})
 	f.Add(true, []byte("GET / HTTP/1.1\r\n\r\n"))
@@ -63,7 +72,7 @@ func FuzzFastLane(f *testing.F) {
 		if err := fastlane.ClientHello(ok); err != nil {
 			t.Fatalf("handshake after garbage: %v", err)
 		}
-		if _, err := ok.Write(frame(fastlane.KindRequest, fastlane.MethodCheckToken, 7, []byte{0x0a, 0x01, 'x', 0x10, 0x01})); err != nil {
+		if _, err := ok.Write(frame(fastlane.KindRequest, methodCheckToken, 7, []byte{0x0a, 0x01, 'x', 0x10, 0x01})); err != nil {
 			t.Fatal(err)
 		}
 		r := fastlane.NewReader(ok)
@@ -102,12 +111,12 @@ func TestFastLaneErrors(t *testing.T) {
 	if f, err := r.Read(); err != nil || f.Kind != fastlane.KindError || f.ID != 1 {
 		t.Fatalf("unknown method: %+v %v", f, err)
 	}
-	send(fastlane.KindRequest, fastlane.MethodAcquire, 2, []byte{0xff, 0xff, 0xff})
+	send(fastlane.KindRequest, methodAcquire, 2, []byte{0xff, 0xff, 0xff})
 	if f, err := r.Read(); err != nil || f.Kind != fastlane.KindError || f.ID != 2 {
 		t.Fatalf("undecodable payload: %+v %v", f, err)
 	}
 	// An invalid name is InvalidArgument (code 3) naming the field, as over Connect.
-	send(fastlane.KindRequest, fastlane.MethodCheckToken, 3, []byte{0x0a, 0x03, 'a', ' ', 'b', 0x10, 0x01})
+	send(fastlane.KindRequest, methodCheckToken, 3, []byte{0x0a, 0x03, 'a', ' ', 'b', 0x10, 0x01})
 	f, err := r.Read()
 	if err != nil || f.Kind != fastlane.KindError || f.ID != 3 {
 		t.Fatalf("invalid name: %+v %v", f, err)
@@ -196,16 +205,16 @@ func waitKeepsConnectionServing(t *testing.T, addr string, class leaseholdv1.Loc
 	}
 	lease := func() string {
 		var g leaseholdv1.GrantResponse
-		read(send(fastlane.KindRequest, fastlane.MethodGrant, &leaseholdv1.GrantRequest{TtlMs: 10_000}), fastlane.KindResponse, &g)
+		read(send(fastlane.KindRequest, methodGrant, &leaseholdv1.GrantRequest{TtlMs: 10_000}), fastlane.KindResponse, &g)
 		return g.GetLeaseId()
 	}
 	a, b := lease(), lease()
 	var held leaseholdv1.AcquireResponse
-	read(send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: x, Class: class, LeaseId: a}), fastlane.KindResponse, &held)
+	read(send(fastlane.KindRequest, methodAcquire, &leaseholdv1.AcquireRequest{Name: x, Class: class, LeaseId: a}), fastlane.KindResponse, &held)
 
 	// b waits; a's release on the same connection is read, answered, and grants b.
-	waiting := send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: x, Class: class, LeaseId: b, WaitMs: -1})
-	release := send(fastlane.KindRequest, fastlane.MethodRelease, &leaseholdv1.ReleaseRequest{Name: x, LeaseId: a, Token: held.GetToken()})
+	waiting := send(fastlane.KindRequest, methodAcquire, &leaseholdv1.AcquireRequest{Name: x, Class: class, LeaseId: b, WaitMs: -1})
+	release := send(fastlane.KindRequest, methodRelease, &leaseholdv1.ReleaseRequest{Name: x, LeaseId: a, Token: held.GetToken()})
 	got := map[uint64]bool{}
 	for range 2 {
 		f, err := r.Read()
@@ -222,9 +231,9 @@ func waitKeepsConnectionServing(t *testing.T, addr string, class leaseholdv1.Loc
 	}
 
 	// a now waits behind b; a cancel frame on the same connection ends the wait.
-	waiting = send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: x, Class: class, LeaseId: a, WaitMs: -1})
+	waiting = send(fastlane.KindRequest, methodAcquire, &leaseholdv1.AcquireRequest{Name: x, Class: class, LeaseId: a, WaitMs: -1})
 	time.Sleep(50 * time.Millisecond)
-	b2, err := fastlane.AppendFrame(nil, fastlane.KindCancel, fastlane.MethodAcquire, waiting, nil)
+	b2, err := fastlane.AppendFrame(nil, fastlane.KindCancel, methodAcquire, waiting, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +244,7 @@ func waitKeepsConnectionServing(t *testing.T, addr string, class leaseholdv1.Loc
 
 	// An acquire that may wait, of a free lock, is granted at once (by the reader).
 	var got1 leaseholdv1.AcquireResponse
-	read(send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: free, Class: class, LeaseId: a, WaitMs: -1}), fastlane.KindResponse, &got1)
+	read(send(fastlane.KindRequest, methodAcquire, &leaseholdv1.AcquireRequest{Name: free, Class: class, LeaseId: a, WaitMs: -1}), fastlane.KindResponse, &got1)
 	if got1.GetToken() <= held.GetToken() {
 		t.Fatalf("grant of a free lock: token %d, want above %d", got1.GetToken(), held.GetToken())
 	}
@@ -262,8 +271,8 @@ func TestFastLaneCloseCancelsWaits(t *testing.T) {
 			a, b := holder.lease(), waiter.lease()
 			name := class.String() + "/closed"
 			var held leaseholdv1.AcquireResponse
-			holder.roundTrip(fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: a}, &held)
-			waiter.send(fastlane.KindRequest, fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: b, WaitMs: -1})
+			holder.roundTrip(methodAcquire, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: a}, &held)
+			waiter.send(fastlane.KindRequest, methodAcquire, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: b, WaitMs: -1})
 			waiters := func() uint32 {
 				info, err := c.Describe(ctx, name)
 				if err != nil {
@@ -282,9 +291,9 @@ func TestFastLaneCloseCancelsWaits(t *testing.T) {
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
-			holder.roundTrip(fastlane.MethodRelease, &leaseholdv1.ReleaseRequest{Name: name, LeaseId: a, Token: held.GetToken()}, &leaseholdv1.ReleaseResponse{})
+			holder.roundTrip(methodRelease, &leaseholdv1.ReleaseRequest{Name: name, LeaseId: a, Token: held.GetToken()}, &leaseholdv1.ReleaseResponse{})
 			var again leaseholdv1.AcquireResponse
-			if kind := holder.roundTrip(fastlane.MethodAcquire, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: a}, &again); kind != fastlane.KindResponse {
+			if kind := holder.roundTrip(methodAcquire, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: a}, &again); kind != fastlane.KindResponse {
 				t.Fatalf("the lock after its only waiter's connection closed: answer kind %d, want it free", kind)
 			}
 		})
@@ -293,10 +302,11 @@ func TestFastLaneCloseCancelsWaits(t *testing.T) {
 
 // lane is a raw fast-lane connection for tests.
 type lane struct {
-	t    *testing.T
-	conn net.Conn
-	r    *fastlane.Reader
-	next uint64
+	t         *testing.T
+	conn      net.Conn
+	r         *fastlane.Reader
+	next      uint64
+	lastError leaseholdv1.FastLaneError // the last error frame roundTrip read
 }
 
 func dialLane(t *testing.T, addr string) *lane {
@@ -338,8 +348,14 @@ func (l *lane) roundTrip(m fastlane.Method, req, resp proto.Message) fastlane.Ki
 	if f.ID != id {
 		l.t.Fatalf("got frame %d, want %d", f.ID, id)
 	}
-	if f.Kind == fastlane.KindResponse {
+	switch f.Kind {
+	case fastlane.KindResponse:
 		if err := proto.Unmarshal(f.Payload, resp); err != nil {
+			l.t.Fatal(err)
+		}
+	case fastlane.KindError:
+		l.lastError.Reset()
+		if err := proto.Unmarshal(f.Payload, &l.lastError); err != nil {
 			l.t.Fatal(err)
 		}
 	}
@@ -349,7 +365,7 @@ func (l *lane) roundTrip(m fastlane.Method, req, resp proto.Message) fastlane.Ki
 func (l *lane) lease() string {
 	l.t.Helper()
 	var g leaseholdv1.GrantResponse
-	if kind := l.roundTrip(fastlane.MethodGrant, &leaseholdv1.GrantRequest{TtlMs: 10_000}, &g); kind != fastlane.KindResponse {
+	if kind := l.roundTrip(methodGrant, &leaseholdv1.GrantRequest{TtlMs: 10_000}, &g); kind != fastlane.KindResponse {
 		l.t.Fatalf("grant: answer kind %d", kind)
 	}
 	return g.GetLeaseId()

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"net"
 	"net/http"
 	"strings"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/core"
-	"github.com/leasehold/leasehold/leader"
 )
 
 // forwardedHeader marks a request a node forwarded to the leader. A forwarded request is
@@ -20,19 +18,19 @@ import (
 // Unavailable and the client retries.
 const forwardedHeader = "Leasehold-Forwarded-By"
 
-// peerClients are Connect clients for one other node.
-type peerClients struct {
-	leases  leaseholdv1connect.LeaseServiceClient
-	locks   leaseholdv1connect.LockServiceClient
-	kv      leaseholdv1connect.KVServiceClient
-	cluster leaseholdv1connect.ClusterServiceClient
+// peers caches, per API address of another node, the Connect clients that forward
+// requests there; they share one HTTP/2 transport.
+type peers struct {
+	mu    sync.Mutex
+	http  *http.Client
+	nodes map[string]*peer
 }
 
-// peers caches clients per API address; they share one HTTP/2 transport.
-type peers struct {
-	mu      sync.Mutex
+// peer is one other node: a Connect client per procedure, made when first used.
+type peer struct {
+	base    string
 	http    *http.Client
-	clients map[string]*peerClients
+	clients sync.Map // procedure → *connect.Client[Req, Res]
 }
 
 func newPeers() *peers {
@@ -41,42 +39,27 @@ func newPeers() *peers {
 		Protocols:   new(http.Protocols),
 	}
 	tr.Protocols.SetUnencryptedHTTP2(true)
-	return &peers{http: &http.Client{Transport: tr}, clients: make(map[string]*peerClients)}
+	return &peers{http: &http.Client{Transport: tr}, nodes: make(map[string]*peer)}
 }
 
-func (p *peers) get(addr string) *peerClients {
+func (p *peers) get(addr string) *peer {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if c := p.clients[addr]; c != nil {
-		return c
+	if n := p.nodes[addr]; n != nil {
+		return n
 	}
-	base := "http://" + addr
-	opt := connect.WithSendCompression("identity")
-	c := &peerClients{
-		leases:  leaseholdv1connect.NewLeaseServiceClient(p.http, base, opt),
-		locks:   leaseholdv1connect.NewLockServiceClient(p.http, base, opt),
-		kv:      leaseholdv1connect.NewKVServiceClient(p.http, base, opt),
-		cluster: leaseholdv1connect.NewClusterServiceClient(p.http, base, opt),
-	}
-	p.clients[addr] = c
-	return c
+	n := &peer{base: "http://" + addr, http: p.http}
+	p.nodes[addr] = n
+	return n
 }
 
-// route returns nil when this node serves the request itself, or the leader's clients
-// when the request must be forwarded. It fails with leader.ErrNotLeader (Unavailable)
-// when no leader is known or the request was already forwarded once.
-func (s *Server) route(ctx context.Context) (*peerClients, error) {
-	if s.leader.Active() {
-		return nil, nil
+// peerClient returns p's client for procedure.
+func peerClient[Req, Res any](p *peer, procedure string) *connect.Client[Req, Res] {
+	if c, ok := p.clients.Load(procedure); ok {
+		return c.(*connect.Client[Req, Res])
 	}
-	if info, ok := connect.CallInfoForHandlerContext(ctx); ok && info.RequestHeader().Get(forwardedHeader) != "" {
-		return nil, leader.ErrNotLeader
-	}
-	addr := s.leaderAPIAddr()
-	if addr == "" || addr == s.cfg.APIAddr {
-		return nil, leader.ErrNotLeader
-	}
-	return s.peers.get(addr), nil
+	c, _ := p.clients.LoadOrStore(procedure, connect.NewClient[Req, Res](p.http, p.base+procedure, connect.WithSendCompression("identity")))
+	return c.(*connect.Client[Req, Res])
 }
 
 // leaderAPIAddr returns the leader's API address as registered in the state.
@@ -90,29 +73,10 @@ func (s *Server) leaderAPIAddr() string {
 	return addr
 }
 
-// call serves req locally on the leader, or forwards it to the leader with one hop.
-func call[Req, Res any](ctx context.Context, s *Server, req *Req,
-	local func(context.Context, *Req) (*Res, error),
-	remote func(*peerClients) func(context.Context, *Req) (*Res, error),
-) (*Res, error) {
-	p, err := s.route(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if p == nil {
-		return local(ctx, req)
-	}
-	fctx, info := connect.NewClientContext(ctx)
-	info.RequestHeader().Set(forwardedHeader, strings.ReplaceAll(s.cfg.NodeID, "\n", ""))
-	res, err := remote(p)(fctx, req)
-	if err != nil && connect.CodeOf(err) == connect.CodeUnavailable {
-		// The leader we knew is gone or busy: say so plainly; the client retries.
-		return nil, err
-	}
-	return res, err
-}
-
 // PeerCluster returns a ClusterService client for the node at addr (for joining).
 func (s *Server) PeerCluster(addr string) leaseholdv1connect.ClusterServiceClient {
-	return s.peers.get(addr).cluster
+	return leaseholdv1connect.NewClusterServiceClient(s.peers.http, "http://"+addr, connect.WithSendCompression("identity"))
 }
+
+// sanitizeHeader makes s safe to send as a header value.
+func sanitizeHeader(s string) string { return strings.ReplaceAll(s, "\n", "") }

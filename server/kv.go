@@ -7,8 +7,9 @@ import (
 	"github.com/leasehold/leasehold/core"
 )
 
-// get reads a key. Linearizable unless req.stale.
-func (s *Server) get(ctx context.Context, req *leaseholdv1.GetRequest) (*leaseholdv1.GetResponse, error) {
+// Get serves KVService.Get: linearizable on the leader, or this node's state when
+// req.stale.
+func (s *Server) Get(ctx context.Context, req *leaseholdv1.GetRequest) (*leaseholdv1.GetResponse, error) {
 	if err := core.ValidateName("key", req.GetKey()); err != nil {
 		return nil, err
 	}
@@ -29,8 +30,9 @@ func (s *Server) get(ctx context.Context, req *leaseholdv1.GetRequest) (*leaseho
 	return resp, nil
 }
 
-// put writes a key, fenced and/or compared-and-set.
-func (s *Server) put(ctx context.Context, req *leaseholdv1.PutRequest) (*leaseholdv1.PutResponse, error) {
+// Put serves KVService.Put: a write, fenced and/or compared-and-set, committed and
+// fsynced when it returns.
+func (s *Server) Put(ctx context.Context, req *leaseholdv1.PutRequest) (*leaseholdv1.PutResponse, error) {
 	if len(req.GetValue()) > core.MaxValueLen {
 		return nil, core.Invalid("value", "is %d bytes, the limit is %d (32 KiB)", len(req.GetValue()), core.MaxValueLen)
 	}
@@ -46,8 +48,8 @@ func (s *Server) put(ctx context.Context, req *leaseholdv1.PutRequest) (*leaseho
 	return &leaseholdv1.PutResponse{Version: res.Token}, nil
 }
 
-// del removes a key with the same checks as put.
-func (s *Server) del(ctx context.Context, req *leaseholdv1.DeleteRequest) (*leaseholdv1.DeleteResponse, error) {
+// Delete serves KVService.Delete, with the same checks as Put.
+func (s *Server) Delete(ctx context.Context, req *leaseholdv1.DeleteRequest) (*leaseholdv1.DeleteResponse, error) {
 	cmd, err := writeCommand(core.OpDelete, req.GetKey(), req.GetFence(), req.IfVersion)
 	if err != nil {
 		return nil, err
@@ -59,8 +61,8 @@ func (s *Server) del(ctx context.Context, req *leaseholdv1.DeleteRequest) (*leas
 	return &leaseholdv1.DeleteResponse{Deleted: res.Token == 1}, nil
 }
 
-// listKV returns keys under a prefix.
-func (s *Server) listKV(ctx context.Context, req *leaseholdv1.KVServiceListRequest) (*leaseholdv1.KVServiceListResponse, error) {
+// ListKV serves KVService.List: keys under a prefix, in key order.
+func (s *Server) ListKV(ctx context.Context, req *leaseholdv1.KVServiceListRequest) (*leaseholdv1.KVServiceListResponse, error) {
 	limit, err := listBounds(req.GetPrefix(), req.GetLimit())
 	if err != nil {
 		return nil, err
@@ -113,38 +115,4 @@ func (s *Server) readBarrier(ctx context.Context, stale bool) error {
 		return nil
 	}
 	return s.raft.ReadIndex(ctx)
-}
-
-// Get reads a key on the leader (linearizable), or on this node when req.stale.
-func (s *Server) Get(ctx context.Context, req *leaseholdv1.GetRequest) (*leaseholdv1.GetResponse, error) {
-	if req.GetStale() {
-		return s.get(ctx, req)
-	}
-	return call(ctx, s, req, s.get, func(p *peerClients) func(context.Context, *leaseholdv1.GetRequest) (*leaseholdv1.GetResponse, error) {
-		return p.kv.Get
-	})
-}
-
-// Put writes a key through the leader.
-func (s *Server) Put(ctx context.Context, req *leaseholdv1.PutRequest) (*leaseholdv1.PutResponse, error) {
-	return call(ctx, s, req, s.put, func(p *peerClients) func(context.Context, *leaseholdv1.PutRequest) (*leaseholdv1.PutResponse, error) {
-		return p.kv.Put
-	})
-}
-
-// Delete removes a key through the leader.
-func (s *Server) Delete(ctx context.Context, req *leaseholdv1.DeleteRequest) (*leaseholdv1.DeleteResponse, error) {
-	return call(ctx, s, req, s.del, func(p *peerClients) func(context.Context, *leaseholdv1.DeleteRequest) (*leaseholdv1.DeleteResponse, error) {
-		return p.kv.Delete
-	})
-}
-
-// ListKV lists keys on the leader (linearizable), or on this node when req.stale.
-func (s *Server) ListKV(ctx context.Context, req *leaseholdv1.KVServiceListRequest) (*leaseholdv1.KVServiceListResponse, error) {
-	if req.GetStale() {
-		return s.listKV(ctx, req)
-	}
-	return call(ctx, s, req, s.listKV, func(p *peerClients) func(context.Context, *leaseholdv1.KVServiceListRequest) (*leaseholdv1.KVServiceListResponse, error) {
-		return p.kv.List
-	})
 }

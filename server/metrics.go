@@ -1,9 +1,7 @@
 package server
 
 import (
-	"context"
 	"net/http"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -17,15 +15,15 @@ type metrics struct {
 	registry *prometheus.Registry
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
-	procs    sync.Map // procedure → *procMetrics
 }
 
 // procMetrics are one procedure's series that every successful call touches, looked
 // up once: finding a series by its label values hashes them and takes a lock on every
 // call (BenchmarkObserve: 216 ns a call before, 74 ns with the cache).
 type procMetrics struct {
-	ok      prometheus.Counter
-	latency prometheus.Observer
+	procedure string
+	ok        prometheus.Counter
+	latency   prometheus.Observer
 }
 
 func newMetrics(s *Server) *metrics {
@@ -33,11 +31,11 @@ func newMetrics(s *Server) *metrics {
 		registry: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_requests_total",
-			Help: "RPCs served over Connect, by procedure and result code.",
+			Help: "RPCs served (Connect and fast lane alike), by procedure and result code.",
 		}, []string{"procedure", "code"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "leasehold_request_seconds",
-			Help:    "Time to serve an RPC over Connect, by procedure.",
+			Help:    "Time to serve an RPC (Connect and fast lane alike), by procedure.",
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 18),
 		}, []string{"procedure"}),
 	}
@@ -68,39 +66,25 @@ func (m *metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
 }
 
-// observe records one served RPC.
-func (m *metrics) observe(procedure string, start time.Time, err error) {
-	p := m.proc(procedure)
+// series returns procedure's series.
+func (m *metrics) series(procedure string) *procMetrics {
+	return &procMetrics{
+		procedure: procedure,
+		ok:        m.requests.WithLabelValues(procedure, "ok"),
+		latency:   m.latency.WithLabelValues(procedure),
+	}
+}
+
+// observe records one served RPC, begun at start, under the code of err, which must be
+// the error the caller sees (finish maps it first): both transports count alike.
+func (m *metrics) observe(p *procMetrics, start time.Time, err error) {
 	if err != nil {
-		m.requests.WithLabelValues(procedure, connect.CodeOf(err).String()).Inc()
+		m.requests.WithLabelValues(p.procedure, codeLabel(err)).Inc()
 	} else {
 		p.ok.Inc()
 	}
 	p.latency.Observe(time.Since(start).Seconds())
 }
 
-// proc returns procedure's series.
-func (m *metrics) proc(procedure string) *procMetrics {
-	if p, ok := m.procs.Load(procedure); ok {
-		return p.(*procMetrics)
-	}
-	p, _ := m.procs.LoadOrStore(procedure, &procMetrics{
-		ok:      m.requests.WithLabelValues(procedure, "ok"),
-		latency: m.latency.WithLabelValues(procedure),
-	})
-	return p.(*procMetrics)
-}
-
-// interceptor maps handler errors through ToConnect (the one error table) and records
-// metrics.
-func (m *metrics) interceptor() connect.Interceptor {
-	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			start := time.Now()
-			resp, err := next(ctx, req)
-			err = ToConnect(err)
-			m.observe(req.Spec().Procedure, start, err)
-			return resp, err
-		}
-	})
-}
+// codeLabel is the code label of a request that failed with err.
+func codeLabel(err error) string { return connect.CodeOf(err).String() }

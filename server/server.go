@@ -11,7 +11,6 @@ import (
 	"connectrpc.com/connect"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
-	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/leader"
 	"github.com/leasehold/leasehold/replication"
@@ -30,30 +29,20 @@ type Raft interface {
 	SnapshotState() ([]byte, error)
 }
 
-// Server implements LeaseService, LockService and ClusterService.
+// Server serves leasehold's RPCs. Its exported methods named like RPCs (Grant,
+// Acquire, Get, …) are the handlers: each serves its request on this node, validating
+// every field, and returns errors from core, leader and replication unmapped. Callers
+// that want what a client gets — forwarding to the leader, error codes, metrics — go
+// through Handler (Connect) or ServeFastLane, both of which serve every RPC through the
+// method table (methods.go).
 type Server struct {
 	cfg     Config
 	leader  *leader.Leader
 	raft    Raft
 	peers   *peers
 	metrics *metrics
+	methods methods
 	started time.Time
-}
-
-var (
-	_ leaseholdv1connect.LeaseServiceHandler   = (*Server)(nil)
-	_ leaseholdv1connect.LockServiceHandler    = (*Server)(nil)
-	_ leaseholdv1connect.ClusterServiceHandler = (*Server)(nil)
-	_ leaseholdv1connect.KVServiceHandler      = kvHandler{}
-)
-
-// kvHandler adapts Server to KVServiceHandler, whose List would clash with
-// LockService.List.
-type kvHandler struct{ *Server }
-
-// List returns keys under a prefix.
-func (h kvHandler) List(ctx context.Context, req *leaseholdv1.KVServiceListRequest) (*leaseholdv1.KVServiceListResponse, error) {
-	return h.ListKV(ctx, req)
 }
 
 // New returns a Server. cfg is validated (and defaulted).
@@ -63,14 +52,15 @@ func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, leader: l, raft: r, peers: newPeers(), started: time.Now()}
 	s.metrics = newMetrics(s)
+	s.methods = newMethods(s)
 	return s, nil
 }
 
-// Handler returns the HTTP handler serving every service with Connect (gRPC, gRPC-Web
-// and Connect's JSON/binary protocol), plus /healthz.
+// Handler returns the HTTP handler serving every RPC of the method table with Connect
+// (gRPC, gRPC-Web and Connect's JSON/binary protocol), plus /metrics, /healthz and
+// /admin/snapshot.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(s.metrics.interceptor()),
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
 		// Small messages are not worth compressing: gzip would be a third of the CPU.
 		connect.WithCompressMinBytes(4 << 10),
@@ -79,10 +69,9 @@ func (s *Server) Handler() http.Handler {
 		opts = append(opts, connect.WithCodec(c)) // reject unknown JSON fields (G6)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(leaseholdv1connect.NewLeaseServiceHandler(s, opts...))
-	mux.Handle(leaseholdv1connect.NewLockServiceHandler(s, opts...))
-	mux.Handle(leaseholdv1connect.NewClusterServiceHandler(s, opts...))
-	mux.Handle(leaseholdv1connect.NewKVServiceHandler(kvHandler{s}, opts...))
+	for _, m := range s.methods.list {
+		mux.Handle(m.procedure, m.connectHandler(s, opts...))
+	}
 	mux.HandleFunc("GET /admin/snapshot", s.serveSnapshot)
 	mux.Handle("GET /metrics", s.metrics.handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -124,8 +113,8 @@ func (s *Server) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 
 // ---- LeaseService ---------------------------------------------------------------------
 
-// Grant creates a lease. See the API documentation for the contract.
-func (s *Server) grant(ctx context.Context, req *leaseholdv1.GrantRequest) (*leaseholdv1.GrantResponse, error) {
+// Grant serves LeaseService.Grant: it creates a lease, durable when Grant returns.
+func (s *Server) Grant(ctx context.Context, req *leaseholdv1.GrantRequest) (*leaseholdv1.GrantResponse, error) {
 	ttl, err := s.ttl(req.GetTtlMs())
 	if err != nil {
 		return nil, err
@@ -137,8 +126,9 @@ func (s *Server) grant(ctx context.Context, req *leaseholdv1.GrantRequest) (*lea
 	return &leaseholdv1.GrantResponse{LeaseId: id.String(), TtlMs: ttl.Milliseconds()}, nil
 }
 
-// KeepAlive restarts a lease's countdown.
-func (s *Server) keepAlive(ctx context.Context, req *leaseholdv1.KeepAliveRequest) (*leaseholdv1.KeepAliveResponse, error) {
+// KeepAlive serves LeaseService.KeepAlive: it restarts a lease's countdown, and
+// acknowledges only once a quorum has confirmed that this node still leads (G4).
+func (s *Server) KeepAlive(ctx context.Context, req *leaseholdv1.KeepAliveRequest) (*leaseholdv1.KeepAliveResponse, error) {
 	id, err := leaseID(req.GetLeaseId())
 	if err != nil {
 		return nil, err
@@ -169,8 +159,8 @@ func (s *Server) keepAlive(ctx context.Context, req *leaseholdv1.KeepAliveReques
 	return resp, nil
 }
 
-// Revoke ends a lease.
-func (s *Server) revoke(ctx context.Context, req *leaseholdv1.RevokeRequest) (*leaseholdv1.RevokeResponse, error) {
+// Revoke serves LeaseService.Revoke: it ends a lease and releases its locks.
+func (s *Server) Revoke(ctx context.Context, req *leaseholdv1.RevokeRequest) (*leaseholdv1.RevokeResponse, error) {
 	id, err := leaseID(req.GetLeaseId())
 	if err != nil {
 		return nil, err
@@ -183,8 +173,8 @@ func (s *Server) revoke(ctx context.Context, req *leaseholdv1.RevokeRequest) (*l
 
 // ---- LockService ----------------------------------------------------------------------
 
-// Acquire takes or waits for a lock.
-func (s *Server) acquire(ctx context.Context, req *leaseholdv1.AcquireRequest) (*leaseholdv1.AcquireResponse, error) {
+// Acquire serves LockService.Acquire: it takes the lock or waits in its queue.
+func (s *Server) Acquire(ctx context.Context, req *leaseholdv1.AcquireRequest) (*leaseholdv1.AcquireResponse, error) {
 	a, err := s.acquireArgs(req)
 	if err != nil {
 		return nil, err
@@ -238,8 +228,8 @@ func (s *Server) acquireArgs(req *leaseholdv1.AcquireRequest) (leader.AcquireArg
 	return a, nil
 }
 
-// Release gives up a lock.
-func (s *Server) release(ctx context.Context, req *leaseholdv1.ReleaseRequest) (*leaseholdv1.ReleaseResponse, error) {
+// Release serves LockService.Release: it gives up a lock held by the lease.
+func (s *Server) Release(ctx context.Context, req *leaseholdv1.ReleaseRequest) (*leaseholdv1.ReleaseResponse, error) {
 	id, err := s.releaseArgs(req)
 	if err != nil {
 		return nil, err
@@ -265,8 +255,8 @@ func (s *Server) releaseArgs(req *leaseholdv1.ReleaseRequest) (core.LeaseID, err
 	return id, nil
 }
 
-// Describe shows one lock.
-func (s *Server) describe(_ context.Context, req *leaseholdv1.DescribeRequest) (*leaseholdv1.DescribeResponse, error) {
+// Describe serves LockService.Describe.
+func (s *Server) Describe(_ context.Context, req *leaseholdv1.DescribeRequest) (*leaseholdv1.DescribeResponse, error) {
 	if err := core.ValidateName("name", req.GetName()); err != nil {
 		return nil, err
 	}
@@ -277,8 +267,8 @@ func (s *Server) describe(_ context.Context, req *leaseholdv1.DescribeRequest) (
 	return &leaseholdv1.DescribeResponse{Lock: lockInfo(v)}, nil
 }
 
-// List shows locks under a prefix.
-func (s *Server) list(_ context.Context, req *leaseholdv1.ListRequest) (*leaseholdv1.ListResponse, error) {
+// List serves LockService.List: locks under a prefix, in name order.
+func (s *Server) List(_ context.Context, req *leaseholdv1.ListRequest) (*leaseholdv1.ListResponse, error) {
 	limit, err := listBounds(req.GetPrefix(), req.GetLimit())
 	if err != nil {
 		return nil, err
@@ -294,8 +284,9 @@ func (s *Server) list(_ context.Context, req *leaseholdv1.ListRequest) (*leaseho
 	return resp, nil
 }
 
-// ForceRelease releases a lock whoever holds it.
-func (s *Server) forceRelease(ctx context.Context, req *leaseholdv1.ForceReleaseRequest) (*leaseholdv1.ForceReleaseResponse, error) {
+// ForceRelease serves LockService.ForceRelease: an operator's release of a lock,
+// whoever holds it, that consumes a fence token.
+func (s *Server) ForceRelease(ctx context.Context, req *leaseholdv1.ForceReleaseRequest) (*leaseholdv1.ForceReleaseResponse, error) {
 	if err := core.ValidateName("name", req.GetName()); err != nil {
 		return nil, err
 	}
@@ -309,8 +300,9 @@ func (s *Server) forceRelease(ctx context.Context, req *leaseholdv1.ForceRelease
 	return &leaseholdv1.ForceReleaseResponse{ReleasedToken: released, FenceToken: fence}, nil
 }
 
-// CheckToken tells whether a token is the current holder's.
-func (s *Server) checkToken(ctx context.Context, req *leaseholdv1.CheckTokenRequest) (*leaseholdv1.CheckTokenResponse, error) {
+// CheckToken serves LockService.CheckToken: whether a token is the current holder's,
+// vouched for only after a quorum confirmed that this node still leads.
+func (s *Server) CheckToken(ctx context.Context, req *leaseholdv1.CheckTokenRequest) (*leaseholdv1.CheckTokenResponse, error) {
 	if err := core.ValidateName("name", req.GetName()); err != nil {
 		return nil, err
 	}
@@ -330,7 +322,7 @@ func (s *Server) checkToken(ctx context.Context, req *leaseholdv1.CheckTokenRequ
 
 // ---- ClusterService -------------------------------------------------------------------
 
-// Status reports this node's view.
+// Status serves ClusterService.Status: this node's own view, on any node.
 func (s *Server) Status(context.Context, *leaseholdv1.StatusRequest) (*leaseholdv1.StatusResponse, error) {
 	rs := s.raft.Status()
 	st := s.leader.Stats()
@@ -352,80 +344,6 @@ func (s *Server) Status(context.Context, *leaseholdv1.StatusRequest) (*leasehold
 	}
 	resp.LeaderApiAddr = s.leaderAPIAddr()
 	return resp, nil
-}
-
-// ---- routing ----------------------------------------------------------------------------
-
-// Grant serves LockService/LeaseService.Grant on the leader, forwarding from other
-// nodes.
-func (s *Server) Grant(ctx context.Context, req *leaseholdv1.GrantRequest) (*leaseholdv1.GrantResponse, error) {
-	return call(ctx, s, req, s.grant, func(p *peerClients) func(context.Context, *leaseholdv1.GrantRequest) (*leaseholdv1.GrantResponse, error) {
-		return p.leases.Grant
-	})
-}
-
-// KeepAlive serves LockService/LeaseService.KeepAlive on the leader, forwarding from other
-// nodes.
-func (s *Server) KeepAlive(ctx context.Context, req *leaseholdv1.KeepAliveRequest) (*leaseholdv1.KeepAliveResponse, error) {
-	return call(ctx, s, req, s.keepAlive, func(p *peerClients) func(context.Context, *leaseholdv1.KeepAliveRequest) (*leaseholdv1.KeepAliveResponse, error) {
-		return p.leases.KeepAlive
-	})
-}
-
-// Revoke serves LockService/LeaseService.Revoke on the leader, forwarding from other
-// nodes.
-func (s *Server) Revoke(ctx context.Context, req *leaseholdv1.RevokeRequest) (*leaseholdv1.RevokeResponse, error) {
-	return call(ctx, s, req, s.revoke, func(p *peerClients) func(context.Context, *leaseholdv1.RevokeRequest) (*leaseholdv1.RevokeResponse, error) {
-		return p.leases.Revoke
-	})
-}
-
-// Acquire serves LockService/LeaseService.Acquire on the leader, forwarding from other
-// nodes.
-func (s *Server) Acquire(ctx context.Context, req *leaseholdv1.AcquireRequest) (*leaseholdv1.AcquireResponse, error) {
-	return call(ctx, s, req, s.acquire, func(p *peerClients) func(context.Context, *leaseholdv1.AcquireRequest) (*leaseholdv1.AcquireResponse, error) {
-		return p.locks.Acquire
-	})
-}
-
-// Release serves LockService/LeaseService.Release on the leader, forwarding from other
-// nodes.
-func (s *Server) Release(ctx context.Context, req *leaseholdv1.ReleaseRequest) (*leaseholdv1.ReleaseResponse, error) {
-	return call(ctx, s, req, s.release, func(p *peerClients) func(context.Context, *leaseholdv1.ReleaseRequest) (*leaseholdv1.ReleaseResponse, error) {
-		return p.locks.Release
-	})
-}
-
-// Describe serves LockService/LeaseService.Describe on the leader, forwarding from other
-// nodes.
-func (s *Server) Describe(ctx context.Context, req *leaseholdv1.DescribeRequest) (*leaseholdv1.DescribeResponse, error) {
-	return call(ctx, s, req, s.describe, func(p *peerClients) func(context.Context, *leaseholdv1.DescribeRequest) (*leaseholdv1.DescribeResponse, error) {
-		return p.locks.Describe
-	})
-}
-
-// List serves LockService/LeaseService.List on the leader, forwarding from other
-// nodes.
-func (s *Server) List(ctx context.Context, req *leaseholdv1.ListRequest) (*leaseholdv1.ListResponse, error) {
-	return call(ctx, s, req, s.list, func(p *peerClients) func(context.Context, *leaseholdv1.ListRequest) (*leaseholdv1.ListResponse, error) {
-		return p.locks.List
-	})
-}
-
-// ForceRelease serves LockService/LeaseService.ForceRelease on the leader, forwarding from other
-// nodes.
-func (s *Server) ForceRelease(ctx context.Context, req *leaseholdv1.ForceReleaseRequest) (*leaseholdv1.ForceReleaseResponse, error) {
-	return call(ctx, s, req, s.forceRelease, func(p *peerClients) func(context.Context, *leaseholdv1.ForceReleaseRequest) (*leaseholdv1.ForceReleaseResponse, error) {
-		return p.locks.ForceRelease
-	})
-}
-
-// CheckToken serves LockService/LeaseService.CheckToken on the leader, forwarding from other
-// nodes.
-func (s *Server) CheckToken(ctx context.Context, req *leaseholdv1.CheckTokenRequest) (*leaseholdv1.CheckTokenResponse, error) {
-	return call(ctx, s, req, s.checkToken, func(p *peerClients) func(context.Context, *leaseholdv1.CheckTokenRequest) (*leaseholdv1.CheckTokenResponse, error) {
-		return p.locks.CheckToken
-	})
 }
 
 // listBounds checks a List request's prefix and limit (0 means 1000, at most 10 000).

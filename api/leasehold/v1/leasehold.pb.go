@@ -26,6 +26,7 @@ package leaseholdv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	descriptorpb "google.golang.org/protobuf/types/descriptorpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -2612,11 +2613,28 @@ func (x *FastLaneError) GetDetail() *ErrorDetail {
 	return nil
 }
 
+var file_leasehold_v1_leasehold_proto_extTypes = []protoimpl.ExtensionInfo{
+	{
+		ExtendedType:  (*descriptorpb.MethodOptions)(nil),
+		ExtensionType: (*uint32)(nil),
+		Field:         50742,
+		Name:          "leasehold.v1.fast_lane",
+		Tag:           "varint,50742,opt,name=fast_lane",
+		Filename:      "leasehold/v1/leasehold.proto",
+	},
+}
+
+// Extension fields to descriptorpb.MethodOptions.
+var (
+	// optional uint32 fast_lane = 50742;
+	E_FastLane = &file_leasehold_v1_leasehold_proto_extTypes[0]
+)
+
 var File_leasehold_v1_leasehold_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\n" +
-	"\x1cleasehold/v1/leasehold.proto\x12\fleasehold.v1\"B\n" +
+	"\x1cleasehold/v1/leasehold.proto\x12\fleasehold.v1\x1a google/protobuf/descriptor.proto\"B\n" +
 	"\x06Holder\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x12\n" +
@@ -2787,29 +2805,30 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\tLockClass\x12\x1a\n" +
 	"\x16LOCK_CLASS_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15LOCK_CLASS_EFFICIENCY\x10\x01\x12\x1a\n" +
-	"\x16LOCK_CLASS_CORRECTNESS\x10\x022\xe3\x01\n" +
-	"\fLeaseService\x12@\n" +
-	"\x05Grant\x12\x1a.leasehold.v1.GrantRequest\x1a\x1b.leasehold.v1.GrantResponse\x12L\n" +
-	"\tKeepAlive\x12\x1e.leasehold.v1.KeepAliveRequest\x1a\x1f.leasehold.v1.KeepAliveResponse\x12C\n" +
-	"\x06Revoke\x12\x1b.leasehold.v1.RevokeRequest\x1a\x1c.leasehold.v1.RevokeResponse2\xcf\x03\n" +
-	"\vLockService\x12F\n" +
-	"\aAcquire\x12\x1c.leasehold.v1.AcquireRequest\x1a\x1d.leasehold.v1.AcquireResponse\x12F\n" +
-	"\aRelease\x12\x1c.leasehold.v1.ReleaseRequest\x1a\x1d.leasehold.v1.ReleaseResponse\x12I\n" +
+	"\x16LOCK_CLASS_CORRECTNESS\x10\x022\xf5\x01\n" +
+	"\fLeaseService\x12F\n" +
+	"\x05Grant\x12\x1a.leasehold.v1.GrantRequest\x1a\x1b.leasehold.v1.GrantResponse\"\x04\xb0\xe3\x18\x01\x12R\n" +
+	"\tKeepAlive\x12\x1e.leasehold.v1.KeepAliveRequest\x1a\x1f.leasehold.v1.KeepAliveResponse\"\x04\xb0\xe3\x18\x02\x12I\n" +
+	"\x06Revoke\x12\x1b.leasehold.v1.RevokeRequest\x1a\x1c.leasehold.v1.RevokeResponse\"\x04\xb0\xe3\x18\x032\xe1\x03\n" +
+	"\vLockService\x12L\n" +
+	"\aAcquire\x12\x1c.leasehold.v1.AcquireRequest\x1a\x1d.leasehold.v1.AcquireResponse\"\x04\xb0\xe3\x18\x04\x12L\n" +
+	"\aRelease\x12\x1c.leasehold.v1.ReleaseRequest\x1a\x1d.leasehold.v1.ReleaseResponse\"\x04\xb0\xe3\x18\x05\x12I\n" +
 	"\bDescribe\x12\x1d.leasehold.v1.DescribeRequest\x1a\x1e.leasehold.v1.DescribeResponse\x12=\n" +
 	"\x04List\x12\x19.leasehold.v1.ListRequest\x1a\x1a.leasehold.v1.ListResponse\x12U\n" +
-	"\fForceRelease\x12!.leasehold.v1.ForceReleaseRequest\x1a\".leasehold.v1.ForceReleaseResponse\x12O\n" +
+	"\fForceRelease\x12!.leasehold.v1.ForceReleaseRequest\x1a\".leasehold.v1.ForceReleaseResponse\x12U\n" +
 	"\n" +
-	"CheckToken\x12\x1f.leasehold.v1.CheckTokenRequest\x1a .leasehold.v1.CheckTokenResponse2\x99\x02\n" +
-	"\tKVService\x12:\n" +
-	"\x03Get\x12\x18.leasehold.v1.GetRequest\x1a\x19.leasehold.v1.GetResponse\x12:\n" +
-	"\x03Put\x12\x18.leasehold.v1.PutRequest\x1a\x19.leasehold.v1.PutResponse\x12C\n" +
-	"\x06Delete\x12\x1b.leasehold.v1.DeleteRequest\x1a\x1c.leasehold.v1.DeleteResponse\x12O\n" +
+	"CheckToken\x12\x1f.leasehold.v1.CheckTokenRequest\x1a .leasehold.v1.CheckTokenResponse\"\x04\xb0\xe3\x18\x062\xab\x02\n" +
+	"\tKVService\x12@\n" +
+	"\x03Get\x12\x18.leasehold.v1.GetRequest\x1a\x19.leasehold.v1.GetResponse\"\x04\xb0\xe3\x18\b\x12@\n" +
+	"\x03Put\x12\x18.leasehold.v1.PutRequest\x1a\x19.leasehold.v1.PutResponse\"\x04\xb0\xe3\x18\a\x12I\n" +
+	"\x06Delete\x12\x1b.leasehold.v1.DeleteRequest\x1a\x1c.leasehold.v1.DeleteResponse\"\x04\xb0\xe3\x18\t\x12O\n" +
 	"\x04List\x12\".leasehold.v1.KVServiceListRequest\x1a#.leasehold.v1.KVServiceListResponse2\xc2\x02\n" +
 	"\x0eClusterService\x12C\n" +
 	"\x06Status\x12\x1b.leasehold.v1.StatusRequest\x1a\x1c.leasehold.v1.StatusResponse\x12F\n" +
 	"\aMembers\x12\x1c.leasehold.v1.MembersRequest\x1a\x1d.leasehold.v1.MembersResponse\x12L\n" +
 	"\tAddMember\x12\x1e.leasehold.v1.AddMemberRequest\x1a\x1f.leasehold.v1.AddMemberResponse\x12U\n" +
-	"\fRemoveMember\x12!.leasehold.v1.RemoveMemberRequest\x1a\".leasehold.v1.RemoveMemberResponseB=Z;github.com/leasehold/leasehold/api/leasehold/v1;leaseholdv1b\x06proto3"
+	"\fRemoveMember\x12!.leasehold.v1.RemoveMemberRequest\x1a\".leasehold.v1.RemoveMemberResponse:=\n" +
+	"\tfast_lane\x12\x1e.google.protobuf.MethodOptions\x18\xb6\x8c\x03 \x01(\rR\bfastLaneB=Z;github.com/leasehold/leasehold/api/leasehold/v1;leaseholdv1b\x06proto3"
 
 var (
 	file_leasehold_v1_leasehold_proto_rawDescOnce sync.Once
@@ -2826,49 +2845,50 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
-	(LockClass)(0),                // 0: leasehold.v1.LockClass
-	(*Holder)(nil),                // 1: leasehold.v1.Holder
-	(*ErrorDetail)(nil),           // 2: leasehold.v1.ErrorDetail
-	(*GrantRequest)(nil),          // 3: leasehold.v1.GrantRequest
-	(*GrantResponse)(nil),         // 4: leasehold.v1.GrantResponse
-	(*KeepAliveRequest)(nil),      // 5: leasehold.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),     // 6: leasehold.v1.KeepAliveResponse
-	(*LostLock)(nil),              // 7: leasehold.v1.LostLock
-	(*RevokeRequest)(nil),         // 8: leasehold.v1.RevokeRequest
-	(*RevokeResponse)(nil),        // 9: leasehold.v1.RevokeResponse
-	(*AcquireRequest)(nil),        // 10: leasehold.v1.AcquireRequest
-	(*AcquireResponse)(nil),       // 11: leasehold.v1.AcquireResponse
-	(*ReleaseRequest)(nil),        // 12: leasehold.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 13: leasehold.v1.ReleaseResponse
-	(*DescribeRequest)(nil),       // 14: leasehold.v1.DescribeRequest
-	(*DescribeResponse)(nil),      // 15: leasehold.v1.DescribeResponse
-	(*ListRequest)(nil),           // 16: leasehold.v1.ListRequest
-	(*ListResponse)(nil),          // 17: leasehold.v1.ListResponse
-	(*LockInfo)(nil),              // 18: leasehold.v1.LockInfo
-	(*ForceReleaseRequest)(nil),   // 19: leasehold.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil),  // 20: leasehold.v1.ForceReleaseResponse
-	(*CheckTokenRequest)(nil),     // 21: leasehold.v1.CheckTokenRequest
-	(*CheckTokenResponse)(nil),    // 22: leasehold.v1.CheckTokenResponse
-	(*Fence)(nil),                 // 23: leasehold.v1.Fence
-	(*GetRequest)(nil),            // 24: leasehold.v1.GetRequest
-	(*GetResponse)(nil),           // 25: leasehold.v1.GetResponse
-	(*PutRequest)(nil),            // 26: leasehold.v1.PutRequest
-	(*PutResponse)(nil),           // 27: leasehold.v1.PutResponse
-	(*DeleteRequest)(nil),         // 28: leasehold.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 29: leasehold.v1.DeleteResponse
-	(*KVServiceListRequest)(nil),  // 30: leasehold.v1.KVServiceListRequest
-	(*KVServiceListResponse)(nil), // 31: leasehold.v1.KVServiceListResponse
-	(*KeyValue)(nil),              // 32: leasehold.v1.KeyValue
-	(*Member)(nil),                // 33: leasehold.v1.Member
-	(*MembersRequest)(nil),        // 34: leasehold.v1.MembersRequest
-	(*MembersResponse)(nil),       // 35: leasehold.v1.MembersResponse
-	(*AddMemberRequest)(nil),      // 36: leasehold.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),     // 37: leasehold.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),   // 38: leasehold.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),  // 39: leasehold.v1.RemoveMemberResponse
-	(*StatusRequest)(nil),         // 40: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),        // 41: leasehold.v1.StatusResponse
-	(*FastLaneError)(nil),         // 42: leasehold.v1.FastLaneError
+	(LockClass)(0),                     // 0: leasehold.v1.LockClass
+	(*Holder)(nil),                     // 1: leasehold.v1.Holder
+	(*ErrorDetail)(nil),                // 2: leasehold.v1.ErrorDetail
+	(*GrantRequest)(nil),               // 3: leasehold.v1.GrantRequest
+	(*GrantResponse)(nil),              // 4: leasehold.v1.GrantResponse
+	(*KeepAliveRequest)(nil),           // 5: leasehold.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),          // 6: leasehold.v1.KeepAliveResponse
+	(*LostLock)(nil),                   // 7: leasehold.v1.LostLock
+	(*RevokeRequest)(nil),              // 8: leasehold.v1.RevokeRequest
+	(*RevokeResponse)(nil),             // 9: leasehold.v1.RevokeResponse
+	(*AcquireRequest)(nil),             // 10: leasehold.v1.AcquireRequest
+	(*AcquireResponse)(nil),            // 11: leasehold.v1.AcquireResponse
+	(*ReleaseRequest)(nil),             // 12: leasehold.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),            // 13: leasehold.v1.ReleaseResponse
+	(*DescribeRequest)(nil),            // 14: leasehold.v1.DescribeRequest
+	(*DescribeResponse)(nil),           // 15: leasehold.v1.DescribeResponse
+	(*ListRequest)(nil),                // 16: leasehold.v1.ListRequest
+	(*ListResponse)(nil),               // 17: leasehold.v1.ListResponse
+	(*LockInfo)(nil),                   // 18: leasehold.v1.LockInfo
+	(*ForceReleaseRequest)(nil),        // 19: leasehold.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),       // 20: leasehold.v1.ForceReleaseResponse
+	(*CheckTokenRequest)(nil),          // 21: leasehold.v1.CheckTokenRequest
+	(*CheckTokenResponse)(nil),         // 22: leasehold.v1.CheckTokenResponse
+	(*Fence)(nil),                      // 23: leasehold.v1.Fence
+	(*GetRequest)(nil),                 // 24: leasehold.v1.GetRequest
+	(*GetResponse)(nil),                // 25: leasehold.v1.GetResponse
+	(*PutRequest)(nil),                 // 26: leasehold.v1.PutRequest
+	(*PutResponse)(nil),                // 27: leasehold.v1.PutResponse
+	(*DeleteRequest)(nil),              // 28: leasehold.v1.DeleteRequest
+	(*DeleteResponse)(nil),             // 29: leasehold.v1.DeleteResponse
+	(*KVServiceListRequest)(nil),       // 30: leasehold.v1.KVServiceListRequest
+	(*KVServiceListResponse)(nil),      // 31: leasehold.v1.KVServiceListResponse
+	(*KeyValue)(nil),                   // 32: leasehold.v1.KeyValue
+	(*Member)(nil),                     // 33: leasehold.v1.Member
+	(*MembersRequest)(nil),             // 34: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),            // 35: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),           // 36: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),          // 37: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),        // 38: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),       // 39: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),              // 40: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),             // 41: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),              // 42: leasehold.v1.FastLaneError
+	(*descriptorpb.MethodOptions)(nil), // 43: google.protobuf.MethodOptions
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	1,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
@@ -2887,44 +2907,45 @@ var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	33, // 13: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
 	33, // 14: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
 	2,  // 15: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	3,  // 16: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	5,  // 17: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	8,  // 18: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	10, // 19: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	12, // 20: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	14, // 21: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	16, // 22: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	19, // 23: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	21, // 24: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	24, // 25: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	26, // 26: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	28, // 27: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	30, // 28: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	40, // 29: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	34, // 30: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	36, // 31: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	38, // 32: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	4,  // 33: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	6,  // 34: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	9,  // 35: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	11, // 36: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	13, // 37: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	15, // 38: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	17, // 39: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	20, // 40: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	22, // 41: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	25, // 42: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	27, // 43: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	29, // 44: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	31, // 45: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	41, // 46: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	35, // 47: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	37, // 48: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	39, // 49: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	33, // [33:50] is the sub-list for method output_type
-	16, // [16:33] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
+	43, // 16: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	3,  // 17: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	5,  // 18: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	8,  // 19: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	10, // 20: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	12, // 21: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	14, // 22: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	16, // 23: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	19, // 24: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	21, // 25: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	24, // 26: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	26, // 27: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	28, // 28: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	30, // 29: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	40, // 30: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	34, // 31: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	36, // 32: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	38, // 33: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	4,  // 34: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	6,  // 35: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	9,  // 36: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	11, // 37: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	13, // 38: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	15, // 39: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	17, // 40: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	20, // 41: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	22, // 42: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	25, // 43: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	27, // 44: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	29, // 45: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	31, // 46: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	41, // 47: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	35, // 48: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	37, // 49: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	39, // 50: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	34, // [34:51] is the sub-list for method output_type
+	17, // [17:34] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	16, // [16:17] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name
 }
 
@@ -2942,13 +2963,14 @@ func file_leasehold_v1_leasehold_proto_init() {
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
 			NumEnums:      1,
 			NumMessages:   42,
-			NumExtensions: 0,
+			NumExtensions: 1,
 			NumServices:   4,
 		},
 		GoTypes:           file_leasehold_v1_leasehold_proto_goTypes,
 		DependencyIndexes: file_leasehold_v1_leasehold_proto_depIdxs,
 		EnumInfos:         file_leasehold_v1_leasehold_proto_enumTypes,
 		MessageInfos:      file_leasehold_v1_leasehold_proto_msgTypes,
+		ExtensionInfos:    file_leasehold_v1_leasehold_proto_extTypes,
 	}.Build()
 	File_leasehold_v1_leasehold_proto = out.File
 	file_leasehold_v1_leasehold_proto_goTypes = nil

@@ -1,0 +1,36 @@
+package server
+
+import (
+	"context"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// ReplaceHandlers makes every RPC of s answer with fn instead of its handler: the
+// method table's routing, error mapping and metrics stay as they are. For tests that
+// check what both transports make of a handler's answer.
+func ReplaceHandlers(s *Server, fn func(procedure string) error) {
+	for _, m := range s.methods.list {
+		m.serve = func(_ *Server, _ context.Context, req proto.Message) (proto.Message, error) {
+			return nil, fn(m.procedure)
+		}
+	}
+}
+
+// Procedures returns the Connect procedures of s's method table, in table order.
+func Procedures(s *Server) []string {
+	var out []string
+	for _, m := range s.methods.list {
+		out = append(out, m.procedure)
+	}
+	return out
+}
+
+// MappedErrors returns one error of each kind that the error table maps.
+func MappedErrors() []error {
+	out := make([]error, 0, len(errorCodes))
+	for _, e := range errorCodes {
+		out = append(out, e.err)
+	}
+	return out
+}

@@ -1,0 +1,298 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
+	"github.com/leasehold/leasehold/fastlane"
+	"github.com/leasehold/leasehold/leader"
+)
+
+// methodTable is the one list of the RPCs this server serves: one entry per RPC with its
+// handler and everything both transports need to know about it. Connect's routes, the
+// fast lane's dispatch, forwarding to the leader, the metric labels and the permission an
+// RPC needs all come from here, so a new RPC is one entry in this list (and its handler).
+// Which RPCs the fast lane carries, and under which number, is the `fast_lane` option in
+// the .proto file (see package fastlane); TestMethodTable checks that this table and the
+// .proto file name the same RPCs.
+func methodTable() []*method {
+	return []*method{
+		// LeaseService
+		unary(leaseholdv1connect.LeaseServiceGrantProcedure, (*Server).Grant, needs(permLock)),
+		unary(leaseholdv1connect.LeaseServiceKeepAliveProcedure, (*Server).KeepAlive, needs(permLock)),
+		unary(leaseholdv1connect.LeaseServiceRevokeProcedure, (*Server).Revoke, needs(permLock)),
+		// LockService
+		unary(leaseholdv1connect.LockServiceAcquireProcedure, (*Server).Acquire,
+			needsOn(permLock, (*leaseholdv1.AcquireRequest).GetName),
+			readerServes((*Server).acquireAtOnce), readerGrants((*Server).acquireNow), readerProposes((*Server).acquireThen)),
+		unary(leaseholdv1connect.LockServiceReleaseProcedure, (*Server).Release,
+			needsOn(permLock, (*leaseholdv1.ReleaseRequest).GetName),
+			readerServes((*Server).releaseAtOnce), readerProposes((*Server).releaseThen)),
+		unary(leaseholdv1connect.LockServiceDescribeProcedure, (*Server).Describe, needsOn(permRead, (*leaseholdv1.DescribeRequest).GetName)),
+		unary(leaseholdv1connect.LockServiceListProcedure, (*Server).List, needsOn(permRead, (*leaseholdv1.ListRequest).GetPrefix)),
+		unary(leaseholdv1connect.LockServiceForceReleaseProcedure, (*Server).ForceRelease, needs(permAdmin)),
+		unary(leaseholdv1connect.LockServiceCheckTokenProcedure, (*Server).CheckToken, needsOn(permRead, (*leaseholdv1.CheckTokenRequest).GetName)),
+		// KVService
+		unary(leaseholdv1connect.KVServiceGetProcedure, (*Server).Get,
+			needsOn(permRead, (*leaseholdv1.GetRequest).GetKey), servedHereWhen((*leaseholdv1.GetRequest).GetStale)),
+		unary(leaseholdv1connect.KVServicePutProcedure, (*Server).Put, needsOn(permKVWrite, (*leaseholdv1.PutRequest).GetKey)),
+		unary(leaseholdv1connect.KVServiceDeleteProcedure, (*Server).Delete, needsOn(permKVWrite, (*leaseholdv1.DeleteRequest).GetKey)),
+		unary(leaseholdv1connect.KVServiceListProcedure, (*Server).ListKV,
+			needsOn(permRead, (*leaseholdv1.KVServiceListRequest).GetPrefix), servedHereWhen((*leaseholdv1.KVServiceListRequest).GetStale)),
+		// ClusterService
+		unary(leaseholdv1connect.ClusterServiceStatusProcedure, (*Server).Status, needs(permRead), anyNode()),
+		unary(leaseholdv1connect.ClusterServiceMembersProcedure, (*Server).Members, needs(permRead), anyNode()),
+		unary(leaseholdv1connect.ClusterServiceAddMemberProcedure, (*Server).AddMember, needs(permAdmin)),
+		unary(leaseholdv1connect.ClusterServiceRemoveMemberProcedure, (*Server).RemoveMember, needs(permAdmin)),
+	}
+}
+
+// permission is what a caller must be allowed to do to call an RPC (issue #17's rules:
+// read, lock, kv-write, admin). With authentication enabled, the check is made on the
+// request's name (lock name, key or prefix) for RPCs that have one.
+type permission uint8
+
+const (
+	permRead    permission = iota + 1 // Describe, List, Get, CheckToken, Status, Members
+	permLock                          // leases, Acquire, Release
+	permKVWrite                       // Put, Delete
+	permAdmin                         // ForceRelease, membership, snapshots, profiling
+)
+
+func (p permission) String() string {
+	switch p {
+	case permRead:
+		return "read"
+	case permLock:
+		return "lock"
+	case permKVWrite:
+		return "kv-write"
+	case permAdmin:
+		return "admin"
+	}
+	return fmt.Sprintf("permission(%d)", uint8(p))
+}
+
+// route says which node serves an RPC.
+type route uint8
+
+const (
+	// onLeader: the leader serves it; any other node forwards it to the leader, once.
+	onLeader route = iota
+	// onAnyNode: the node that receives it answers from its own view.
+	onAnyNode
+)
+
+// method is one RPC, as methodTable lists it. Only the unary constructor and its options
+// fill it in.
+type method struct {
+	procedure string // Connect procedure, e.g. "/leasehold.v1.LockService/Acquire"
+	schema    protoreflect.MethodDescriptor
+	fast      fastlane.Method // its number on the fast lane; 0 when Connect only
+	perm      permission
+	name      func(proto.Message) string // the name the permission applies to; nil: none
+	route     route
+	// here, if set, says that an onLeader request is served by the receiving node anyway
+	// (a read that asked to be served stale).
+	here func(proto.Message) bool
+
+	newRequest func() proto.Message
+	// serve runs the handler on this node.
+	serve func(*Server, context.Context, proto.Message) (proto.Message, error)
+	// forward sends the request to the leader's node p.
+	forward func(p *peer, ctx context.Context, req proto.Message, from string) (proto.Message, error)
+	// connectHandler serves the RPC over Connect (gRPC, gRPC-Web, Connect).
+	connectHandler func(*Server, ...connect.HandlerOption) http.Handler
+
+	// The fast-lane reader's shortcuts (docs/ARCHITECTURE.md, "The fast lane's
+	// threads"), each nil when the RPC has none:
+	// atOnce reports that the reader may serve the request itself, in full, because it
+	// never waits (an efficiency try-once acquire).
+	atOnce func(*Server, proto.Message) bool
+	// now answers the request from memory if it can without waiting, and reports false,
+	// having changed nothing, otherwise.
+	now func(*Server, proto.Message) (proto.Message, bool)
+	// then starts the request without waiting for its commit and reports true; the
+	// answer goes to done, on the goroutine that hands out commit results. It reports
+	// false, having done nothing, when the request must take the full path.
+	then func(s *Server, ctx context.Context, req proto.Message, done func(proto.Message, error)) bool
+
+	series *procMetrics // this RPC's metric series on one Server
+}
+
+// methodOption sets one property of a method.
+type methodOption func(*method)
+
+// unary makes the table entry of a unary RPC served by handler.
+func unary[Req, Res any, PReq interface {
+	*Req
+	proto.Message
+}, PRes interface {
+	*Res
+	proto.Message
+}](procedure string, handler func(*Server, context.Context, PReq) (PRes, error), opts ...methodOption) *method {
+	m := &method{procedure: procedure, route: onLeader}
+	m.fast, _ = fastlane.MethodOf(procedure)
+	m.schema = methodDescriptor(procedure)
+	m.newRequest = func() proto.Message { return PReq(new(Req)) }
+	m.serve = func(s *Server, ctx context.Context, req proto.Message) (proto.Message, error) {
+		resp, err := handler(s, ctx, req.(PReq))
+		if err != nil {
+			return nil, err // not a typed nil inside the interface
+		}
+		return resp, nil
+	}
+	m.forward = func(p *peer, ctx context.Context, req proto.Message, from string) (proto.Message, error) {
+		r := connect.NewRequest((*Req)(req.(PReq)))
+		r.Header().Set(forwardedHeader, from)
+		resp, err := peerClient[Req, Res](p, procedure).CallUnary(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		return PRes(resp.Msg), nil
+	}
+	m.connectHandler = func(s *Server, opts ...connect.HandlerOption) http.Handler {
+		return connect.NewUnaryHandler(procedure, func(ctx context.Context, r *connect.Request[Req]) (*connect.Response[Res], error) {
+			resp, err := s.call(ctx, m, PReq(r.Msg), r.Header().Get(forwardedHeader) != "")
+			if err != nil {
+				return nil, err
+			}
+			return connect.NewResponse((*Res)(resp.(PRes))), nil
+		}, append(opts, connect.WithSchema(m.schema))...)
+	}
+	for _, o := range opts {
+		o(m)
+	}
+	if m.perm == 0 {
+		panic("server: " + procedure + " has no permission in the method table")
+	}
+	return m
+}
+
+// needs sets the permission an RPC that names nothing requires.
+func needs(p permission) methodOption { return func(m *method) { m.perm = p } }
+
+// needsOn sets the permission an RPC requires on the name name returns.
+func needsOn[PReq proto.Message](p permission, name func(PReq) string) methodOption {
+	return func(m *method) {
+		m.perm = p
+		m.name = func(req proto.Message) string { return name(req.(PReq)) }
+	}
+}
+
+// anyNode makes the receiving node answer the RPC itself.
+func anyNode() methodOption { return func(m *method) { m.route = onAnyNode } }
+
+// servedHereWhen makes the receiving node serve a request for which here is true.
+func servedHereWhen[PReq proto.Message](here func(PReq) bool) methodOption {
+	return func(m *method) { m.here = func(req proto.Message) bool { return here(req.(PReq)) } }
+}
+
+// readerServes lets the fast-lane reader serve a request in full when ok says it never
+// waits.
+func readerServes[PReq proto.Message](ok func(*Server, PReq) bool) methodOption {
+	return func(m *method) { m.atOnce = func(s *Server, req proto.Message) bool { return ok(s, req.(PReq)) } }
+}
+
+// readerGrants lets the fast-lane reader answer a request from memory when now can.
+func readerGrants[PReq proto.Message, PRes proto.Message](now func(*Server, PReq) (PRes, bool)) methodOption {
+	return func(m *method) {
+		m.now = func(s *Server, req proto.Message) (proto.Message, bool) {
+			resp, ok := now(s, req.(PReq))
+			if !ok {
+				return nil, false
+			}
+			return resp, true
+		}
+	}
+}
+
+// readerProposes lets the fast-lane reader start a request and leave its answer to the
+// commit.
+func readerProposes[PReq proto.Message](then func(*Server, context.Context, PReq, func(proto.Message, error)) bool) methodOption {
+	return func(m *method) {
+		m.then = func(s *Server, ctx context.Context, req proto.Message, done func(proto.Message, error)) bool {
+			return then(s, ctx, req.(PReq), done)
+		}
+	}
+}
+
+// methodDescriptor finds procedure ("/pkg.Service/Method") in the .proto file's
+// descriptors.
+func methodDescriptor(procedure string) protoreflect.MethodDescriptor {
+	services := leaseholdv1.File_leasehold_v1_leasehold_proto.Services()
+	for i := range services.Len() {
+		sd := services.Get(i)
+		for j := range sd.Methods().Len() {
+			if md := sd.Methods().Get(j); "/"+string(sd.FullName())+"/"+string(md.Name()) == procedure {
+				return md
+			}
+		}
+	}
+	panic("server: " + procedure + " is not an RPC of leasehold.proto")
+}
+
+// methods indexes one Server's copy of the table.
+type methods struct {
+	list        []*method
+	byProcedure map[string]*method
+	byFast      [256]*method
+}
+
+func newMethods(s *Server) methods {
+	ms := methods{list: methodTable(), byProcedure: make(map[string]*method)}
+	for _, m := range ms.list {
+		if ms.byProcedure[m.procedure] != nil {
+			panic("server: " + m.procedure + " is twice in the method table")
+		}
+		ms.byProcedure[m.procedure] = m
+		if m.fast != 0 {
+			ms.byFast[m.fast] = m
+		}
+		m.series = s.metrics.series(m.procedure)
+	}
+	return ms
+}
+
+// call serves one request — on this node, or forwarded to the leader — and finishes it
+// (finish). Both transports serve every request through call or, for the fast lane's
+// shortcuts, through finish.
+func (s *Server) call(ctx context.Context, m *method, req proto.Message, forwarded bool) (proto.Message, error) {
+	start := time.Now()
+	resp, err := s.serveOrForward(ctx, m, req, forwarded)
+	return resp, s.finish(m, start, err)
+}
+
+// finish maps a request's error to its code and details (the one table, errors.go) and
+// records the request in the metrics, under the code the caller will see.
+func (s *Server) finish(m *method, start time.Time, err error) error {
+	err = ToConnect(err)
+	s.metrics.observe(m.series, start, err)
+	return err
+}
+
+// serveOrForward serves req here when this node may (it leads, or the method says it
+// serves anywhere), or forwards it to the leader with one hop. It fails with
+// leader.ErrNotLeader (Unavailable) when no leader is known, or the request was already
+// forwarded once.
+func (s *Server) serveOrForward(ctx context.Context, m *method, req proto.Message, forwarded bool) (proto.Message, error) {
+	if m.route == onAnyNode || s.leader.Active() || (m.here != nil && m.here(req)) {
+		return m.serve(s, ctx, req)
+	}
+	if forwarded {
+		return nil, leader.ErrNotLeader
+	}
+	addr := s.leaderAPIAddr()
+	if addr == "" || addr == s.cfg.APIAddr {
+		return nil, leader.ErrNotLeader
+	}
+	return m.forward(s.peers.get(addr), ctx, req, sanitizeHeader(s.cfg.NodeID))
+}
