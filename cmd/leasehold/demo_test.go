@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -48,4 +49,17 @@ func TestDemo(t *testing.T) {
 		}
 	}
 	t.Logf("demo took %v", took)
+}
+
+// TestDemoUsesFreePorts: the demo's embedded node listens only on ports the kernel picks
+// (port 0), never on a default port a running server holds (it failed with "address
+// already in use" beside the quick-start server, on the fast-lane port).
+func TestDemoUsesFreePorts(t *testing.T) {
+	cfg := demoNodeConfig(t.TempDir())
+	for what, addr := range map[string]string{"API": cfg.Addr, "fast lane": cfg.FastLaneAddr, "raft": cfg.Raft.RaftAddr} {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil || port != "0" || host != "127.0.0.1" {
+			t.Errorf("the demo's %s address is %q, want 127.0.0.1:0", what, addr)
+		}
+	}
 }
