@@ -8,15 +8,22 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/leasehold/leasehold/internal/proc"
 )
 
-// buildBinary builds the leasehold binary once for the package's tests.
+// buildBinary builds the leasehold binary for a test.
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "leasehold")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	root, err := proc.ModuleRoot()
 	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "leasehold")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := proc.Build(ctx, root, bin, "./cmd/leasehold"); err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }
