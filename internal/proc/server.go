@@ -3,7 +3,6 @@ package proc
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os/exec"
 	"strconv"
@@ -60,7 +59,9 @@ type serverFlags struct {
 	fastLane bool
 }
 
-func hasFastLaneFlag(bin string) bool {
+// HasFastLane reports whether the binary's `server` command takes --fast-lane-addr (it
+// asks `BIN server -h` once per binary).
+func HasFastLane(bin string) bool {
 	v, _ := flagsOf.LoadOrStore(bin, &serverFlags{})
 	f := v.(*serverFlags)
 	f.once.Do(func() {
@@ -69,9 +70,6 @@ func hasFastLaneFlag(bin string) bool {
 	})
 	return f.fastLane
 }
-
-// HasFastLane reports whether the binary's server takes --fast-lane-addr.
-func HasFastLane(bin string) bool { return hasFastLaneFlag(bin) }
 
 // upWait bounds how long Start waits for the server's listeners.
 const upWait = time.Minute
@@ -95,13 +93,12 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.started {
 		return s.startLocked(ctx)
 	}
-	if !hasFastLaneFlag(s.Bin) {
+	if !HasFastLane(s.Bin) {
 		s.Fast = ""
 	}
-	want := map[*string]bool{&s.API: s.API == "", &s.Raft: s.Raft == "", &s.Fast: s.Fast == "" && hasFastLaneFlag(s.Bin)}
-	var pick []*string
+	var pick []*string // the addresses to choose
 	for _, a := range []*string{&s.API, &s.Raft, &s.Fast} {
-		if want[a] {
+		if *a == "" && (a != &s.Fast || HasFastLane(s.Bin)) {
 			pick = append(pick, a)
 		}
 	}
@@ -113,14 +110,18 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	var err error
 	if len(pick) == 0 {
-		err = start(nil)
+		err = s.startLocked(ctx)
 	} else {
 		err = RetryPorts(len(pick), start)
 	}
-	if err == nil {
-		s.started = true
+	if err != nil {
+		for _, a := range pick {
+			*a = "" // a later Start picks again
+		}
+		return err
 	}
-	return err
+	s.started = true
+	return nil
 }
 
 func (s *Server) name() string {
@@ -245,10 +246,4 @@ func (s *Server) WaitHealthy(ctx context.Context) error {
 		}
 		return nil
 	})
-}
-
-// Host returns the host part of the API address.
-func (s *Server) Host() string {
-	h, _, _ := net.SplitHostPort(s.API)
-	return h
 }
