@@ -48,6 +48,11 @@ type Config struct {
 	// RaftAdvertise, if set, is the address other nodes dial instead of RaftAddr (for a
 	// node bound to 0.0.0.0).
 	RaftAdvertise string
+	// Transport, if set, carries raft's messages instead of a TCP transport on RaftAddr
+	// (RaftAddr and RaftAdvertise are then unused; the node's address is the transport's
+	// LocalAddr). Tests pass raft's in-memory transport (internal/clustertest). Open
+	// takes it over: Close closes it.
+	Transport raft.Transport
 	// Bootstrap makes a node with no existing state start a cluster: of itself alone, or
 	// of Peers when they are given (every node of a static cluster bootstraps with the
 	// same Peers). A node without Bootstrap waits to be added (see AddVoter).
@@ -128,7 +133,7 @@ type Node struct {
 	logs      raft.LogStore
 	stable    raft.StableStore
 	closer    io.Closer
-	transport *raft.NetworkTransport
+	transport raft.Transport
 	verifier  verifier
 	futures   futures
 	batcher   batcher
@@ -165,29 +170,11 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: open snapshot store: %w", err)
 	}
-	addr, err := net.ResolveTCPAddr("tcp", cfg.RaftAddr)
-	if err != nil {
-		return nil, fmt.Errorf("replication: raft address %q: %w", cfg.RaftAddr, err)
-	}
-	var advertise net.Addr
-	if cfg.RaftAdvertise != "" {
-		if advertise, err = net.ResolveTCPAddr("tcp", cfg.RaftAdvertise); err != nil {
-			return nil, fmt.Errorf("replication: raft advertise address %q: %w", cfg.RaftAdvertise, err)
+	n.transport = cfg.Transport
+	if n.transport == nil {
+		if n.transport, err = tcpTransport(cfg, hlog); err != nil {
+			return nil, err
 		}
-	}
-	// MaxRPCsInFlight 1 turns raft's pipelined replication off: its pipeline can deadlock
-	// (the sender blocked on inprogressCh while the response decoder waits on doneCh,
-	// hashicorp/raft#612), which the nemesis suite hit as a node hanging on shutdown and a
-	// follower no longer receiving entries. Synchronous AppendEntries cost little on the
-	// small batches a lock service sends.
-	n.transport, err = raft.NewTCPTransportWithConfig(cfg.RaftAddr, advertise, &raft.NetworkTransportConfig{
-		MaxPool:         3,
-		Timeout:         10 * time.Second,
-		Logger:          hlog,
-		MaxRPCsInFlight: 1,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("replication: raft transport on %s: %w", addr, err)
 	}
 	n.fsm = &fsm{state: core.NewState(cfg.Limits), limits: cfg.Limits, observe: cfg.Observe, log: cfg.Logger}
 
@@ -245,6 +232,35 @@ func Open(cfg Config) (*Node, error) {
 	n.verifier.round = n.confirmRound
 	ok = true
 	return n, nil
+}
+
+// tcpTransport is raft's TCP transport on cfg.RaftAddr.
+func tcpTransport(cfg Config, hlog hclog.Logger) (raft.Transport, error) {
+	addr, err := net.ResolveTCPAddr("tcp", cfg.RaftAddr)
+	if err != nil {
+		return nil, fmt.Errorf("replication: raft address %q: %w", cfg.RaftAddr, err)
+	}
+	var advertise net.Addr
+	if cfg.RaftAdvertise != "" {
+		if advertise, err = net.ResolveTCPAddr("tcp", cfg.RaftAdvertise); err != nil {
+			return nil, fmt.Errorf("replication: raft advertise address %q: %w", cfg.RaftAdvertise, err)
+		}
+	}
+	// MaxRPCsInFlight 1 turns raft's pipelined replication off: its pipeline can deadlock
+	// (the sender blocked on inprogressCh while the response decoder waits on doneCh,
+	// hashicorp/raft#612), which the nemesis suite hit as a node hanging on shutdown and a
+	// follower no longer receiving entries. Synchronous AppendEntries cost little on the
+	// small batches a lock service sends.
+	t, err := raft.NewTCPTransportWithConfig(cfg.RaftAddr, advertise, &raft.NetworkTransportConfig{
+		MaxPool:         3,
+		Timeout:         10 * time.Second,
+		Logger:          hlog,
+		MaxRPCsInFlight: 1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("replication: raft transport on %s: %w", addr, err)
+	}
+	return t, nil
 }
 
 // Apply proposes cmd, waits until it is committed by a quorum, fsynced and applied, and
@@ -514,8 +530,8 @@ func (n *Node) Close() error {
 }
 
 func (n *Node) closeStores() {
-	if n.transport != nil {
-		_ = n.transport.Close()
+	if c, ok := n.transport.(raft.WithClose); ok {
+		_ = c.Close()
 	}
 	if n.closer != nil {
 		_ = n.closer.Close()
