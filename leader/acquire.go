@@ -3,7 +3,6 @@ package leader
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/leasehold/leasehold/core"
@@ -76,19 +75,18 @@ func (l *Leader) AcquireThen(ctx context.Context, a AcquireArgs, then func(Grant
 	})
 }
 
-// beginCorrectness checks that a correctness acquire may be proposed and registers for
-// the grant of a queued one.
+// beginCorrectness checks that a correctness acquire may be proposed, claims the name
+// for it (class.go) and registers for the grant of a queued one.
 func (l *Leader) beginCorrectness(a AcquireArgs) (chan outcome, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.active {
 		return nil, ErrNotLeader
 	}
-	if l.eff.Has(a.Name) {
-		return nil, fmt.Errorf("%w: %q is in use as efficiency", core.ErrClassConflict, a.Name)
+	if err := l.names.claimLocked(a.Name, core.Correctness); err != nil {
+		return nil, err
 	}
-	l.pending[a.Name]++
-	return l.registerLocked(a.Lease, a.Name), nil
+	return l.waits.add(a.Lease, a.Name), nil
 }
 
 func acquireCommand(a AcquireArgs) core.Command {
@@ -103,20 +101,20 @@ func acquireCommand(a AcquireArgs) core.Command {
 // ch.
 func (l *Leader) endCorrectness(a AcquireArgs, ch chan outcome, res core.Result, err error) (Grant, error, bool) {
 	l.mu.Lock()
-	if l.pending[a.Name]--; l.pending[a.Name] == 0 {
-		delete(l.pending, a.Name)
-	}
+	l.names.settleLocked(a.Name)
 	l.mu.Unlock()
 	if err == nil {
 		err = l.acquireErr(a, res)
 	}
 	if err != nil || !res.Queued {
-		l.unregister(a.Lease, a.Name, ch)
+		l.waits.remove(a.Lease, a.Name, ch)
 		return Grant{Token: res.Token, Class: core.Correctness}, err, true
 	}
 	return Grant{}, nil, false
 }
 
+// acquireErr is the error of an acquire's result. It takes Leader.mu only for a lease
+// not found, which the efficiency table (knowing no leases) never reports.
 func (l *Leader) acquireErr(a AcquireArgs, res core.Result) error {
 	switch {
 	case res.Err == nil:

@@ -15,7 +15,7 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 	for _, e := range effects {
 		switch e.Kind {
 		case core.EffectGranted:
-			l.notifyLocked(e.Lease, e.Name, outcome{token: e.Token})
+			l.waits.notify(e.Lease, e.Name, outcome{token: e.Token})
 		case core.EffectWaitEnded:
 			// Nothing to do here: EffectLeaseEnded follows in the same batch and tells
 			// the waiter, with the reason its lease ended (expired or revoked).
@@ -28,20 +28,22 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 				heap.Remove(&l.queue, c.index)
 				delete(l.leases, e.Lease)
 			}
-			delete(l.lost, e.Lease)
 			if l.active {
 				var r core.Result
 				l.eff.DropLease(e.Lease, e.Reason == core.EndExpired, &l.effSeq, &r)
 				l.effEffectsLocked(r.Effects)
 			}
-			l.notifyLeaseLocked(e.Lease, &LeaseGoneError{Lease: e.Lease, Reason: e.Reason})
+			l.waits.failLease(e.Lease, &LeaseGoneError{Lease: e.Lease, Reason: e.Reason})
 		case core.EffectDelayed:
 			if l.active {
 				l.startDelayLocked(e.Name, core.Correctness, e.DelayMillis)
 			}
 		case core.EffectRevokedHold:
-			if l.active {
-				l.lost[e.Lease] = append(l.lost[e.Lease], LostLock{Name: e.Name, Token: e.Token, Reason: e.Note})
+			// The replicated state keeps the lost lock for the holder's keepalives
+			// (core.Locks.Lost), so that any later leader reports it too; a new leader
+			// sets the flag from the state (Promote).
+			if c := l.leases[e.Lease]; c != nil {
+				c.lost = true
 			}
 		}
 	}

@@ -2,7 +2,6 @@ package leader
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/leasehold/leasehold/core"
 )
@@ -13,7 +12,7 @@ import (
 func (l *Leader) ServesInMemory(name string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.active && l.eff.Has(name)
+	return l.active && l.names.inMemoryLocked(name)
 }
 
 func (l *Leader) acquireEfficiency(ctx context.Context, a AcquireArgs) (Grant, error) {
@@ -34,39 +33,34 @@ func (l *Leader) acquireEfficiency(ctx context.Context, a AcquireArgs) (Grant, e
 			return Grant{}, err
 		}
 	}
-	defer l.mu.Unlock()
-	if err := l.effAdmitLocked(a); err != nil {
-		return Grant{}, err
+	var res core.Result
+	err := l.effAdmitLocked(a)
+	if err == nil {
+		res = l.eff.Acquire(a.AcquireArgs, &l.effSeq)
+		l.refillLocked()
+		err = l.acquireErr(a, res)
 	}
-	res := l.eff.Acquire(a.AcquireArgs, &l.effSeq)
-	l.refillLocked()
 	g := Grant{Token: res.Token, Class: core.Efficiency, Epoch: l.epoch}
-	if err := l.acquireErr(a, res); err != nil || !res.Queued {
+	var ch chan outcome
+	if err == nil && res.Queued {
+		// Registered before Leader.mu is let go: only a later change to the table can
+		// grant the place in the queue.
+		ch = l.waits.add(a.Lease, a.Name)
+	}
+	l.mu.Unlock()
+	if ch == nil {
 		return g, err
 	}
-	ch := l.registerLocked(a.Lease, a.Name)
-	l.mu.Unlock()
-	g, err := l.await(ctx, a, ch, res)
-	l.mu.Lock()
-	return g, err
+	return l.await(ctx, a, ch, res)
 }
 
 // effAdmitLocked checks that an efficiency acquire may go ahead: its lease is live and
-// not expiring, and the name is not in use as a correctness lock.
+// not expiring, and the name may be taken as efficiency (class.go).
 func (l *Leader) effAdmitLocked(a AcquireArgs) error {
 	if c := l.leases[a.Lease]; c == nil || c.expiring {
 		return l.goneLocked(a.Lease, c != nil)
 	}
-	conflict := l.pending[a.Name] > 0
-	if !conflict {
-		l.askName = a.Name
-		l.log.Read(l.askHas)
-		conflict, l.askName = l.askHeld, ""
-	}
-	if conflict {
-		return fmt.Errorf("%w: %q is in use as correctness", core.ErrClassConflict, a.Name)
-	}
-	return nil
+	return l.names.claimLocked(a.Name, core.Efficiency)
 }
 
 // AcquireNow grants an efficiency lock when that takes neither a place in its queue nor
@@ -100,14 +94,14 @@ func (l *Leader) effEffectsLocked(effects []core.Effect) {
 	for _, e := range effects {
 		switch e.Kind {
 		case core.EffectGranted:
-			l.notifyLocked(e.Lease, e.Name, outcome{token: e.Token})
+			l.waits.notify(e.Lease, e.Name, outcome{token: e.Token})
 		case core.EffectWaitEnded:
 			// Only DropLease reports it, and OnEffects tells the lease's waiters right
 			// after, with the reason the lease ended.
 		case core.EffectDelayed:
 			l.startDelayLocked(e.Name, core.Efficiency, e.DelayMillis)
 		case core.EffectRevokedHold:
-			l.lost[e.Lease] = append(l.lost[e.Lease], LostLock{Name: e.Name, Token: e.Token, Reason: e.Note})
+			// The table keeps the lost lock for the holder's keepalives (core.Locks.Lost).
 		}
 	}
 	l.refillLocked()

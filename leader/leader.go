@@ -1,7 +1,8 @@
 // Package leader holds what only the leader does: it counts every lease down on the
-// monotonic clock and proposes the expiry through the log when one runs out, keeps the
-// efficiency locks in memory, wakes queued acquires when their grant is applied, and
-// ends lock-delays.
+// monotonic clock and proposes the expiry through the log when one runs out, confirms
+// with a quorum that it still leads before it acknowledges a keepalive (G4), keeps the
+// efficiency locks in memory, decides which class a name is in use as, wakes queued
+// acquires when their grant is applied, and ends lock-delays.
 //
 // Followers keep no countdowns; a leader that is deposed stops counting at once, and a
 // new leader restarts every lease's countdown at its full TTL (guarantee G4: no lease ever
@@ -9,9 +10,19 @@
 // is a replicated command, so a deposed leader that has not noticed yet cannot expire
 // anything: its proposal fails.
 //
-// Lock order: Leader.mu may be held while reading the replicated state (Log.Read); it is
-// never held while proposing (Log.Apply), because applying a command calls OnEffects,
-// which takes Leader.mu.
+// One concern per file: lifecycle.go (Run, Promote, Demote), effects.go (acting on
+// applied commands), leases.go (Grant, KeepAlive and its leadership confirmation,
+// Revoke), countdown.go (lease countdowns, the expiry loop), acquire.go, class.go (the
+// one place that decides a name's class), efficiency.go (the in-memory table),
+// tokens.go (its token blocks), waits.go (queued acquires), release.go (Release,
+// ForceRelease), delay.go (lock-delays), views.go (Describe, List, CheckToken, Stats).
+//
+// Lock order: Leader.mu guards everything except the registry of waiting acquires
+// (waits.mu), a leaf: it may be taken with Leader.mu held, and nothing is taken under
+// it. Leader.mu may be held while reading the replicated state (Log.Read); it is never
+// held while proposing (Log.Apply, Log.ApplyThen) or confirming leadership
+// (Log.VerifyLeader), because applying a command calls OnEffects, which takes Leader.mu,
+// and an ApplyThen callback may run on the proposer's goroutine.
 package leader
 
 import (
@@ -23,6 +34,11 @@ import (
 )
 
 // Log is the replicated log the leader proposes to. replication.Node implements it.
+//
+// The leader needs no error of the log's package. Errors of Apply and ApplyThen pass
+// through to the callers of Leader (wrapped at most), and a failed VerifyLeader becomes
+// ErrNotLeader wrapping the log's error: a node that cannot confirm it leads must not
+// answer as leader, whatever the reason. Context errors pass through unchanged.
 type Log interface {
 	// Apply proposes cmd and returns its result once committed and applied.
 	Apply(ctx context.Context, cmd core.Command) (core.Result, error)
@@ -33,6 +49,10 @@ type Log interface {
 	Read(fn func(*core.State))
 	// Barrier waits until every committed entry has been applied.
 	Barrier(ctx context.Context) error
+	// VerifyLeader returns nil only when a quorum confirmed, in a round that began after
+	// the call, that this node still leads: no newer leader had been elected by then.
+	// Otherwise it returns an error (ctx's own when ctx ended first).
+	VerifyLeader(ctx context.Context) error
 }
 
 // Config configures a Leader.
@@ -53,30 +73,28 @@ type Config struct {
 // Leader is the leader-side runtime. Its methods fail with ErrNotLeader unless Promote
 // has completed and Demote has not been called since.
 type Leader struct {
-	log Log
-	cfg Config
-	lg  *slog.Logger
+	log   Log
+	cfg   Config
+	lg    *slog.Logger
+	waits waits // acquires waiting for a grant; its own mutex, a leaf (waits.go)
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// Serving (lifecycle.go).
 	active bool
-	// askName and askHeld are effAdmitLocked's question to the replicated state and its
-	// answer, asked through askHas, which is made once so that asking allocates nothing
-	// on the efficiency fast path. Guarded by mu.
-	askName string
-	askHeld bool
-	askHas  func(*core.State)
-	epoch   string
-	stop    chan struct{} // closed by Demote
-	kick    chan struct{} // wakes the expiry loop
-	leases  map[core.LeaseID]*countdown
-	queue   countdownHeap
-	eff     *core.Locks
-	effSeq  block
-	refill  bool           // a reservation is in flight
-	pending map[string]int // correctness acquires being proposed, by name
-	lost    map[core.LeaseID][]LostLock
-	waits   map[core.LeaseID]map[string][]chan outcome
-	delays  map[string]*delay
+	epoch  string
+	stop   chan struct{} // closed by Demote
+	kick   chan struct{} // wakes the expiry loop
+	// Lease countdowns (countdown.go).
+	leases map[core.LeaseID]*countdown
+	queue  countdownHeap
+	// Efficiency locks (efficiency.go) and their tokens (tokens.go).
+	eff    *core.Locks
+	effSeq block
+	refill bool // a reservation is in flight
+	// Which class a name is in use as (class.go).
+	names classes
+	// Lock-delays (delay.go).
+	delays map[string]*delay
 }
 
 // SetLog sets the log when it could not be given to New (the log's apply callback needs
@@ -93,16 +111,14 @@ func New(log Log, cfg Config) *Leader {
 		cfg.Logger = slog.Default()
 	}
 	l := &Leader{
-		log:     log,
-		cfg:     cfg,
-		lg:      cfg.Logger,
-		leases:  make(map[core.LeaseID]*countdown),
-		pending: make(map[string]int),
-		lost:    make(map[core.LeaseID][]LostLock),
-		waits:   make(map[core.LeaseID]map[string][]chan outcome),
-		delays:  make(map[string]*delay),
-		eff:     core.NewLocks(cfg.Limits),
+		log:    log,
+		cfg:    cfg,
+		lg:     cfg.Logger,
+		waits:  waits{m: make(map[core.LeaseID]map[string][]chan outcome)},
+		leases: make(map[core.LeaseID]*countdown),
+		delays: make(map[string]*delay),
+		eff:    core.NewLocks(cfg.Limits),
 	}
-	l.askHas = func(s *core.State) { l.askHeld = s.Locks().Has(l.askName) }
+	l.names.init(l)
 	return l
 }

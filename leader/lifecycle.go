@@ -51,7 +51,10 @@ func (l *Leader) Promote(ctx context.Context) error {
 	now := time.Now()
 	var delayed []*core.Lock
 	l.log.Read(func(s *core.State) {
-		s.Leases(func(ls *core.Lease) { l.addCountdownLocked(ls.ID, ls.TTLMillis, now) })
+		s.Leases(func(ls *core.Lease) {
+			l.addCountdownLocked(ls.ID, ls.TTLMillis, now)
+			l.leases[ls.ID].lost = s.Locks().Lost(ls.ID) != nil
+		})
 		delayed = append(delayed, s.Locks().DelayedLocks()...)
 	})
 	l.active = true
@@ -80,8 +83,10 @@ func (l *Leader) Promote(ctx context.Context) error {
 }
 
 // Demote stops serving: countdowns stop, efficiency locks are dropped (their holders
-// learn it from the epoch in keepalive answers), and every waiting Acquire fails with
-// ErrNotLeader.
+// learn it from the epoch in keepalive answers), an Acquire waiting in an efficiency
+// queue fails with ErrEpochLost and one waiting for a correctness grant with
+// ErrNotLeader (its place in the replicated queue stays: retried on the new leader, the
+// acquire finds it).
 func (l *Leader) Demote() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -92,15 +97,17 @@ func (l *Leader) Demote() {
 	close(l.stop)
 	clear(l.leases)
 	l.queue = nil
-	l.eff = core.NewLocks(l.cfg.Limits)
-	clear(l.lost)
 	for _, d := range l.delays {
 		d.timer.Stop()
 	}
 	clear(l.delays)
-	for lease := range l.waits {
-		l.notifyLeaseLocked(lease, ErrNotLeader)
-	}
+	l.waits.failAll(func(name string) error {
+		if l.names.inMemoryLocked(name) {
+			return ErrEpochLost
+		}
+		return ErrNotLeader
+	})
+	l.eff = core.NewLocks(l.cfg.Limits)
 	l.lg.Info("stopped serving as leader")
 }
 

@@ -38,7 +38,7 @@ func (l *Leader) releaseInMemory(lease core.LeaseID, name string, token uint64) 
 	if !l.active {
 		return true, ErrNotLeader
 	}
-	if !l.eff.Has(name) {
+	if !l.names.inMemoryLocked(name) {
 		return false, nil
 	}
 	if c := l.leases[lease]; c == nil || c.expiring {
@@ -66,13 +66,28 @@ func (l *Leader) releaseResult(lease core.LeaseID, res core.Result, err error) e
 
 // ForceRelease releases a lock whoever holds it and consumes a token so every later
 // grant is larger. It returns the released token (0 if none) and the consumed token.
+// The old holder's lease keeps the lock among its lost locks, reported in every
+// keepalive answer until the lease ends: for a correctness lock in the replicated
+// state, so a later leader reports it too (core.Locks.Lost).
 func (l *Leader) ForceRelease(ctx context.Context, name, reason string) (released, fence uint64, err error) {
-	l.mu.Lock()
-	if !l.active {
-		l.mu.Unlock()
-		return 0, 0, ErrNotLeader
-	}
-	if l.eff.Has(name) && l.effSeq.remaining() >= l.tokensNeededLocked(1) {
+	for {
+		l.mu.Lock()
+		if !l.active {
+			l.mu.Unlock()
+			return 0, 0, ErrNotLeader
+		}
+		if !l.names.inMemoryLocked(name) {
+			l.mu.Unlock()
+			break
+		}
+		// The fence token, and one for every waiter the release may grant to.
+		if need := l.tokensNeededLocked(1); l.effSeq.remaining() < need {
+			l.mu.Unlock()
+			if err := l.reserveAtLeast(ctx, need); err != nil {
+				return 0, 0, err
+			}
+			continue
+		}
 		defer l.mu.Unlock()
 		r := core.Result{Token: l.effSeq.Next()}
 		l.eff.ForceRelease(name, reason, &l.effSeq, &r)
@@ -80,7 +95,6 @@ func (l *Leader) ForceRelease(ctx context.Context, name, reason string) (release
 		l.lg.Warn("lock force-released", "name", name, "class", "efficiency", "released_token", r.Released, "fence_token", r.Token, "reason", reason)
 		return r.Released, r.Token, nil
 	}
-	l.mu.Unlock()
 	res, err := l.log.Apply(ctx, core.Command{Op: core.OpForceRelease, Name: name, Reason: reason})
 	if err == nil {
 		err = res.Err

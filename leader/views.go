@@ -1,6 +1,7 @@
 package leader
 
 import (
+	"context"
 	"time"
 
 	"github.com/leasehold/leasehold/core"
@@ -26,8 +27,8 @@ func (l *Leader) Describe(name string) (LockView, error) {
 	if !l.active {
 		return LockView{}, ErrNotLeader
 	}
-	if lk := l.eff.Get(name); lk != nil {
-		return l.viewLocked(lk), nil
+	if l.names.inMemoryLocked(name) {
+		return l.viewLocked(l.eff.Get(name)), nil
 	}
 	v := LockView{Name: name, TTLRemaining: -1}
 	l.log.Read(func(s *core.State) {
@@ -85,9 +86,18 @@ func (l *Leader) viewLocked(lk *core.Lock) LockView {
 	return v
 }
 
-// CheckToken reports whether token is the current holder's token for name, and the
-// holder's token.
-func (l *Leader) CheckToken(name string) (holderToken uint64, err error) {
+// CheckToken returns the token of name's current holder (0 when nobody holds it), read
+// after a quorum confirmed that this node still leads, in a round that began after the
+// call: a deposed leader must not vouch for a token that a newer leader has superseded.
+// The answer holds at the moment it was read; the holder may lose the lock right after.
+// Errors: ErrNotLeader (not serving, or not confirmed, as for KeepAlive) and ctx's error.
+func (l *Leader) CheckToken(ctx context.Context, name string) (holderToken uint64, err error) {
+	if !l.Active() {
+		return 0, ErrNotLeader
+	}
+	if err := l.confirm(ctx); err != nil {
+		return 0, err
+	}
 	v, err := l.Describe(name)
 	return v.Token, err
 }
