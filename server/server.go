@@ -22,7 +22,6 @@ type Raft interface {
 	Apply(ctx context.Context, cmd core.Command) (core.Result, error)
 	Read(fn func(*core.State))
 	ReadIndex(ctx context.Context) error
-	VerifyLeader(ctx context.Context) error
 	Configuration() ([]replication.Server, error)
 	AddVoter(ctx context.Context, id, raftAddr string) error
 	RemoveServer(ctx context.Context, id string) error
