@@ -61,16 +61,17 @@ func (h *countdownHeap) setDue(c *countdown, due time.Time) {
 }
 
 // addCountdownLocked starts lease's countdown at full TTL from now, unless it is already
-// counting.
-func (l *Leader) addCountdownLocked(id core.LeaseID, ttlMillis int64, now time.Time) {
-	if l.leases[id] != nil {
-		return
+// counting, and returns it.
+func (l *Leader) addCountdownLocked(id core.LeaseID, ttlMillis int64, now time.Time) *countdown {
+	if c := l.leases[id]; c != nil {
+		return c
 	}
 	ttl := time.Duration(ttlMillis) * time.Millisecond
 	c := &countdown{id: id, ttl: ttl, deadline: now.Add(ttl)}
 	l.leases[id] = c
 	heap.Push(&l.queue, queued{due: c.deadline, c: c})
 	l.kickIfFirstLocked(c)
+	return c
 }
 
 // kickIfFirstLocked wakes the expiry loop when c is now the first countdown due: the

@@ -52,8 +52,8 @@ func (l *Leader) Promote(ctx context.Context) error {
 	var delayed []*core.Lock
 	l.log.Read(func(s *core.State) {
 		s.Leases(func(ls *core.Lease) {
-			l.addCountdownLocked(ls.ID, ls.TTLMillis, now)
-			l.leases[ls.ID].lost = s.Locks().Lost(ls.ID) != nil
+			c := l.addCountdownLocked(ls.ID, ls.TTLMillis, now)
+			c.lost = s.Locks().Lost(ls.ID) != nil
 		})
 		delayed = append(delayed, s.Locks().DelayedLocks()...)
 	})
