@@ -163,6 +163,8 @@ func populatedState(t testing.TB) *State {
 		{Op: OpPut, Key: "k/fenced", Value: []byte("w"), Name: "held", Token: 1},
 		{Op: OpDelete, Key: "k/fenced", Name: "held", Token: 1},
 		{Op: OpSetMember, Node: "n1", Addr: "127.0.0.1:7740"},
+		{Op: OpAcquire, Lease: leaseA, Name: "forced", Class: Correctness},
+		{Op: OpForceRelease, Name: "forced", Reason: "operator: stuck \"job\""},
 	} {
 		if r := s.Apply(c); r.Err != nil {
 			t.Fatalf("%+v: %v", c, r.Err)
@@ -238,38 +240,49 @@ func TestRestoreStateKeepsIndexUsable(t *testing.T) {
 	}
 }
 
-// snapJSON builds a snapshot from JSON text for the lease ids A..D written as A, B, C, D.
-func snapJSON(body string) []byte {
+// snapJSON builds a version-1 snapshot from JSON text for the lease ids A..D written as
+// @A, @B, @C, @D.
+func snapJSON(body string) []byte { return snapJSONVersion(snapshotV1, body) }
+
+// snapJSONVersion is snapJSON for a given snapshot version.
+func snapJSONVersion(version byte, body string) []byte {
 	r := strings.NewReplacer("@A", leaseA.String(), "@B", leaseB.String(), "@C", leaseC.String(), "@D", leaseD.String())
-	return append([]byte{snapshotV1}, r.Replace(body)...)
+	return append([]byte{version}, r.Replace(body)...)
 }
 
 // TestRestoreStateRejects covers the checks RestoreState makes today.
 func TestRestoreStateRejects(t *testing.T) {
 	for name, b := range map[string][]byte{
-		"empty":              nil,
-		"version 2":          append([]byte{2}, mustSnapshot(t, NewState(Limits{}))[1:]...),
-		"junk":               []byte("\x01not json"),
-		"unknown field":      snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"extra":1}`),
-		"null lease":         snapJSON(`{"seq":0,"leases":[null],"locks":[],"tombstones":null}`),
-		"lease without id":   snapJSON(`{"seq":0,"leases":[{"ttl":5}],"locks":[],"tombstones":null}`),
-		"duplicate lease":    snapJSON(`{"seq":0,"leases":[{"id":"@A","ttl":5},{"id":"@A","ttl":5}],"locks":[],"tombstones":null}`),
-		"null lock":          snapJSON(`{"seq":1,"leases":[],"locks":[null],"tombstones":null}`),
-		"bad lock name":      snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"a//b","class":2,"hold":{"lease":"@A","token":1}}],"tombstones":null}`),
-		"duplicate lock":     snapJSON(`{"seq":2,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1}},{"name":"x","class":2,"hold":{"lease":"@A","token":2}}],"tombstones":null}`),
-		"free lock":          snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"waiters":[{"lease":"@A"}]}],"tombstones":null}`),
-		"holder unknown":     snapJSON(`{"seq":1,"leases":[],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1}}],"tombstones":null}`),
-		"future token":       snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":2}}],"tombstones":null}`),
-		"waiter unknown":     snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1},"waiters":[{"lease":"@B"}]}],"tombstones":null}`),
-		"bad member":         snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"members":[{"id":"a b","apiAddr":"h:1"}]}`),
-		"bad member addr":    snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"members":[{"id":"n1","apiAddr":"h"}]}`),
-		"null kv":            snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":1,"kv":[null]}`),
-		"kv future version":  snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":1,"kv":[{"key":"k","version":2}]}`),
-		"kv bad key":         snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":1,"kv":[{"key":"/k","version":1}]}`),
-		"kv duplicate key":   snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":2,"kv":[{"key":"k","version":1},{"key":"k","version":2}]}`),
-		"lease id not hex":   snapJSON(`{"seq":0,"leases":[{"id":"xyz","ttl":5}],"locks":[],"tombstones":null}`),
-		"negative seq":       snapJSON(`{"seq":-1,"leases":[],"locks":[],"tombstones":null}`),
-		"truncated snapshot": mustSnapshot(t, populatedState(t))[:100],
+		"empty":               nil,
+		"version 3":           append([]byte{3}, mustSnapshot(t, NewState(Limits{}))[1:]...),
+		"lost in version 1":   snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[{"lease":"@A","name":"x","token":1}]}`),
+		"lost, unknown lease": snapJSONVersion(2, `{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[{"lease":"@B","name":"x","token":1}]}`),
+		"lost, future token":  snapJSONVersion(2, `{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[{"lease":"@A","name":"x","token":2}]}`),
+		"lost, no token":      snapJSONVersion(2, `{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[{"lease":"@A","name":"x"}]}`),
+		"lost, bad name":      snapJSONVersion(2, `{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[{"lease":"@A","name":"","token":1}]}`),
+		"lost, too many":      snapJSONVersion(2, `{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[`+strings.Repeat(`{"lease":"@A","name":"x","token":1},`, MaxLostPerLease)+`{"lease":"@A","name":"x","token":1}]}`),
+		"lost, unknown field": snapJSONVersion(2, `{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[{"lease":"@A","name":"x","token":1,"by":"x"}]}`),
+		"junk":                []byte("\x01not json"),
+		"unknown field":       snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"extra":1}`),
+		"null lease":          snapJSON(`{"seq":0,"leases":[null],"locks":[],"tombstones":null}`),
+		"lease without id":    snapJSON(`{"seq":0,"leases":[{"ttl":5}],"locks":[],"tombstones":null}`),
+		"duplicate lease":     snapJSON(`{"seq":0,"leases":[{"id":"@A","ttl":5},{"id":"@A","ttl":5}],"locks":[],"tombstones":null}`),
+		"null lock":           snapJSON(`{"seq":1,"leases":[],"locks":[null],"tombstones":null}`),
+		"bad lock name":       snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"a//b","class":2,"hold":{"lease":"@A","token":1}}],"tombstones":null}`),
+		"duplicate lock":      snapJSON(`{"seq":2,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1}},{"name":"x","class":2,"hold":{"lease":"@A","token":2}}],"tombstones":null}`),
+		"free lock":           snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"waiters":[{"lease":"@A"}]}],"tombstones":null}`),
+		"holder unknown":      snapJSON(`{"seq":1,"leases":[],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1}}],"tombstones":null}`),
+		"future token":        snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":2}}],"tombstones":null}`),
+		"waiter unknown":      snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1},"waiters":[{"lease":"@B"}]}],"tombstones":null}`),
+		"bad member":          snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"members":[{"id":"a b","apiAddr":"h:1"}]}`),
+		"bad member addr":     snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"members":[{"id":"n1","apiAddr":"h"}]}`),
+		"null kv":             snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":1,"kv":[null]}`),
+		"kv future version":   snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":1,"kv":[{"key":"k","version":2}]}`),
+		"kv bad key":          snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":1,"kv":[{"key":"/k","version":1}]}`),
+		"kv duplicate key":    snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":2,"kv":[{"key":"k","version":1},{"key":"k","version":2}]}`),
+		"lease id not hex":    snapJSON(`{"seq":0,"leases":[{"id":"xyz","ttl":5}],"locks":[],"tombstones":null}`),
+		"negative seq":        snapJSON(`{"seq":-1,"leases":[],"locks":[],"tombstones":null}`),
+		"truncated snapshot":  mustSnapshot(t, populatedState(t))[:100],
 	} {
 		if _, err := RestoreState(b, Limits{}); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: RestoreState = %v, want ErrCorrupt", name, err)

@@ -16,7 +16,8 @@ type Lease struct {
 	TTLMillis int64   `json:"ttl"`
 }
 
-// State is the replicated state: leases, correctness locks and the token sequence.
+// State is the replicated state: leases, correctness locks (with the locks each lease
+// lost to a force release), the token sequence, the fenced KV store and the members.
 // Apply is its only mutator. It is not safe for concurrent use.
 type State struct {
 	seq        uint64 // last token issued or reserved

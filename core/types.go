@@ -113,7 +113,8 @@ const (
 	OpRelease Op = 5
 	// OpCancelWait takes Lease out of Name's queue (its wait ran out or was cancelled).
 	OpCancelWait Op = 6
-	// OpForceRelease releases Name whoever holds it and consumes a token.
+	// OpForceRelease releases Name whoever holds it and consumes a token. The holder's
+	// lease keeps the lock among its lost locks (LostLock) until it ends.
 	OpForceRelease Op = 7
 	// OpEndDelay ends Name's lock-delay and grants the next waiter.
 	OpEndDelay Op = 8

@@ -115,6 +115,11 @@ func (c *Command) validate() error {
 		if len(c.Reason) > MaxReasonLen {
 			return Invalid("reason", "is %d bytes, the limit is %d", len(c.Reason), MaxReasonLen)
 		}
+		if !utf8.ValidString(c.Reason) {
+			// The reason is kept in the state (LostLock) and snapshots are JSON, which
+			// would not give invalid UTF-8 back byte for byte.
+			return Invalid("reason", "must be valid UTF-8")
+		}
 		return ValidateName("name", c.Name)
 	case OpPut, OpDelete:
 		if err := ValidateName("key", c.Key); err != nil {

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -22,7 +21,6 @@ type Raft interface {
 	Apply(ctx context.Context, cmd core.Command) (core.Result, error)
 	Read(fn func(*core.State))
 	ReadIndex(ctx context.Context) error
-	VerifyLeader(ctx context.Context) error
 	Configuration() ([]replication.Server, error)
 	AddVoter(ctx context.Context, id, raftAddr string) error
 	RemoveServer(ctx context.Context, id string) error
@@ -133,27 +131,13 @@ func (s *Server) KeepAlive(ctx context.Context, req *leaseholdv1.KeepAliveReques
 	if err != nil {
 		return nil, err
 	}
-	ttl, epoch, lost, err := s.leader.KeepAlive(id)
-	if errors.Is(err, core.ErrLeaseNotFound) {
-		// A deposed leader that has not noticed may think the lease expired when the new
-		// leader still has it: only a confirmed leader may say a lease is gone.
-		if verr := s.raft.VerifyLeader(ctx); verr != nil {
-			return nil, verr
-		}
-	}
+	// leader.KeepAlive answers only once a quorum confirmed this node still leads (G4).
+	ka, err := s.leader.KeepAlive(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	// Acknowledge only once a quorum confirms this node still leads, after the keepalive
-	// arrived. A leader that was paused or cut off while another was elected would
-	// otherwise acknowledge keepalives the new leader never sees, and the new leader
-	// would expire the lease sooner than TTL after them (G4). Any newer leader was
-	// elected after this confirmation, so it restarts the countdown later still.
-	if err := s.raft.VerifyLeader(ctx); err != nil {
-		return nil, err
-	}
-	resp := &leaseholdv1.KeepAliveResponse{TtlMs: ttl.Milliseconds(), Epoch: epoch}
-	for _, l := range lost {
+	resp := &leaseholdv1.KeepAliveResponse{TtlMs: ka.TTL.Milliseconds(), Epoch: ka.Epoch}
+	for _, l := range ka.Lost {
 		resp.Lost = append(resp.Lost, &leaseholdv1.LostLock{Name: l.Name, Token: l.Token, Reason: l.Reason})
 	}
 	return resp, nil
@@ -309,11 +293,7 @@ func (s *Server) CheckToken(ctx context.Context, req *leaseholdv1.CheckTokenRequ
 	if req.GetToken() == 0 {
 		return nil, core.Invalid("token", "must be positive")
 	}
-	// A deposed leader must not vouch for a token that a newer leader has superseded.
-	if err := s.raft.VerifyLeader(ctx); err != nil {
-		return nil, err
-	}
-	holder, err := s.leader.CheckToken(req.GetName())
+	holder, err := s.leader.CheckToken(ctx, req.GetName()) // confirms leadership first
 	if err != nil {
 		return nil, err
 	}

@@ -409,9 +409,12 @@ type KeepAliveResponse struct {
 	// from the epoch an efficiency grant carried, that lock was lost (the leader restarted
 	// or changed) and the client must treat it as released.
 	Epoch string `protobuf:"bytes,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// Locks this lease lost while it stayed alive (an operator's ForceRelease) since the
-	// previous KeepAlive. Not durable: after a leader change the holder learns it from
-	// Release or CheckToken instead.
+	// Locks this lease lost while it stayed alive (an operator's ForceRelease), oldest
+	// first, at most 16 per class. Every answer repeats them until the lease ends, so
+	// match them to your grants by name and token. Correctness locks are kept in the
+	// replicated state: a holder force-released just before a leader change still hears
+	// it from the next leader. Efficiency locks are kept by the leader that served them;
+	// after a leader change the new epoch says they are lost.
 	Lost          []*LostLock `protobuf:"bytes,3,rep,name=lost,proto3" json:"lost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
