@@ -15,15 +15,17 @@ import (
 // Snapshot encoding versions; the first byte of a snapshot names its format.
 //
 // Version 1 is that byte followed by one JSON object (and a newline) with, in this order:
-// "seq", "leases", "locks", "tombstones", then "kvRev", "kv" and "members" when they are
-// not empty. Leases are in id order, locks in name order, KV entries in key order,
-// members in id order and tombstones oldest first, so equal states encode to equal bytes.
+// "seq", "leases", "locks", "tombstones", then "kvRev", "kv", "members" and "clusterId"
+// when they are not empty. Leases are in id order, locks in name order, KV entries in key
+// order, members in id order and tombstones oldest first, so equal states encode to equal
+// bytes. A member's "fastLaneAddr" and the "clusterId" came later: snapshots written
+// before them have neither, and restore with no fast-lane addresses and no cluster ID.
 const (
 	snapshotV1 = 1
 )
 
 // snapshotFields are the keys of a version-1 snapshot, in the order they are written.
-var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members"}
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
@@ -41,6 +43,7 @@ type SnapshotView struct {
 	kvRev      uint64
 	kv         []Entry
 	members    []Member
+	clusterID  string
 }
 
 // SnapshotView copies what a snapshot of s needs. It is meant to run where applies must
@@ -56,6 +59,7 @@ func (s *State) SnapshotView() *SnapshotView {
 		kvRev:      s.kv.rev,
 		kv:         make([]Entry, 0, len(s.kv.entries)),
 		members:    s.Members(),
+		clusterID:  s.clusterID,
 	}
 	for _, l := range s.leases {
 		v.leases = append(v.leases, *l)
@@ -115,6 +119,10 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	if len(v.members) > 0 {
 		e.raw(`,"members":`)
 		writeArray(e, v.members)
+	}
+	if v.clusterID != "" {
+		e.raw(`,"clusterId":`)
+		e.elem(0, v.clusterID)
 	}
 	e.raw("}\n")
 	err := e.flush()
@@ -328,12 +336,17 @@ func readSnapshotV1(dec *json.Decoder, limits Limits) (*State, error) {
 			})
 		case "members":
 			err = eachElement(dec, func(m Member) error {
-				if ValidateNodeID("id", m.ID) != nil || ValidateAddr("addr", m.APIAddr) != nil {
+				if ValidateNodeID("id", m.ID) != nil || ValidateAddr("addr", m.APIAddr) != nil ||
+					(m.FastLaneAddr != "" && ValidateAddr("fast_lane_addr", m.FastLaneAddr) != nil) {
 					return fmt.Errorf("%w: bad member in snapshot", ErrCorrupt)
 				}
-				s.members[m.ID] = m.APIAddr
+				s.members[m.ID] = memberAddrs{api: m.APIAddr, fastLane: m.FastLaneAddr}
 				return nil
 			})
+		case "clusterId":
+			if err = dec.Decode(&s.clusterID); err == nil && ValidateClusterID("clusterId", s.clusterID) != nil {
+				err = fmt.Errorf("%w: bad cluster ID in snapshot", ErrCorrupt)
+			}
 		}
 		if err != nil {
 			return nil, err

@@ -26,8 +26,9 @@ func oneShotSnapshot(t testing.TB, s *State) []byte {
 		KVRev      uint64      `json:"kvRev,omitempty"`
 		KV         []*Entry    `json:"kv,omitempty"`
 		Members    []Member    `json:"members,omitempty"`
+		ClusterID  string      `json:"clusterId,omitempty"`
 	}
-	snap := oneShot{Seq: s.seq, Leases: []*Lease{}, Locks: []*Lock{}, KVRev: s.kv.rev, Members: s.Members()}
+	snap := oneShot{Seq: s.seq, Leases: []*Lease{}, Locks: []*Lock{}, KVRev: s.kv.rev, Members: s.Members(), ClusterID: s.clusterID}
 	s.Leases(func(l *Lease) { snap.Leases = append(snap.Leases, l) })
 	for _, n := range s.locks.sortedNames() {
 		snap.Locks = append(snap.Locks, s.locks.Get(n))
