@@ -37,7 +37,7 @@ func startFakeLane(t *testing.T) (*flConn, *fakeLane) {
 		if err != nil {
 			return
 		}
-		if err := fastlane.ServerHello(conn); err != nil {
+		if err := fastlane.ServerHello(conn, ""); err != nil {
 			_ = conn.Close()
 			return
 		}
@@ -54,7 +54,7 @@ func startFakeLane(t *testing.T) (*flConn, *fakeLane) {
 			f.frames <- fr
 		}
 	}()
-	c, err := dialFastLane(context.Background(), ln.Addr().String())
+	c, err := dialFastLane(context.Background(), ln.Addr().String(), &clusterID{})
 	if err != nil {
 		t.Fatal(err)
 	}

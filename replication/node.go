@@ -113,6 +113,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// clusterIDKey is where the stable store keeps the cluster ID this node has applied.
+var clusterIDKey = []byte("LeaseholdClusterID")
+
 // maxAppendEntries bounds the entries raft writes, and sends a follower, in one batch.
 const maxAppendEntries = 512
 
@@ -238,9 +241,17 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: log cache: %w", err)
 	}
+	n.fsm.saveClusterID = func(id string) {
+		if err := stable.Set(clusterIDKey, []byte(id)); err != nil {
+			cfg.Logger.Error("could not save the cluster ID", "err", err)
+		}
+	}
 	n.raft, err = raft.NewRaft(rc, n.fsm, cached, stable, snaps, n.transport)
 	if err != nil {
 		return nil, fmt.Errorf("replication: start raft: %w", err)
+	}
+	if id, err := stable.Get(clusterIDKey); err == nil && len(id) > 0 {
+		n.fsm.presetClusterID(string(id))
 	}
 	n.verifier.round = n.confirmRound
 	ok = true

@@ -50,7 +50,7 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	if err := fastlane.ServerHello(conn); err != nil {
+	if err := fastlane.ServerHello(conn, s.ClusterID()); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())

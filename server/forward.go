@@ -104,6 +104,9 @@ func call[Req, Res any](ctx context.Context, s *Server, req *Req,
 	}
 	fctx, info := connect.NewClientContext(ctx)
 	info.RequestHeader().Set(forwardedHeader, strings.ReplaceAll(s.cfg.NodeID, "\n", ""))
+	if id := s.ClusterID(); id != "" {
+		info.RequestHeader().Set(ClusterIDHeader, id) // a leader address reused by another cluster refuses it
+	}
 	res, err := remote(p)(fctx, req)
 	if err != nil && connect.CodeOf(err) == connect.CodeUnavailable {
 		// The leader we knew is gone or busy: say so plainly; the client retries.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -26,6 +27,7 @@ type Raft interface {
 	VerifyLeader(ctx context.Context) error
 	Configuration() ([]replication.Server, error)
 	AddVoter(ctx context.Context, id, raftAddr string) error
+	AddNonvoter(ctx context.Context, id, raftAddr string) error
 	RemoveServer(ctx context.Context, id string) error
 	SnapshotState() ([]byte, error)
 }
@@ -38,6 +40,8 @@ type Server struct {
 	peers   *peers
 	metrics *metrics
 	started time.Time
+	// clusterID caches ClusterID once the state has one.
+	clusterID atomic.Pointer[string]
 }
 
 var (
@@ -70,7 +74,7 @@ func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 // and Connect's JSON/binary protocol), plus /healthz.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(s.metrics.interceptor()),
+		connect.WithInterceptors(s.metrics.interceptor(), s.clusterCheck()),
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
 		// Small messages are not worth compressing: gzip would be a third of the CPU.
 		connect.WithCompressMinBytes(4 << 10),
@@ -92,7 +96,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	return mux
+	return s.withClusterID(mux)
 }
 
 // serveSnapshot writes the whole state (leases, locks, token sequence, KV, members) as
@@ -349,6 +353,8 @@ func (s *Server) Status(context.Context, *leaseholdv1.StatusRequest) (*leasehold
 		LastToken:    st.LastToken,
 		ApiAddr:      s.cfg.APIAddr,
 		FastLaneAddr: s.cfg.FastLaneAddr,
+		ClusterId:    s.ClusterID(),
+		RaftAddr:     rs.RaftAddr,
 	}
 	resp.LeaderApiAddr = s.leaderAPIAddr()
 	return resp, nil
