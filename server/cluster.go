@@ -185,7 +185,10 @@ func (s *Server) addMember(ctx context.Context, req *leaseholdv1.AddMemberReques
 		return nil, err
 	}
 	if current == nil || !current.Voter {
-		if err := s.waitCaughtUp(ctx, id, apiAddr); err != nil {
+		// Everything up to the change that added it, at least: proof that the node
+		// receives the log (its API may answer while its raft port is unreachable).
+		base := s.raft.Status().CommitIndex
+		if err := s.waitCaughtUp(ctx, id, apiAddr, base); err != nil {
 			return nil, err
 		}
 		if err := s.raft.AddVoter(ctx, id, raftAddr); err != nil {
@@ -225,8 +228,9 @@ func (s *Server) checkNewMember(ctx context.Context, id, raftAddr, apiAddr strin
 }
 
 // waitCaughtUp waits (at most catchUpTimeout) until the node at apiAddr has applied the
-// log to within maxCatchUpLag entries of this leader's commit index.
-func (s *Server) waitCaughtUp(ctx context.Context, id, apiAddr string) error {
+// log up to base at least, and to within maxCatchUpLag entries of this leader's commit
+// index.
+func (s *Server) waitCaughtUp(ctx context.Context, id, apiAddr string, base uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, catchUpTimeout)
 	defer cancel()
 	var applied, commit uint64
@@ -236,7 +240,7 @@ func (s *Server) waitCaughtUp(ctx context.Context, id, apiAddr string) error {
 		commit = s.raft.Status().CommitIndex
 		if err == nil {
 			applied = st.GetAppliedIndex()
-			if applied+maxCatchUpLag >= commit {
+			if applied >= base && applied+maxCatchUpLag >= commit {
 				return nil
 			}
 		}

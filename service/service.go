@@ -172,10 +172,9 @@ func Start(cfg Config) (*Node, error) {
 	return n, nil
 }
 
-// onPromote names a new cluster and records this node's (and static peers') addresses
-// in the replicated state, each retried while this node leads.
+// onPromote records this node's (and static peers') addresses in the replicated state
+// and names a new cluster, each retried while this node leads.
 func (n *Node) onPromote(ctx context.Context, self core.Member, peers []core.Member, log *slog.Logger) {
-	retry(ctx, log, "name the cluster", func() error { return n.Server.NameCluster(ctx) })
 	want := []core.Member{self}
 	for _, p := range peers {
 		if p.ID != self.ID {
@@ -187,6 +186,8 @@ func (n *Node) onPromote(ctx context.Context, self core.Member, peers []core.Mem
 			return n.Server.Register(ctx, m.ID, m.APIAddr, m.FastLaneAddr)
 		})
 	}
+	// Last, so that a node WaitReady returned for has its addresses registered too.
+	retry(ctx, log, "name the cluster", func() error { return n.Server.NameCluster(ctx) })
 }
 
 // retry calls fn until it succeeds or ctx ends, logging each failure.
