@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"connectrpc.com/connect"
@@ -219,12 +221,41 @@ func (s *Server) checkNewMember(ctx context.Context, id, raftAddr, apiAddr strin
 	switch {
 	case st.GetNodeId() != id:
 		return nil, fmt.Errorf("%w: the node at api_addr %s is %q, not node_id %q", errMemberCheck, apiAddr, st.GetNodeId(), id)
-	case st.GetRaftAddr() != raftAddr:
+	case !sameAddr(ctx, st.GetRaftAddr(), raftAddr):
 		return nil, fmt.Errorf("%w: node %s advertises raft address %q, not raft_addr %q", errMemberCheck, id, st.GetRaftAddr(), raftAddr)
 	case st.GetClusterId() != "" && st.GetClusterId() != own:
 		return nil, fmt.Errorf("%w: node %s holds the data of another cluster (%s; this is %s): give it an empty data dir", errMemberCheck, id, st.GetClusterId(), own)
 	}
 	return st, nil
+}
+
+// sameAddr reports whether the host:port addresses a and b are the same, literally or
+// once resolved: a node reports its raft address resolved (n4:7741 as 172.18.0.5:7741).
+func sameAddr(ctx context.Context, a, b string) bool {
+	if a == b {
+		return true
+	}
+	resolve := func(addr string) []string {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil
+		}
+		ips, err := net.DefaultResolver.LookupHost(ctx, host)
+		if err != nil {
+			return nil
+		}
+		for i, ip := range ips {
+			ips[i] = net.JoinHostPort(ip, port)
+		}
+		return ips
+	}
+	ra := resolve(a)
+	for _, x := range resolve(b) {
+		if slices.Contains(ra, x) {
+			return true
+		}
+	}
+	return false
 }
 
 // waitCaughtUp waits (at most catchUpTimeout) until the node at apiAddr has applied the

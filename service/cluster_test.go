@@ -140,7 +140,9 @@ func TestAddMemberChecksTheNode(t *testing.T) {
 		t.Fatalf("the cluster stopped serving after refused adds: %v", err)
 	}
 
-	ms, err := c.AddMember(ctx, "n2", fresh.Raft.RaftAddr(), fresh.Addr())
+	// The raft address by name: the node reports it resolved.
+	_, raftPort, _ := net.SplitHostPort(fresh.Raft.RaftAddr())
+	ms, err := c.AddMember(ctx, "n2", net.JoinHostPort("localhost", raftPort), fresh.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
