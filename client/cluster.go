@@ -76,7 +76,7 @@ func (c *clusterID) check(got, node string) error {
 // clusterChecked is the HTTP client under failover: it sends the expected cluster ID
 // with every request (the server refuses to serve another cluster's) and refuses every
 // answer from a node of another cluster, as a FailedPrecondition wrapping
-// ErrWrongCluster.
+// ErrWrongCluster — or an Unavailable one from a node that names no cluster (yet).
 type clusterChecked struct {
 	base connect.HTTPClient
 	id   *clusterID
@@ -90,9 +90,14 @@ func (c clusterChecked) Do(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := c.id.check(resp.Header.Get(clusterIDHeader), req.URL.Host); err != nil {
+	got := resp.Header.Get(clusterIDHeader)
+	if err := c.id.check(got, req.URL.Host); err != nil {
 		_ = resp.Body.Close()
-		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+		code := connect.CodeFailedPrecondition
+		if got == "" {
+			code = connect.CodeUnavailable // a node that has just joined, say: try another
+		}
+		return nil, connect.NewError(code, err)
 	}
 	return resp, nil
 }

@@ -71,7 +71,7 @@ func ValidateClusterID(field, id string) error {
 	zero := true
 	for i := 0; i < len(id); i++ {
 		c := id[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
 			return Invalid(field, "must be lowercase hex, has %q", rune(c))
 		}
 		zero = zero && c == '0'

@@ -1,4 +1,4 @@
-package fastlane
+package fastlane_test
 
 import (
 	"encoding/binary"
@@ -7,6 +7,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/leasehold/leasehold/fastlane"
 )
 
 const (
@@ -61,12 +63,12 @@ func TestHelloClusterID(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, s := tcpPair(t)
 			serr := make(chan error, 1)
-			go func() { serr <- ServerHello(s, tc.own) }()
-			got, err := ClientHello(c, tc.expect)
-			if tc.wrong != errors.Is(err, ErrWrongCluster) {
+			go func() { serr <- fastlane.ServerHello(s, tc.own) }()
+			got, err := fastlane.ClientHello(c, tc.expect)
+			if tc.wrong != errors.Is(err, fastlane.ErrWrongCluster) {
 				t.Fatalf("client: %v", err)
 			}
-			if err := <-serr; tc.wrong != errors.Is(err, ErrWrongCluster) {
+			if err := <-serr; tc.wrong != errors.Is(err, fastlane.ErrWrongCluster) {
 				t.Fatalf("server: %v", err)
 			}
 			if !tc.wrong && got != tc.own {
@@ -81,16 +83,16 @@ func TestHelloClusterID(t *testing.T) {
 func TestHelloVersion1Client(t *testing.T) {
 	c, s := tcpPair(t)
 	serr := make(chan error, 1)
-	go func() { serr <- ServerHello(s, clusterA) }()
+	go func() { serr <- fastlane.ServerHello(s, clusterA) }()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := c.Write([]byte("LHFL\x00\x01\x00\x00")); err != nil {
 		t.Fatal(err)
 	}
-	var resp [serverHelloV1Len]byte
+	var resp [16]byte // the version-1 answer
 	if _, err := io.ReadFull(c, resp[:]); err != nil {
 		t.Fatal(err)
 	}
-	if v := binary.BigEndian.Uint16(resp[4:6]); string(resp[:4]) != Magic || v != 1 {
+	if v := binary.BigEndian.Uint16(resp[4:6]); string(resp[:4]) != fastlane.Magic || v != 1 {
 		t.Fatalf("answer %q, version %d", resp[:4], v)
 	}
 	if err := <-serr; err != nil {
@@ -104,29 +106,29 @@ func TestHelloVersion1Client(t *testing.T) {
 }
 
 // TestHelloVersion1Server: a server of version 1 answers a version-2 hello with its own
-// version and closes; the client reports ErrVersion (and falls back to Connect).
+// version and closes; the client reports fastlane.ErrVersion (and falls back to Connect).
 func TestHelloVersion1Server(t *testing.T) {
 	c, s := tcpPair(t)
 	go func() {
-		var hello [clientHelloV1Len]byte
+		var hello [8]byte // the version-1 hello
 		if _, err := io.ReadFull(s, hello[:]); err != nil {
 			return
 		}
-		resp := binary.BigEndian.AppendUint16([]byte(Magic), 1)
+		resp := binary.BigEndian.AppendUint16([]byte(fastlane.Magic), 1)
 		resp = binary.BigEndian.AppendUint16(resp, 0)
-		resp = binary.BigEndian.AppendUint32(resp, MaxFrame)
-		resp = binary.BigEndian.AppendUint32(resp, MaxInFlight)
+		resp = binary.BigEndian.AppendUint32(resp, fastlane.MaxFrame)
+		resp = binary.BigEndian.AppendUint32(resp, fastlane.MaxInFlight)
 		_, _ = s.Write(resp)
 		_ = s.Close()
 	}()
-	if _, err := ClientHello(c, clusterA); !errors.Is(err, ErrVersion) {
-		t.Fatalf("hello to a version-1 server: %v, want ErrVersion", err)
+	if _, err := fastlane.ClientHello(c, clusterA); !errors.Is(err, fastlane.ErrVersion) {
+		t.Fatalf("hello to a version-1 server: %v, want fastlane.ErrVersion", err)
 	}
 }
 
 func TestHelloRejectsBadClusterID(t *testing.T) {
 	c, _ := tcpPair(t)
-	if _, err := ClientHello(c, "not hex"); err == nil {
+	if _, err := fastlane.ClientHello(c, "not hex"); err == nil {
 		t.Fatal("a malformed cluster ID was sent")
 	}
 }

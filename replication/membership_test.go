@@ -3,25 +3,13 @@ package replication_test
 import (
 	"context"
 	"errors"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/internal/testnode"
 	"github.com/leasehold/leasehold/replication"
 )
-
-// freeAddr returns a loopback address that was free a moment ago, so that a node can be
-// reopened on the address its configuration names.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // TestAddNonvoterKeepsQuorum: a member added as a non-voter that never answers (a typo)
 // leaves a one-node cluster committing on its own; the same member added as a voter
@@ -32,7 +20,7 @@ func TestAddNonvoterKeepsQuorum(t *testing.T) {
 	defer cancel()
 	n := open(t, t.TempDir(), "")
 	defer n.Close()
-	if err := n.AddNonvoter(ctx, "typo", freeAddr(t)); err != nil {
+	if err := n.AddNonvoter(ctx, "typo", testnode.FreeAddr(t)); err != nil {
 		t.Fatal(err)
 	}
 	servers, err := n.Configuration()
@@ -56,7 +44,7 @@ func TestRecoverCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg := func(id string) replication.Config {
-		return replication.Config{NodeID: id, DataDir: t.TempDir(), RaftAddr: freeAddr(t), Logger: quiet()}
+		return replication.Config{NodeID: id, DataDir: t.TempDir(), RaftAddr: testnode.FreeAddr(t), Logger: quiet()}
 	}
 	c1, c2, c3 := cfg("n1"), cfg("n2"), cfg("n3")
 	c1.Bootstrap = true

@@ -21,7 +21,8 @@ import (
 // ClusterIDHeader carries a cluster ID over Connect: every response has the answering
 // node's (when it has one), and a request may carry the ID its client expects, which the
 // node refuses to serve unless it is its own (FailedPrecondition, reason
-// "wrong_cluster").
+// "wrong_cluster"; Unavailable, reason "no_cluster_id", on a node that does not know its
+// cluster yet).
 const ClusterIDHeader = "Leasehold-Cluster-Id"
 
 // Membership changes wait this long at most for a new member to catch up before it is
@@ -76,7 +77,9 @@ func (s *Server) withClusterID(h http.Handler) http.Handler {
 }
 
 // clusterCheck refuses, before it is served, a request whose ClusterIDHeader names
-// another cluster than this node's (or any cluster, on a node that has none yet).
+// another cluster than this node's (errWrongCluster), or any cluster on a node that has
+// none yet (errNoClusterID: a node that has just joined and not applied the entry naming
+// the cluster; the caller tries another node).
 func (s *Server) clusterCheck() connect.Interceptor {
 	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
@@ -93,11 +96,11 @@ func (s *Server) checkClusterID(want string) error {
 	if want == "" {
 		return nil
 	}
-	switch own := s.ClusterID(); {
-	case own == want:
+	switch own := s.ClusterID(); own {
+	case want:
 		return nil
-	case own == "":
-		return fmt.Errorf("%w: the caller expects cluster %s; node %s belongs to no cluster yet", errWrongCluster, want, s.cfg.NodeID)
+	case "":
+		return fmt.Errorf("%w: the caller expects cluster %s; node %s has not learnt its cluster yet", errNoClusterID, want, s.cfg.NodeID)
 	default:
 		return fmt.Errorf("%w: the caller expects cluster %s; node %s belongs to cluster %s", errWrongCluster, want, s.cfg.NodeID, own)
 	}
@@ -215,7 +218,8 @@ func (s *Server) checkNewMember(ctx context.Context, id, raftAddr, apiAddr strin
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("%w: no leasehold node answers at api_addr %s (%v); start the new node first (with --join or --bootstrap=false), and check the address", errMemberCheck, apiAddr, err)
+		// The peer's error is text here: its code (Unavailable) is not this answer's.
+		return nil, fmt.Errorf("%w: no leasehold node answers at api_addr %s (%s); start the new node first (with --join or --bootstrap=false), and check the address", errMemberCheck, apiAddr, err.Error())
 	}
 	own := s.ClusterID()
 	switch {
@@ -265,7 +269,7 @@ func (s *Server) waitCaughtUp(ctx context.Context, id, apiAddr string, base uint
 	ctx, cancel := context.WithTimeout(ctx, catchUpTimeout)
 	defer cancel()
 	var applied, commit uint64
-	var why error
+	var why string
 	for {
 		st, err := s.peers.get(apiAddr).cluster.Status(ctx, &leaseholdv1.StatusRequest{})
 		commit = s.raft.Status().CommitIndex
@@ -274,14 +278,13 @@ func (s *Server) waitCaughtUp(ctx context.Context, id, apiAddr string, base uint
 			if applied >= base && applied+maxCatchUpLag >= commit {
 				return nil
 			}
+			why = "still behind"
+		} else {
+			why = err.Error() // text: the peer's code is not this answer's
 		}
-		why = err
 		select {
 		case <-ctx.Done():
-			if why == nil {
-				why = ctx.Err()
-			}
-			return fmt.Errorf("%w: node %s has applied %d of the leader's %d entries after %v (%v); it stays a non-voter: AddMember again promotes it once it has caught up", errNotCaughtUp, id, applied, commit, catchUpTimeout, why)
+			return fmt.Errorf("%w: node %s has applied %d of the leader's %d entries after %v (%s); it stays a non-voter: AddMember again promotes it once it has caught up", errNotCaughtUp, id, applied, commit, catchUpTimeout, why)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

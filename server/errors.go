@@ -40,6 +40,7 @@ var errorCodes = []struct {
 	{errLastVoter, connect.CodeFailedPrecondition, "last_voter"},
 	{errNotCaughtUp, connect.CodeUnavailable, "not_caught_up"},
 	{errWrongCluster, connect.CodeFailedPrecondition, "wrong_cluster"},
+	{errNoClusterID, connect.CodeUnavailable, "no_cluster_id"},
 	{context.DeadlineExceeded, connect.CodeDeadlineExceeded, "deadline_exceeded"},
 	{context.Canceled, connect.CodeCanceled, "canceled"},
 }
@@ -112,6 +113,9 @@ var (
 	// errWrongCluster is returned, before the request is served, when the caller expects
 	// another cluster than this node's.
 	errWrongCluster = errors.New("server: wrong cluster")
+	// errNoClusterID is returned, before the request is served, when the caller expects
+	// a cluster and this node does not know its own yet.
+	errNoClusterID = errors.New("server: this node does not know its cluster yet")
 )
 
 // limitError is a request that exceeds a size bound of the server (not a field rule).
