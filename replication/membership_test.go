@@ -127,3 +127,29 @@ func TestRecoverCluster(t *testing.T) {
 		t.Fatalf("configuration after recovery %+v, %v", servers, err)
 	}
 }
+
+// TestClusterIDKnownAtStart: a node knows the cluster it belongs to as soon as it opens
+// its data dir, before it has applied the log again (a follower applies only once a
+// leader tells it the commit index): the ID is kept in the stable store when applied.
+func TestClusterIDKnownAtStart(t *testing.T) {
+	dir := t.TempDir()
+	n := open(t, dir, "")
+	const id = "0123456789abcdef0123456789abcdef"
+	apply(t, n, core.Command{Op: core.OpSetClusterID, ClusterID: id})
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// No snapshot holds the ID, and no election has happened yet right after Open.
+	n, err := replication.Open(replication.Config{DataDir: dir, RaftAddr: "127.0.0.1:0", Logger: quiet(), HeartbeatTimeout: 2 * time.Second, ElectionTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	var got string
+	var applied uint64
+	n.Read(func(s *core.State) { got = s.ClusterID() })
+	applied = n.Status().AppliedIndex
+	if got != id {
+		t.Fatalf("right after Open the cluster ID is %q (applied index %d), want %s", got, applied, id)
+	}
+}

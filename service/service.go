@@ -114,6 +114,10 @@ func Start(cfg Config) (*Node, error) {
 			cfg.FastLaneAdvertise = advertised(n.fastAddr, cfg.AdvertiseAddr)
 		}
 		cfg.Server.FastLaneAddr = cfg.FastLaneAdvertise
+		if isLoopback(cfg.FastLaneAdvertise) && !isLoopback(cfg.AdvertiseAddr) {
+			cfg.Logger.Warn("the fast lane is advertised on loopback but the API is not: clients on other hosts will use Connect; set --fast-lane-addr (and --fast-lane-advertise)",
+				"fast_lane", cfg.FastLaneAdvertise, "api", cfg.AdvertiseAddr)
+		}
 	}
 	cfg.Server.APIAddr = cfg.AdvertiseAddr
 	if cfg.Server.NodeID == "" {
@@ -237,6 +241,18 @@ func (n *Node) join(ctx context.Context, seed, id, raftAddr, apiAddr string, log
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// isLoopback reports whether addr's host is a loopback IP or "localhost".
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
+	}
+	return host == "localhost"
 }
 
 // advertised is the address to advertise for a listener that got addr: addr itself,
