@@ -218,7 +218,7 @@ func (n *Node) join(ctx context.Context, seed, id, raftAddr, apiAddr string, log
 	for ctx.Err() == nil {
 		rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		own := n.Server.ClusterID()
-		if st, err := c.Status(rctx, &leaseholdv1.StatusRequest{}); err == nil && own != "" && st.GetClusterId() != own {
+		if st, err := c.Status(rctx, &leaseholdv1.StatusRequest{}); err == nil && own != "" && st.GetClusterId() != "" && st.GetClusterId() != own {
 			cancel()
 			log.Error("not joining: this node holds the data of another cluster than the seed's; give it an empty data dir to join",
 				"seed", seed, "seed_cluster", st.GetClusterId(), "own_cluster", own)
