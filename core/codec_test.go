@@ -24,8 +24,9 @@ func sampleCommands() []Command {
 		{Op: OpReserve, Count: 1000},
 		{Op: OpPut, Key: "cfg/x", Value: []byte{0, 1, 2, 0xff}, Name: "orders/42", Token: 7, RequireHolder: true, CheckVersion: true, Version: 3},
 		{Op: OpDelete, Key: "cfg/x", Name: "orders/42", Token: 8},
-		{Op: OpSetMember, Node: "node-1", Addr: "10.0.0.1:7740"},
+		{Op: OpSetMember, Node: "node-1", Addr: "10.0.0.1:7740", FastLane: "10.0.0.1:7742"},
 		{Op: OpRemoveMember, Node: "node-1"},
+		{Op: OpSetClusterID, ClusterID: testClusterID},
 	}
 }
 
@@ -165,6 +166,8 @@ func populatedState(t testing.TB) *State {
 		{Op: OpSetMember, Node: "n1", Addr: "127.0.0.1:7740"},
 		{Op: OpAcquire, Lease: leaseA, Name: "forced", Class: Correctness},
 		{Op: OpForceRelease, Name: "forced", Reason: "operator: stuck \"job\""},
+		{Op: OpSetMember, Node: "n2", Addr: "127.0.0.1:17740", FastLane: "127.0.0.1:17742"},
+		{Op: OpSetClusterID, ClusterID: testClusterID},
 	} {
 		if r := s.Apply(c); r.Err != nil {
 			t.Fatalf("%+v: %v", c, r.Err)
@@ -193,7 +196,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 			// The restored state answers the same queries.
 			if r.LastToken() != s.LastToken() || r.NumLeases() != s.NumLeases() || r.KVRevision() != s.KVRevision() ||
 				r.EndedReason(lid(0xE)) != s.EndedReason(lid(0xE)) || r.EndedReason(leaseD) != s.EndedReason(leaseD) ||
-				!reflect.DeepEqual(r.Members(), s.Members()) || !reflect.DeepEqual(r.Locks().HeldBy(leaseA), s.Locks().HeldBy(leaseA)) ||
+				!reflect.DeepEqual(r.Members(), s.Members()) || r.ClusterID() != s.ClusterID() || !reflect.DeepEqual(r.Locks().HeldBy(leaseA), s.Locks().HeldBy(leaseA)) ||
 				r.Locks().LeaseLocks(leaseC) != s.Locks().LeaseLocks(leaseC) {
 				t.Fatal("restored state answers differently")
 			}
@@ -283,6 +286,10 @@ func TestRestoreStateRejects(t *testing.T) {
 		"lease id not hex":    snapJSON(`{"seq":0,"leases":[{"id":"xyz","ttl":5}],"locks":[],"tombstones":null}`),
 		"negative seq":        snapJSON(`{"seq":-1,"leases":[],"locks":[],"tombstones":null}`),
 		"truncated snapshot":  mustSnapshot(t, populatedState(t))[:100],
+		"bad fast lane addr":  snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"members":[{"id":"n1","apiAddr":"h:1","fastLaneAddr":"h"}]}`),
+		"bad cluster id":      snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"clusterId":"XYZ"}`),
+		"zero cluster id":     snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"clusterId":"00000000000000000000000000000000"}`),
+		"cluster id first":    snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"clusterId":"` + testClusterID + `","members":[]}`),
 	} {
 		if _, err := RestoreState(b, Limits{}); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: RestoreState = %v, want ErrCorrupt", name, err)
@@ -404,5 +411,22 @@ func inconsistentSnapshots() map[string]string {
 		"one token held twice":         `{"seq":1,` + lease("@A", "@B") + `,"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1}},{"name":"y","class":2,"hold":{"lease":"@B","token":1}}],"tombstones":null}`,
 		"negative hold delay":          `{"seq":1,` + lease("@A") + `,"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1,"delay":-5}}],"tombstones":null}`,
 		"lease with no ttl":            `{"seq":0,"leases":[{"id":"@A","ttl":0}],"locks":[],"tombstones":null}`,
+	}
+}
+
+// TestRestoreSnapshotBeforeFastLaneAndClusterID: a snapshot written before members had a
+// fast-lane address and the state a cluster ID restores, with neither.
+func TestRestoreSnapshotBeforeFastLaneAndClusterID(t *testing.T) {
+	s, err := RestoreState(snapJSON(`{"seq":3,"leases":[],"locks":[],"tombstones":null,"members":[{"id":"n1","apiAddr":"h:1"}]}`), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := s.Members(); len(m) != 1 || m[0] != (Member{ID: "n1", APIAddr: "h:1"}) || s.ClusterID() != "" {
+		t.Fatalf("members %+v, cluster ID %q", m, s.ClusterID())
+	}
+	// An OpSetMember of a log written before fast-lane addresses decodes too.
+	b := appendCommand(nil, Command{Op: OpSetMember, Node: "n1", Addr: "h:1"})
+	if c, err := DecodeCommand(b); err != nil || c.FastLane != "" {
+		t.Fatalf("decode %+v, %v", c, err)
 	}
 }

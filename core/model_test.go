@@ -747,7 +747,7 @@ func (g *generator) release() Command {
 // snapshot, determinism and failure-leaves-state-unchanged checks.
 func (g *generator) other() Command {
 	key := []string{"k/1", "k/2", "cfg"}[g.ch.intn(3)]
-	switch g.ch.intn(6) {
+	switch g.ch.intn(7) {
 	case 0, 1, 2:
 		c := Command{Op: OpPut, Key: key, Value: []byte{byte(g.ch.intn(256))}}
 		g.fence(&c)
@@ -757,7 +757,14 @@ func (g *generator) other() Command {
 		g.fence(&c)
 		return c
 	case 4:
-		return Command{Op: OpSetMember, Node: fmt.Sprintf("n%d", g.ch.intn(3)), Addr: fmt.Sprintf("127.0.0.1:%d", 7740+g.ch.intn(3))}
+		c := Command{Op: OpSetMember, Node: fmt.Sprintf("n%d", g.ch.intn(3)), Addr: fmt.Sprintf("127.0.0.1:%d", 7740+g.ch.intn(3))}
+		if g.ch.intn(2) == 0 {
+			c.FastLane = fmt.Sprintf("127.0.0.1:%d", 17742+g.ch.intn(3))
+		}
+		return c
+	case 5:
+		// Two IDs: the first applied stays, the other fails and changes nothing.
+		return Command{Op: OpSetClusterID, ClusterID: []string{testClusterID, otherClusterID}[g.ch.intn(2)]}
 	default:
 		return Command{Op: OpRemoveMember, Node: fmt.Sprintf("n%d", g.ch.intn(3))}
 	}

@@ -16,9 +16,11 @@ import (
 // Snapshot encoding versions; the first byte of a snapshot names its format.
 //
 // Version 1 is that byte followed by one JSON object (and a newline) with, in this order:
-// "seq", "leases", "locks", "tombstones", then "kvRev", "kv" and "members" when they are
-// not empty. Leases are in id order, locks in name order, KV entries in key order,
-// members in id order and tombstones oldest first, so equal states encode to equal bytes.
+// "seq", "leases", "locks", "tombstones", then "kvRev", "kv", "members" and "clusterId"
+// when they are not empty. Leases are in id order, locks in name order, KV entries in key
+// order, members in id order and tombstones oldest first, so equal states encode to equal
+// bytes. A member's "fastLaneAddr" and the "clusterId" came later: snapshots written
+// before them have neither, and restore with no fast-lane addresses and no cluster ID.
 //
 // Version 2, written since lost locks are part of the replicated state, is version 1
 // with one more field at the end, "lost" when not empty: every lease's lost locks
@@ -31,7 +33,7 @@ const (
 
 // snapshotFields are the keys of a version-2 snapshot, in the order they are written;
 // a version-1 snapshot has all but the last.
-var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "lost"}
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "lost"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
@@ -61,6 +63,7 @@ type SnapshotView struct {
 	kvRev      uint64
 	kv         []Entry
 	members    []Member
+	clusterID  string
 	lost       []leaseLost
 }
 
@@ -77,6 +80,7 @@ func (s *State) SnapshotView() *SnapshotView {
 		kvRev:      s.kv.rev,
 		kv:         make([]Entry, 0, len(s.kv.entries)),
 		members:    s.Members(),
+		clusterID:  s.clusterID,
 		lost:       make([]leaseLost, 0, len(s.locks.lost)),
 	}
 	for id, lost := range s.locks.lost {
@@ -141,6 +145,10 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	if len(v.members) > 0 {
 		e.raw(`,"members":`)
 		writeArray(e, v.members)
+	}
+	if v.clusterID != "" {
+		e.raw(`,"clusterId":`)
+		e.elem(0, v.clusterID)
 	}
 	if len(v.lost) > 0 {
 		e.raw(`,"lost":[`)
@@ -371,12 +379,17 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 			})
 		case "members":
 			err = eachElement(dec, func(m Member) error {
-				if ValidateNodeID("id", m.ID) != nil || ValidateAddr("addr", m.APIAddr) != nil {
+				if ValidateNodeID("id", m.ID) != nil || ValidateAddr("addr", m.APIAddr) != nil ||
+					(m.FastLaneAddr != "" && ValidateAddr("fast_lane_addr", m.FastLaneAddr) != nil) {
 					return fmt.Errorf("%w: bad member in snapshot", ErrCorrupt)
 				}
-				s.members[m.ID] = m.APIAddr
+				s.members[m.ID] = memberAddrs{api: m.APIAddr, fastLane: m.FastLaneAddr}
 				return nil
 			})
+		case "clusterId":
+			if err = dec.Decode(&s.clusterID); err == nil && ValidateClusterID("clusterId", s.clusterID) != nil {
+				err = fmt.Errorf("%w: bad cluster ID in snapshot", ErrCorrupt)
+			}
 		case "lost":
 			err = eachElement(dec, s.restoreLost)
 		}

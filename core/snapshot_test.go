@@ -26,9 +26,10 @@ func oneShotSnapshot(t testing.TB, s *State) []byte {
 		KVRev      uint64       `json:"kvRev,omitempty"`
 		KV         []*Entry     `json:"kv,omitempty"`
 		Members    []Member     `json:"members,omitempty"`
+		ClusterID  string       `json:"clusterId,omitempty"`
 		Lost       []lostRecord `json:"lost,omitempty"`
 	}
-	snap := oneShot{Seq: s.seq, Leases: []*Lease{}, Locks: []*Lock{}, KVRev: s.kv.rev, Members: s.Members()}
+	snap := oneShot{Seq: s.seq, Leases: []*Lease{}, Locks: []*Lock{}, KVRev: s.kv.rev, Members: s.Members(), ClusterID: s.clusterID}
 	s.Leases(func(l *Lease) {
 		snap.Leases = append(snap.Leases, l)
 		for _, lk := range s.locks.Lost(l.ID) {

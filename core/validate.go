@@ -139,9 +139,16 @@ func (c *Command) validate() error {
 		if err := ValidateNodeID("node_id", c.Node); err != nil {
 			return err
 		}
+		if c.FastLane != "" {
+			if err := ValidateAddr("fast_lane_addr", c.FastLane); err != nil {
+				return err
+			}
+		}
 		return ValidateAddr("api_addr", c.Addr)
 	case OpRemoveMember:
 		return ValidateNodeID("node_id", c.Node)
+	case OpSetClusterID:
+		return ValidateClusterID("cluster_id", c.ClusterID)
 	case OpReserve:
 		if c.Count == 0 || c.Count > 1<<40 {
 			return Invalid("count", "must be 1 to 2^40")

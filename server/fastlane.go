@@ -52,7 +52,7 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	if err := fastlane.ServerHello(conn); err != nil {
+	if err := fastlane.ServerHello(conn, s.ClusterID()); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -200,7 +200,7 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 // serve answers one admitted request; one that may wait is in inflight with the
 // cancel function of its ctx.
 func (c *fastConn) serve(ctx context.Context, m *method, id uint64, req proto.Message) {
-	resp, err := c.s.call(ctx, m, req, false)
+	resp, err := c.s.call(ctx, m, req, caller{})
 	c.send(m.fast, id, resp, err, func(frame []byte, others bool) { c.w.Send(frame, others) })
 }
 

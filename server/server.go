@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -23,6 +24,7 @@ type Raft interface {
 	ReadIndex(ctx context.Context) error
 	Configuration() ([]replication.Server, error)
 	AddVoter(ctx context.Context, id, raftAddr string) error
+	AddNonvoter(ctx context.Context, id, raftAddr string) error
 	RemoveServer(ctx context.Context, id string) error
 	SnapshotState() ([]byte, error)
 }
@@ -41,6 +43,8 @@ type Server struct {
 	metrics *metrics
 	methods methods
 	started time.Time
+	// clusterID caches ClusterID once the state has one.
+	clusterID atomic.Pointer[string]
 }
 
 // New returns a Server. cfg is validated (and defaulted).
@@ -79,7 +83,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	return mux
+	return s.withClusterID(mux)
 }
 
 // serveSnapshot writes the whole state (leases, locks, token sequence, KV, members) as
@@ -321,6 +325,8 @@ func (s *Server) Status(context.Context, *leaseholdv1.StatusRequest) (*leasehold
 		LastToken:    st.LastToken,
 		ApiAddr:      s.cfg.APIAddr,
 		FastLaneAddr: s.cfg.FastLaneAddr,
+		ClusterId:    s.ClusterID(),
+		RaftAddr:     rs.RaftAddr,
 	}
 	resp.LeaderApiAddr = s.leaderAPIAddr()
 	return resp, nil
