@@ -65,6 +65,8 @@ type stackOpts struct {
 	dir      string // default t.TempDir()
 	raftAddr string // default 127.0.0.1:0
 	limits   core.Limits
+	config   server.Config                       // NodeID and Version are set
+	raft     func(*replication.Node) server.Raft // wraps the node the server sees; nil: as is
 }
 
 // startStack starts a stack and waits until it serves as leader. It is stopped when the
@@ -92,7 +94,13 @@ func startStack(t *testing.T, o stackOpts) *stack {
 	s.node = node
 	s.raftAddr = node.RaftAddr()
 	s.leader.SetLog(node)
-	srv, err := server.New(server.Config{NodeID: "node1", Version: "test"}, s.leader, node)
+	cfg := o.config
+	cfg.NodeID, cfg.Version = "node1", "test"
+	var r server.Raft = node
+	if o.raft != nil {
+		r = o.raft(node)
+	}
+	srv, err := server.New(cfg, s.leader, r)
 	if err != nil {
 		_ = node.Close()
 		t.Fatalf("server.New: %v", err)
