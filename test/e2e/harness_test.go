@@ -192,7 +192,8 @@ func (s *Server) start() {
 	s.waitHealthy(p, 30*time.Second)
 }
 
-// waitHealthy waits until /healthz answers 200 (the node serves as leader).
+// waitHealthy waits until /readyz answers 200 (the node serves: a single node once it
+// leads).
 func (s *Server) waitHealthy(p *serverProc, timeout time.Duration) {
 	s.t.Helper()
 	hc := &http.Client{Timeout: time.Second}
@@ -203,7 +204,7 @@ func (s *Server) waitHealthy(p *serverProc, timeout time.Duration) {
 			s.t.Fatalf("server %s exited before it was healthy: %v", s.Addr, p.err)
 		default:
 		}
-		resp, err := hc.Get("http://" + s.Addr + "/healthz")
+		resp, err := hc.Get("http://" + s.Addr + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
