@@ -136,16 +136,16 @@ func protoFault(b []byte, md protoreflect.MessageDescriptor, prefix string) (fie
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return strings.TrimSuffix(prefix, "."), "holds bytes that are not a protobuf field (" + protowire.ParseError(n).Error() + ")"
+			return strings.TrimSuffix(prefix, "."), "holds bytes that are not a protobuf field (" + protoWords(protowire.ParseError(n)) + ")"
 		}
 		fd := md.Fields().ByNumber(num)
 		v := b[n:]
 		m := protowire.ConsumeFieldValue(num, typ, v)
 		switch {
 		case m < 0 && fd == nil:
-			return strings.TrimSuffix(prefix, "."), fmt.Sprintf("holds field number %d, cut short or malformed (%v)", num, protowire.ParseError(m))
+			return strings.TrimSuffix(prefix, "."), fmt.Sprintf("holds field number %d, cut short or malformed (%s)", num, protoWords(protowire.ParseError(m)))
 		case m < 0:
-			return prefix + string(fd.Name()), "is cut short or malformed (" + protowire.ParseError(m).Error() + ")"
+			return prefix + string(fd.Name()), "is cut short or malformed (" + protoWords(protowire.ParseError(m)) + ")"
 		}
 		v, b = v[:m], v[m:]
 		if fd == nil || typ != protowire.BytesType {
@@ -182,7 +182,13 @@ func decodeJSON(b []byte, m proto.Message) error {
 	}
 	// protojson saw something the walk did not: its own words then (they name no Go
 	// type).
-	return requestFault(fmt.Sprintf("the request does not decode as %s: %s", md.FullName(), strings.TrimPrefix(err.Error(), "proto: ")))
+	return requestFault(fmt.Sprintf("the request does not decode as %s: %s", md.FullName(), protoWords(err)))
+}
+
+// protoWords is a protobuf error's text without its "proto:" prefix (which the library
+// writes with a space or, at random, a no-break space).
+func protoWords(err error) string {
+	return strings.TrimLeft(strings.TrimPrefix(err.Error(), "proto:"), " \u00a0")
 }
 
 // jsonFault finds why b is not the JSON of a message of type md: the field at fault
@@ -215,10 +221,17 @@ func (w jsonWalk) object(md protoreflect.MessageDescriptor, prefix string) (fiel
 		return whole, "must be a JSON object"
 	}
 	seen := make(map[protoreflect.FieldNumber]bool)
+	after := "" // the last field read, to say where the JSON broke
+	broken := func(err error) (string, string) {
+		if after == "" {
+			return whole, "is not valid JSON: " + jsonSyntax(err)
+		}
+		return whole, "is not valid JSON after " + after + ": " + jsonSyntax(err)
+	}
 	for w.dec.More() {
 		tok, err := w.dec.Token()
 		if err != nil {
-			return whole, "is not valid JSON: " + jsonSyntax(err)
+			return broken(err)
 		}
 		key, _ := tok.(string)
 		fd := md.Fields().ByJSONName(key)
@@ -233,6 +246,7 @@ func (w jsonWalk) object(md protoreflect.MessageDescriptor, prefix string) (fiel
 			return name, "is given twice"
 		}
 		seen[fd.Number()] = true
+		after = name
 		if fd.Message() != nil && !fd.IsList() && !fd.IsMap() && w.objectNext() {
 			if f, r := w.object(fd.Message(), name+"."); r != "" {
 				return f, r
@@ -248,7 +262,7 @@ func (w jsonWalk) object(md protoreflect.MessageDescriptor, prefix string) (fiel
 		}
 	}
 	if _, err := w.dec.Token(); err != nil { // the closing brace
-		return whole, "is not valid JSON: " + jsonSyntax(err)
+		return broken(err)
 	}
 	return "", ""
 }

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -63,10 +64,14 @@ type endpoints struct {
 	procedures []string
 	raw        rawClients
 
-	mu     sync.Mutex
-	lease  string // a live lease the seeds use
-	counts map[wire]map[connect.Code]int
+	mu      sync.Mutex
+	lease   string // a live lease the seeds use
+	counts  map[wire]map[connect.Code]int
+	unnamed map[wire]int // InvalidArgument answers that name no field
 }
+
+// namesField matches a message that starts with the field at fault.
+var namesField = regexp.MustCompile(`^(unmarshal message: )?[A-Za-z_][A-Za-z0-9_.]*: `)
 
 func startEndpoints(tb testing.TB) *endpoints {
 	s := startStack(tb, stackOpts{raft: func(n *replication.Node) server.Raft { return noMembership{n} }})
@@ -80,7 +85,7 @@ func startEndpoints(tb testing.TB) *endpoints {
 		_ = s.srv.ServeFastLane(ln, slog.New(slog.DiscardHandler))
 	}()
 	tb.Cleanup(func() { _ = ln.Close(); <-done })
-	e := &endpoints{s: s, fastAddr: ln.Addr().String(), procedures: server.Procedures(s.srv), raw: newRawClients(), counts: make(map[wire]map[connect.Code]int)}
+	e := &endpoints{s: s, fastAddr: ln.Addr().String(), procedures: server.Procedures(s.srv), raw: newRawClients(), counts: make(map[wire]map[connect.Code]int), unnamed: make(map[wire]int)}
 	tb.Cleanup(e.raw.close)
 	e.renewLease(tb)
 	return e
@@ -257,6 +262,9 @@ func (e *endpoints) check(tb testing.TB, procedure string, w wire, body []byte) 
 	case connect.CodeInternal, connect.CodeUnknown:
 		tb.Errorf("%s over %s, body %q: %v %q", procedure, wireName(w), body, code, msg)
 	}
+	if goTypeName.MatchString(msg) {
+		tb.Errorf("%s over %s, body %q: %q names a Go type", procedure, wireName(w), body, msg)
+	}
 	if code == 0 && strings.HasSuffix(procedure, "/Revoke") {
 		e.renewLease(tb) // keep a live lease for the seeds
 	}
@@ -265,6 +273,9 @@ func (e *endpoints) check(tb testing.TB, procedure string, w wire, body []byte) 
 		e.counts[w] = make(map[connect.Code]int)
 	}
 	e.counts[w][code]++
+	if code == connect.CodeInvalidArgument && !namesField.MatchString(msg) {
+		e.unnamed[w]++
+	}
 	e.mu.Unlock()
 }
 
@@ -285,7 +296,7 @@ func (e *endpoints) report(tb testing.TB) string {
 			total += n
 		}
 		sort.Strings(parts)
-		lines = append(lines, fmt.Sprintf("%s: %d requests: %s", wireName(w), total, strings.Join(parts, ", ")))
+		lines = append(lines, fmt.Sprintf("%s: %d requests: %s (invalid_argument naming no field: %d)", wireName(w), total, strings.Join(parts, ", "), e.unnamed[w]))
 	}
 	return strings.Join(lines, "\n")
 }
