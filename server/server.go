@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -59,31 +60,29 @@ func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 }
 
 // Handler returns the HTTP handler serving every RPC of the method table with Connect
-// (gRPC, gRPC-Web and Connect's JSON/binary protocol), plus /metrics, /healthz and
-// /admin/snapshot.
+// (gRPC, gRPC-Web and Connect's JSON/binary protocol), gRPC health (grpc.health.v1) and
+// server reflection, plus /metrics, /healthz (alive), /readyz (ready to serve) and
+// /admin/snapshot. Every request passes the guard (guard.go): deadlines for slow
+// clients, checked gRPC envelopes, bounded bodies.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
 		// Small messages are not worth compressing: gzip would be a third of the CPU.
 		connect.WithCompressMinBytes(4 << 10),
 	}
-	for _, c := range jsonCodecs {
-		opts = append(opts, connect.WithCodec(c)) // reject unknown JSON fields (G6)
+	for _, c := range codecs {
+		opts = append(opts, connect.WithCodec(c)) // decode errors name the field (G6)
 	}
 	mux := http.NewServeMux()
 	for _, m := range s.methods.list {
 		mux.Handle(m.procedure, m.connectHandler(s, opts...))
 	}
+	s.mountGRPCServices(mux, opts...)
 	mux.HandleFunc("GET /admin/snapshot", s.serveSnapshot)
 	mux.Handle("GET /metrics", s.metrics.handler())
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.leader.Active() {
-			http.Error(w, "not serving: no leader here", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	return s.withClusterID(mux)
+	mux.HandleFunc("GET /healthz", s.serveHealthz)
+	mux.HandleFunc("GET /readyz", s.serveReadyz)
+	return s.withClusterID(newGuard(mux, s.cfg, routesOf(leaseholdv1.File_leasehold_v1_leasehold_proto, maps.Clone(grpcServiceRoutes))))
 }
 
 // serveSnapshot writes the whole state (leases, locks, token sequence, KV, members) as

@@ -104,6 +104,7 @@ func Start(cfg Config) (*Node, error) {
 	if rc.NodeID == "" {
 		rc.NodeID = "node1"
 	}
+	limit := newConnLimit(cfg.Server.MaxConnsPerClient, cfg.Logger) // both ports share it (G6)
 	n := &Node{addr: ln.Addr().String(), fastLn: fastLn, serveErr: make(chan error, 1)}
 	if cfg.AdvertiseAddr == "" {
 		cfg.AdvertiseAddr = n.addr
@@ -155,17 +156,21 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.Pprof {
 		handler = withPprof(handler)
 	}
+	// No ReadTimeout or WriteTimeout here: they would cut off waiting Acquires and
+	// streams. The server's handler sets them per request (server/guard.go).
 	n.http = &http.Server{
 		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+		IdleTimeout:       cfg.Server.IdleTimeout,
+		MaxHeaderBytes:    64 << 10,
 		Protocols:         new(http.Protocols),
 	}
 	n.http.Protocols.SetHTTP1(true)
 	n.http.Protocols.SetUnencryptedHTTP2(true)
-	go func() { n.serveErr <- n.http.Serve(ln) }()
+	go func() { n.serveErr <- n.http.Serve(limit.wrap(ln)) }()
 	if fastLn != nil {
 		go func() {
-			if err := n.Server.ServeFastLane(fastLn, cfg.Logger); err != nil {
+			if err := n.Server.ServeFastLane(limit.wrap(fastLn), cfg.Logger); err != nil {
 				cfg.Logger.Error("fast lane stopped", "err", err)
 			}
 		}()
