@@ -48,11 +48,13 @@ type Server struct {
 	clusterID atomic.Pointer[string]
 }
 
-// New returns a Server. cfg is validated (and defaulted).
+// New returns a Server with cfg, whose zero fields take their defaults. An invalid cfg
+// is refused (Config.Validate).
 func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.WithDefaults()
 	s := &Server{cfg: cfg, leader: l, raft: r, peers: newPeers(), started: time.Now()}
 	s.metrics = newMetrics(s)
 	s.methods = newMethods(s)

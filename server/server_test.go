@@ -142,6 +142,12 @@ func startStack(t testing.TB, o stackOpts) *stack {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// service names the cluster when its first leader takes over; so does the stack.
+	nctx, ncancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer ncancel()
+	if err := srv.NameCluster(nctx); err != nil {
+		t.Fatalf("name the cluster: %v", err)
+	}
 	return s
 }
 

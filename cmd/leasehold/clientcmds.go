@@ -15,13 +15,14 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/service"
 )
 
 // addrFlag registers --addr with its default from LEASEHOLD_ADDR.
 func addrFlag(fs *flag.FlagSet) *string {
 	def := os.Getenv("LEASEHOLD_ADDR")
 	if def == "" {
-		def = "127.0.0.1:7740"
+		def = service.DefaultAddr
 	}
 	return fs.String("addr", def, "server address (env LEASEHOLD_ADDR)")
 }
