@@ -26,6 +26,9 @@ func sampleCommands() []Command {
 		{Op: OpDelete, Key: "cfg/x", Name: "orders/42", Token: 8},
 		{Op: OpSetMember, Node: "node-1", Addr: "10.0.0.1:7740"},
 		{Op: OpRemoveMember, Node: "node-1"},
+		{Op: OpAcquire, Lease: leaseA, Name: "readers", Class: Correctness, Mode: Shared, Wait: true},
+		{Op: OpAcquire, Lease: leaseB, Name: "pool", Class: Correctness, Mode: Semaphore, Limit: 8},
+		{Op: OpAcquire, Lease: leaseC, Names: []string{"a", "b/c", "z"}, Class: Correctness, Mode: Shared, Wait: true, DelayMillis: 100},
 	}
 }
 
