@@ -72,17 +72,30 @@ type LostLock struct {
 	Reason string
 }
 
-// LockView is what anyone may see about a lock.
+// LockView is what anyone may see about a lock. Token, Holder, TTLRemaining and
+// DelayMillis describe the exclusive holder, or the oldest of several (shared, or a
+// semaphore's); Holders lists every holder.
 type LockView struct {
 	Name           string
 	Class          core.Class
+	Mode           core.Mode // as core.Lock.Mode
+	Limit          uint32    // a semaphore's limit
 	Held           bool
 	Token          uint64
 	Holder         core.Holder
 	TTLRemaining   time.Duration // -1 when unknown
+	Holders        []HolderView
 	Waiters        int
 	DelayRemaining time.Duration
 	DelayMillis    int64
+}
+
+// HolderView is one holder of a lock.
+type HolderView struct {
+	Token        uint64
+	Holder       core.Holder
+	TTLRemaining time.Duration // -1 when unknown
+	DelayMillis  int64
 }
 
 type outcome struct {
@@ -407,11 +420,13 @@ type AcquireArgs struct {
 	Forever bool
 }
 
-// Acquire takes a lock for a lease, or queues and waits for it. See the API's
-// LockService.Acquire for the contract. Errors: *LeaseGoneError (lease unknown),
-// *LockHeldError (held; after a wait it also matches ErrWaitTimeout),
-// core.ErrClassConflict, core limits, ErrNotLeader, and for correctness locks the
-// replication errors (outcome unknown) and ctx's error.
+// Acquire takes a lock for a lease (in a.Mode; or a lock set, a.Names, all at once
+// under one token), or queues and waits for it. See the API's LockService.Acquire for
+// the contract. Errors: *LeaseGoneError (lease unknown), *LockHeldError (held — for a
+// set, naming the first lock that was; after a wait it also matches ErrWaitTimeout),
+// core.ErrClassConflict, core.ErrModeConflict, core.ErrSetConflict, core limits,
+// ErrNotLeader, and for correctness locks the replication errors (outcome unknown) and
+// ctx's error.
 func (l *Leader) Acquire(ctx context.Context, a AcquireArgs) (Grant, error) {
 	a.Wait = a.Forever || a.WaitFor > 0
 	if a.Class == core.Efficiency {
@@ -466,17 +481,22 @@ func (l *Leader) beginCorrectness(a AcquireArgs) (chan outcome, error) {
 	if !l.active {
 		return nil, ErrNotLeader
 	}
-	if l.eff.Has(a.Name) {
-		return nil, fmt.Errorf("%w: %q is in use as efficiency", core.ErrClassConflict, a.Name)
+	names := a.LockNames()
+	for _, name := range names {
+		if l.eff.Has(name) {
+			return nil, fmt.Errorf("%w: %q is in use as efficiency", core.ErrClassConflict, name)
+		}
 	}
-	l.pending[a.Name]++
-	return l.registerLocked(a.Lease, a.Name), nil
+	for _, name := range names {
+		l.pending[name]++
+	}
+	return l.registerLocked(a.Lease, a.Key()), nil
 }
 
 func acquireCommand(a AcquireArgs) core.Command {
 	return core.Command{
-		Op: core.OpAcquire, Lease: a.Lease, Name: a.Name, Class: core.Correctness,
-		Holder: a.Holder, Wait: a.Wait, DelayMillis: a.DelayMillis,
+		Op: core.OpAcquire, Lease: a.Lease, Name: a.Name, Names: a.Names, Class: core.Correctness,
+		Mode: a.Mode, Limit: a.Limit, Holder: a.Holder, Wait: a.Wait, DelayMillis: a.DelayMillis,
 	}
 }
 
@@ -485,15 +505,17 @@ func acquireCommand(a AcquireArgs) core.Command {
 // ch.
 func (l *Leader) endCorrectness(a AcquireArgs, ch chan outcome, res core.Result, err error) (Grant, error, bool) {
 	l.mu.Lock()
-	if l.pending[a.Name]--; l.pending[a.Name] == 0 {
-		delete(l.pending, a.Name)
+	for _, name := range a.LockNames() {
+		if l.pending[name]--; l.pending[name] == 0 {
+			delete(l.pending, name)
+		}
 	}
 	l.mu.Unlock()
 	if err == nil {
 		err = l.acquireErr(a, res)
 	}
 	if err != nil || !res.Queued {
-		l.unregister(a.Lease, a.Name, ch)
+		l.unregister(a.Lease, a.Key(), ch)
 		return Grant{Token: res.Token, Class: core.Correctness}, err, true
 	}
 	return Grant{}, nil, false
@@ -527,7 +549,7 @@ func (l *Leader) acquireEfficiency(ctx context.Context, a AcquireArgs) (Grant, e
 	if err := l.acquireErr(a, res); err != nil || !res.Queued {
 		return g, err
 	}
-	ch := l.registerLocked(a.Lease, a.Name)
+	ch := l.registerLocked(a.Lease, a.Key())
 	l.mu.Unlock()
 	g, err := l.await(ctx, a, ch, res)
 	l.mu.Lock()
@@ -535,19 +557,21 @@ func (l *Leader) acquireEfficiency(ctx context.Context, a AcquireArgs) (Grant, e
 }
 
 // effAdmitLocked checks that an efficiency acquire may go ahead: its lease is live and
-// not expiring, and the name is not in use as a correctness lock.
+// not expiring, and no name it asks for is in use as a correctness lock.
 func (l *Leader) effAdmitLocked(a AcquireArgs) error {
 	if c := l.leases[a.Lease]; c == nil || c.expiring {
 		return l.goneLocked(a.Lease, c != nil)
 	}
-	conflict := l.pending[a.Name] > 0
-	if !conflict {
-		l.askName = a.Name
-		l.log.Read(l.askHas)
-		conflict, l.askName = l.askHeld, ""
-	}
-	if conflict {
-		return fmt.Errorf("%w: %q is in use as correctness", core.ErrClassConflict, a.Name)
+	for _, name := range a.LockNames() {
+		conflict := l.pending[name] > 0
+		if !conflict {
+			l.askName = name
+			l.log.Read(l.askHas)
+			conflict, l.askName = l.askHeld, ""
+		}
+		if conflict {
+			return fmt.Errorf("%w: %q is in use as correctness", core.ErrClassConflict, name)
+		}
 	}
 	return nil
 }
@@ -583,7 +607,7 @@ func (l *Leader) acquireErr(a AcquireArgs, res core.Result) error {
 	case res.Err == nil:
 		return nil
 	case errors.Is(res.Err, core.ErrLockHeld):
-		return &LockHeldError{Name: a.Name, HolderToken: res.HolderToken, Holder: res.Holder}
+		return &LockHeldError{Name: heldName(a, res), HolderToken: res.HolderToken, Holder: res.Holder}
 	case errors.Is(res.Err, core.ErrLeaseNotFound):
 		return l.gone(a.Lease)
 	default:
@@ -591,9 +615,19 @@ func (l *Leader) acquireErr(a AcquireArgs, res core.Result) error {
 	}
 }
 
-// await waits for a queued acquire's grant, the end of its wait, or ctx.
+// heldName is the lock an acquire found held: its one lock, or the first of a lock
+// set's that was.
+func heldName(a AcquireArgs, res core.Result) string {
+	if res.Blocker != "" {
+		return res.Blocker
+	}
+	return a.Key()
+}
+
+// await waits for a queued acquire's grant, the end of its wait, or ctx. A lock set
+// waits under its first name (the grant of that name stands for the set's).
 func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queued core.Result) (Grant, error) {
-	defer l.unregister(a.Lease, a.Name, ch)
+	defer l.unregister(a.Lease, a.Key(), ch)
 	g := Grant{Class: a.Class}
 	if a.Class == core.Efficiency {
 		g.Epoch = l.Epoch()
@@ -614,20 +648,20 @@ func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queu
 			g.Token = tok
 			return g, err
 		}
-		return g, &LockHeldError{Name: a.Name, HolderToken: queued.HolderToken, Holder: queued.Holder, Waited: true}
+		return g, &LockHeldError{Name: heldName(a, queued), HolderToken: queued.HolderToken, Holder: queued.Holder, Waited: true}
 	case <-ctx.Done():
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		// The caller is gone: leave the queue, and give back a grant that raced us.
 		if tok, err := l.cancelWait(cctx, a, ch); err == nil && tok != 0 {
-			_ = l.Release(cctx, a.Lease, a.Name, tok)
+			_ = l.Release(cctx, a.Lease, a.Key(), tok)
 		}
 		return g, ctx.Err()
 	}
 }
 
-// cancelWait takes the lease out of the queue. It returns the token when the grant won
-// the race.
+// cancelWait takes the lease out of the queue (every queue of a lock set). It returns
+// the token when the grant won the race.
 func (l *Leader) cancelWait(ctx context.Context, a AcquireArgs, ch chan outcome) (uint64, error) {
 	var res core.Result
 	if a.Class == core.Efficiency {
@@ -636,11 +670,14 @@ func (l *Leader) cancelWait(ctx context.Context, a AcquireArgs, ch chan outcome)
 			l.mu.Unlock()
 			return 0, ErrNotLeader
 		}
-		res = l.eff.CancelWait(a.Lease, a.Name)
+		// Leaving a queue may let others through (readers behind a writer, a lock set's
+		// free names): their grants are woken here.
+		res = l.eff.CancelWait(a.Lease, a.Key(), &l.effSeq)
+		l.effEffectsLocked(res.Effects)
 		l.mu.Unlock()
 	} else {
 		var err error
-		res, err = l.log.Apply(ctx, core.Command{Op: core.OpCancelWait, Lease: a.Lease, Name: a.Name})
+		res, err = l.log.Apply(ctx, core.Command{Op: core.OpCancelWait, Lease: a.Lease, Name: a.Key()})
 		if err != nil {
 			return 0, err
 		}
@@ -659,7 +696,8 @@ func (l *Leader) cancelWait(ctx context.Context, a AcquireArgs, ch chan outcome)
 	return res.Token, nil
 }
 
-// Release gives up a lock held by lease under token.
+// Release gives up a lock held by lease under token; for a lock held as one of a lock
+// set, the whole set.
 func (l *Leader) Release(ctx context.Context, lease core.LeaseID, name string, token uint64) error {
 	if done, err := l.releaseInMemory(lease, name, token); done {
 		return err
@@ -807,12 +845,21 @@ func (l *Leader) List(prefix string, limit int) ([]LockView, bool, error) {
 }
 
 func (l *Leader) viewLocked(lk *core.Lock) LockView {
-	v := LockView{Name: lk.Name, Class: lk.Class, Waiters: len(lk.Waiters), TTLRemaining: -1}
+	v := LockView{Name: lk.Name, Class: lk.Class, Mode: lk.Mode(), Limit: lk.Limit, Waiters: len(lk.Waiters), TTLRemaining: -1}
+	holds := lk.Holds
 	if lk.Hold != nil {
-		v.Held, v.Token, v.Holder, v.DelayMillis = true, lk.Hold.Token, lk.Hold.Holder, lk.Hold.DelayMillis
-		if c := l.leases[lk.Hold.Lease]; c != nil {
-			v.TTLRemaining = max(0, time.Until(c.deadline))
+		holds = []core.Hold{*lk.Hold}
+	}
+	for _, h := range holds {
+		hv := HolderView{Token: h.Token, Holder: h.Holder, TTLRemaining: -1, DelayMillis: h.DelayMillis}
+		if c := l.leases[h.Lease]; c != nil {
+			hv.TTLRemaining = max(0, time.Until(c.deadline))
 		}
+		v.Holders = append(v.Holders, hv)
+	}
+	if len(v.Holders) > 0 {
+		first := v.Holders[0]
+		v.Held, v.Token, v.Holder, v.DelayMillis, v.TTLRemaining = true, first.Token, first.Holder, first.DelayMillis, first.TTLRemaining
 	}
 	if d := l.delays[lk.Name]; d != nil && lk.Delayed {
 		v.DelayRemaining = max(0, time.Until(d.deadline))
@@ -820,11 +867,15 @@ func (l *Leader) viewLocked(lk *core.Lock) LockView {
 	return v
 }
 
-// CheckToken reports whether token is the current holder's token for name, and the
-// holder's token.
-func (l *Leader) CheckToken(name string) (holderToken uint64, err error) {
+// CheckToken reports whether token is the token of a current holder of name (any of
+// them, for a lock held shared or a semaphore), and the holder's token (the exclusive
+// holder's, or the oldest one's).
+func (l *Leader) CheckToken(name string, token uint64) (current bool, holderToken uint64, err error) {
 	v, err := l.Describe(name)
-	return v.Token, err
+	for _, h := range v.Holders {
+		current = current || h.Token == token
+	}
+	return current, v.Token, err
 }
 
 // Stats are counts for status and metrics.
