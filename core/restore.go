@@ -15,16 +15,11 @@ type restorer struct {
 	t    *Locks
 	live func(LeaseID) bool
 	last uint64 // the last token issued
-	// grants are the holds by token: one lock, or the locks of one set.
-	grants map[uint64]*restoredGrant
+	// tokens are the tokens of every hold restored. A token held more than once is a
+	// lock set's (finish checks that it is one).
+	tokens []uint64
 	// sets are the waiting lock sets, by lease and first name.
 	sets map[setKey]*setWait
-}
-
-type restoredGrant struct {
-	lease  LeaseID
-	shared bool
-	locks  []*lock
 }
 
 type setKey struct {
@@ -33,7 +28,7 @@ type setKey struct {
 }
 
 func (t *Locks) restorer(live func(LeaseID) bool, last uint64) *restorer {
-	return &restorer{t: t, live: live, last: last, grants: make(map[uint64]*restoredGrant), sets: make(map[setKey]*setWait)}
+	return &restorer{t: t, live: live, last: last, sets: make(map[setKey]*setWait)}
 }
 
 func badLock(format string, args ...any) error {
@@ -55,7 +50,9 @@ func (rs *restorer) add(v *Lock) error {
 		t.grant(l, h.Lease, h.Token, h.Holder, h.DelayMillis, l.sharedMode())
 	}
 	if len(v.Waiters) > 0 || v.Delayed {
-		l.extra().delay = v.DelayMillis
+		m := l.extra()
+		m.delay = v.DelayMillis
+		m.waiters = make([]waiter, 0, len(v.Waiters))
 	}
 	for _, w := range v.Waiters {
 		pw := waiter{lease: w.Lease, holder: w.Holder, delay: w.DelayMillis, mode: w.Mode}
@@ -71,28 +68,11 @@ func (rs *restorer) add(v *Lock) error {
 		}
 		t.enqueue(l, pw)
 	}
-	// Holds under one token are one grant: a lock set's, of one lease and one kind.
-	note := func(lease LeaseID, tok uint64, shared bool) error {
-		g := rs.grants[tok]
-		if g == nil {
-			rs.grants[tok] = &restoredGrant{lease: lease, shared: shared, locks: []*lock{l}}
-			return nil
-		}
-		if g.lease != lease || g.shared != shared || g.locks[0].limit != l.limit {
-			return fmt.Errorf("%w: token %d held twice in snapshot", ErrCorrupt, tok)
-		}
-		g.locks = append(g.locks, l)
-		return nil
-	}
 	if h := v.Hold; h != nil {
-		if err := note(h.Lease, h.Token, false); err != nil {
-			return err
-		}
+		rs.tokens = append(rs.tokens, h.Token)
 	}
 	for _, h := range v.Holds {
-		if err := note(h.Lease, h.Token, true); err != nil {
-			return err
-		}
+		rs.tokens = append(rs.tokens, h.Token)
 	}
 	return nil
 }
@@ -156,15 +136,8 @@ func (rs *restorer) check(v *Lock) error {
 // finish checks and links what spans records, once every lock record is in.
 func (rs *restorer) finish() error {
 	t := rs.t
-	for tok, g := range rs.grants {
-		if len(g.locks) == 1 {
-			continue
-		}
-		if len(g.locks) > MaxSetNames {
-			return fmt.Errorf("%w: token %d held by a set of %d locks", ErrCorrupt, tok, len(g.locks))
-		}
-		slices.SortFunc(g.locks, compareLockNames)
-		t.addSet(g.lease, tok, g.locks)
+	if err := rs.linkSets(); err != nil {
+		return err
 	}
 	for k, s := range rs.sets {
 		slices.SortFunc(s.locks, compareLockNames)
@@ -194,41 +167,94 @@ func (rs *restorer) finish() error {
 	return nil
 }
 
-// checkOneOrder checks that one order of the waiting acquires agrees with every queue
-// (the acquires, topologically sorted by "waits behind", have no cycle). Each waiter
-// of a single lock is an acquire of its own; the places of one set are one acquire.
-func (rs *restorer) checkOneOrder() error {
-	type node = any // *setWait, or the *lock and lease of a single waiter
-	type single struct {
-		l     *lock
-		lease LeaseID
-	}
-	id := func(l *lock, w *waiter) node {
-		if w.set != nil {
-			return w.set
+// linkSets finds the tokens held more than once and records each as a lock set: the
+// holds of one token must be one lease's, in one kind (all exclusive, or all shared in
+// locks of one limit).
+func (rs *restorer) linkSets() error {
+	slices.Sort(rs.tokens)
+	var twice map[uint64][]*lock
+	for i := 1; i < len(rs.tokens); i++ {
+		if rs.tokens[i] == rs.tokens[i-1] {
+			if twice == nil {
+				twice = make(map[uint64][]*lock)
+			}
+			twice[rs.tokens[i]] = nil
 		}
-		return single{l, w.lease}
 	}
-	before := make(map[node]int) // how many places stand right in front of the acquire's places
-	next := make(map[node][]node)
+	if twice == nil {
+		return nil // the common case: every token once
+	}
+	type grant struct {
+		lease  LeaseID
+		shared bool
+	}
+	by := make(map[uint64]grant, len(twice))
+	note := func(l *lock, tok uint64, lease LeaseID, shared bool) error {
+		locks, ok := twice[tok]
+		if !ok {
+			return nil
+		}
+		if g, seen := by[tok]; seen && (g.lease != lease || g.shared != shared || locks[0].limit != l.limit) {
+			return fmt.Errorf("%w: token %d held twice in snapshot", ErrCorrupt, tok)
+		}
+		by[tok] = grant{lease, shared}
+		twice[tok] = append(locks, l)
+		return nil
+	}
 	for _, l := range rs.t.locks {
-		if l.more == nil {
-			continue
-		}
-		ws := l.more.waiters
-		for i := range ws {
-			n := id(l, &ws[i])
-			if _, ok := before[n]; !ok {
-				before[n] = 0
+		if l.held() {
+			if err := note(l, l.token, l.lease, false); err != nil {
+				return err
 			}
-			if i > 0 {
-				p := id(l, &ws[i-1])
-				next[p] = append(next[p], n)
-				before[n]++
+		}
+		for _, h := range l.more.holdsOrNil() {
+			if err := note(l, h.token, h.lease, true); err != nil {
+				return err
 			}
 		}
 	}
-	var ready []node
+	for tok, locks := range twice {
+		if len(locks) > MaxSetNames {
+			return fmt.Errorf("%w: token %d held by a set of %d locks", ErrCorrupt, tok, len(locks))
+		}
+		slices.SortFunc(locks, compareLockNames)
+		rs.t.addSet(by[tok].lease, tok, locks)
+	}
+	return nil
+}
+
+// checkOneOrder checks that one order of the waiting acquires agrees with every queue:
+// the acquires, sorted by "waits behind", have no cycle. A cycle can only pass from one
+// queue to another through an acquire that waits in both, a lock set, so it is enough
+// to sort the waiting sets, each queue ordering the sets that wait in it.
+func (rs *restorer) checkOneOrder() error {
+	if len(rs.sets) == 0 {
+		return nil
+	}
+	before := make(map[*setWait]int, len(rs.sets)) // how many sets stand right in front of the set's places
+	next := make(map[*setWait][]*setWait)
+	seen := make(map[*lock]bool) // each queue once
+	for _, s := range rs.sets {
+		before[s] += 0
+		for _, l := range s.locks {
+			if seen[l] {
+				continue
+			}
+			seen[l] = true
+			var prev *setWait
+			for _, w := range l.more.waiters {
+				if w.set == nil {
+					continue
+				}
+				if prev != nil {
+					next[prev] = append(next[prev], w.set)
+					before[w.set]++
+				}
+				prev = w.set
+			}
+		}
+	}
+	var ready []*setWait
 	for n, c := range before {
 		if c == 0 {
 			ready = append(ready, n)
@@ -249,4 +275,11 @@ func (rs *restorer) checkOneOrder() error {
 		return fmt.Errorf("%w: the queues of lock sets in the snapshot disagree on their order (a deadlock)", ErrCorrupt)
 	}
 	return nil
+}
+
+func (m *lockExtra) holdsOrNil() []sharedHold {
+	if m == nil {
+		return nil
+	}
+	return m.holds
 }
