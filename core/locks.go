@@ -508,7 +508,10 @@ func (t *Locks) Release(lease LeaseID, name string, token uint64, seq Sequence) 
 	if l == nil {
 		return Result{Err: fmt.Errorf("%w: %q is not held", ErrNotHolder, name)}
 	}
-	held, _, ok := l.holdOf(lease)
+	held, ok := l.token, l.heldBy(lease) // the common case, without holdOf's call
+	if !ok {
+		held, _, ok = l.holdOf(lease)
+	}
 	switch {
 	case !ok && !l.inUse():
 		return Result{Err: fmt.Errorf("%w: %q is not held", ErrNotHolder, name)}
