@@ -26,10 +26,9 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"sync"
 	"time"
@@ -56,6 +55,8 @@ type options struct {
 	httpClient connect.HTTPClient
 	holder     Holder
 	noFastLane bool
+	tls        *tls.Config // security.go
+	token      string
 }
 
 // WithTTL sets the default lease TTL for locks that do not ask for their own
@@ -106,14 +107,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		o.holder = Holder{Host: host, PID: uint32(os.Getpid())}
 	}
 	if o.httpClient == nil {
-		tr := &http.Transport{
-			DialContext:     (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
-			Protocols:       new(http.Protocols),
-			IdleConnTimeout: 90 * time.Second,
-		}
-		tr.Protocols.SetUnencryptedHTTP2(true)
-		tr.HTTP2 = &http.HTTP2Config{PingTimeout: 2 * time.Second, SendPingTimeout: 5 * time.Second}
-		o.httpClient = &http.Client{Transport: tr}
+		o.httpClient = o.defaultHTTPClient()
 	}
 	addrs := splitAddrs(addr)
 	if len(addrs) == 0 {
@@ -121,8 +115,8 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	}
 	fo := newFailover(o.httpClient, addrs)
 	hc := connect.HTTPClient(fo)
-	base := "http://" + placeholderHost
-	copts := []connect.ClientOption{connect.WithSendCompression("identity")}
+	base := o.scheme() + "://" + placeholderHost
+	copts := o.connectOptions()
 	c := &Client{
 		opts:     o,
 		nodes:    fo,

@@ -276,12 +276,13 @@ func (w *Writer) flushLocked() bool {
 	return ok
 }
 
-// ClientHello performs the client side of the handshake on conn.
-func ClientHello(conn net.Conn) error {
+// ClientHello performs the client side of the handshake on conn, sending ext (hello
+// extensions, hello.go) if the server accepts them.
+func ClientHello(conn net.Conn, ext Extensions) error {
 	_ = conn.SetDeadline(time.Now().Add(HandshakeTimeout))
 	defer func() { _ = conn.SetDeadline(time.Time{}) }()
 	hello := binary.BigEndian.AppendUint16([]byte(Magic), Version)
-	hello = binary.BigEndian.AppendUint16(hello, 0)
+	hello = binary.BigEndian.AppendUint16(hello, ext.flags())
 	if _, err := conn.Write(hello); err != nil {
 		return err
 	}
@@ -295,32 +296,33 @@ func ClientHello(conn net.Conn) error {
 	if v := binary.BigEndian.Uint16(resp[4:6]); v != Version {
 		return fmt.Errorf("%w: server speaks %d, we speak %d", ErrVersion, v, Version)
 	}
-	return nil
+	return ext.send(conn, binary.BigEndian.Uint16(resp[6:8]))
 }
 
 // ServerHello performs the server side of the handshake on conn: it reads the client's
-// hello and answers with the server's version and limits. A client speaking another
-// version gets the server's version in the answer and ErrVersion here; close the
-// connection then.
-func ServerHello(conn net.Conn) error {
+// hello and answers with the server's version and limits, and returns the client's hello
+// extensions (hello.go). A client speaking another version gets the server's version in
+// the answer and ErrVersion here; close the connection then.
+func ServerHello(conn net.Conn) (Extensions, error) {
 	_ = conn.SetDeadline(time.Now().Add(HandshakeTimeout))
 	defer func() { _ = conn.SetDeadline(time.Time{}) }()
 	var hello [8]byte
 	if _, err := io.ReadFull(conn, hello[:]); err != nil {
-		return err
+		return Extensions{}, err
 	}
 	if string(hello[:4]) != Magic {
-		return fmt.Errorf("%w: bad magic %q", ErrProtocol, hello[:4])
+		return Extensions{}, fmt.Errorf("%w: bad magic %q", ErrProtocol, hello[:4])
 	}
+	accept := binary.BigEndian.Uint16(hello[6:8]) & FlagExtensions
 	resp := binary.BigEndian.AppendUint16([]byte(Magic), Version)
-	resp = binary.BigEndian.AppendUint16(resp, 0)
+	resp = binary.BigEndian.AppendUint16(resp, accept)
 	resp = binary.BigEndian.AppendUint32(resp, MaxFrame)
 	resp = binary.BigEndian.AppendUint32(resp, MaxInFlight)
 	if _, err := conn.Write(resp); err != nil {
-		return err
+		return Extensions{}, err
 	}
 	if v := binary.BigEndian.Uint16(hello[4:6]); v != Version {
-		return fmt.Errorf("%w: client speaks %d", ErrVersion, v)
+		return Extensions{}, fmt.Errorf("%w: client speaks %d", ErrVersion, v)
 	}
-	return nil
+	return receiveExtensions(conn, accept)
 }

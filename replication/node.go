@@ -48,6 +48,9 @@ type Config struct {
 	// RaftAdvertise, if set, is the address other nodes dial instead of RaftAddr (for a
 	// node bound to 0.0.0.0).
 	RaftAdvertise string
+	// PeerTLS, if set, runs raft over mutually authenticated TLS (tls.go); nil: plain
+	// TCP, which anyone who reaches RaftAddr can join and write to.
+	PeerTLS *PeerTLS
 	// Bootstrap makes a node with no existing state start a cluster: of itself alone, or
 	// of Peers when they are given (every node of a static cluster bootstraps with the
 	// same Peers). A node without Bootstrap waits to be added (see AddVoter).
@@ -180,12 +183,17 @@ func Open(cfg Config) (*Node, error) {
 	// hashicorp/raft#612), which the nemesis suite hit as a node hanging on shutdown and a
 	// follower no longer receiving entries. Synchronous AppendEntries cost little on the
 	// small batches a lock service sends.
-	n.transport, err = raft.NewTCPTransportWithConfig(cfg.RaftAddr, advertise, &raft.NetworkTransportConfig{
+	tc := &raft.NetworkTransportConfig{
 		MaxPool:         3,
 		Timeout:         10 * time.Second,
 		Logger:          hlog,
 		MaxRPCsInFlight: 1,
-	})
+	}
+	if cfg.PeerTLS != nil {
+		n.transport, err = tlsTransport(cfg.RaftAddr, advertise, cfg.PeerTLS, tc)
+	} else {
+		n.transport, err = raft.NewTCPTransportWithConfig(cfg.RaftAddr, advertise, tc)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("replication: raft transport on %s: %w", addr, err)
 	}

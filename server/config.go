@@ -8,7 +8,11 @@ package server
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
+
+	"github.com/leasehold/leasehold/internal/auth"
+	"github.com/leasehold/leasehold/internal/tlsconf"
 )
 
 // Config bounds what clients may ask for. The zero value takes the defaults.
@@ -32,6 +36,15 @@ type Config struct {
 	APIAddr string
 	// FastLaneAddr is reported by Status so clients can find the fast lane.
 	FastLaneAddr string
+	// Auth, if set, authenticates every caller on every transport and authorizes every
+	// RPC by its rules (G11, docs/SECURITY.md). Nil: anyone may do anything.
+	Auth *auth.Authenticator
+	// TLS, if set, is the node's TLS material: the server uses it to recognise other
+	// nodes (peer certificates) and to forward requests to the leader over TLS. The
+	// listeners themselves are the caller's (service).
+	TLS *tlsconf.Node
+	// Logger receives the log of admin actions. Default slog.Default().
+	Logger *slog.Logger
 }
 
 // Validate fills defaults and checks rules that span fields.
@@ -48,6 +61,9 @@ func (c *Config) Validate() error {
 	def(&c.MaxLockDelay, time.Minute)
 	if c.MaxRequestBytes == 0 {
 		c.MaxRequestBytes = 64 << 10
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	switch {
 	case c.MinTTL < time.Millisecond:

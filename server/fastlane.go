@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -52,15 +53,17 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	if err := fastlane.ServerHello(conn); err != nil {
+	ext, err := fastlane.ServerHello(conn)
+	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &fastConn{
 		s: s, pool: pool, r: fastlane.NewReader(conn), w: fastlane.NewWriter(conn),
-		ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		ctx: ctx, cancel: cancel, done: make(chan struct{}), base: context.Background(),
 		inflight: make(map[uint64]context.CancelFunc),
 	}
+	c.authenticate(conn, ext.Token)
 	c.read()
 	<-c.done
 	c.wg.Wait()
@@ -86,6 +89,13 @@ type fastConn struct {
 	once   sync.Once
 	done   chan struct{} // closed when the connection has failed
 	err    error         // why; set before done is closed
+
+	// Who the connection's requests come from (auth.go); only the reader of the moment
+	// uses these. base is what each request's context derives from: it carries the caller.
+	caller   *caller
+	token    string
+	tlsState *tls.ConnectionState
+	base     context.Context
 
 	mu       sync.Mutex
 	inflight map[uint64]context.CancelFunc
@@ -145,7 +155,7 @@ func (c *fastConn) read() {
 		}
 		// Not derived from c.ctx: end cancels it through inflight, and the requests of
 		// a busy connection do not all register with (and lock) one parent context.
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(c.base)
 		c.mu.Lock()
 		c.inflight[f.ID] = cancel
 		c.mu.Unlock()
@@ -185,6 +195,8 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 		req = m.newRequest()
 		if uerr := proto.Unmarshal(f.Payload, req); uerr != nil {
 			err = connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request does not decode: "+uerr.Error()))
+		} else {
+			err = c.s.authorize(c.current(), m, req)
 		}
 	}
 	if err != nil {

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/fastlane"
+	"github.com/leasehold/leasehold/internal/auth"
 	"github.com/leasehold/leasehold/leader"
 )
 
@@ -56,30 +56,17 @@ func methodTable() []*method {
 }
 
 // permission is what a caller must be allowed to do to call an RPC (issue #17's rules:
-// read, lock, kv-write, admin). With authentication enabled, the check is made on the
-// request's name (lock name, key or prefix) for RPCs that have one.
-type permission uint8
+// read, lock, kv-write, admin; package auth). With authentication enabled, the check is
+// made on the request's name (lock name, key or prefix) for RPCs that have one (see
+// authorize).
+type permission = auth.Permission
 
 const (
-	permRead    permission = iota + 1 // Describe, List, Get, CheckToken, Status, Members
-	permLock                          // leases, Acquire, Release
-	permKVWrite                       // Put, Delete
-	permAdmin                         // ForceRelease, membership, snapshots, profiling
+	permRead    = auth.Read    // Describe, List, Get, CheckToken, Status, Members
+	permLock    = auth.Lock    // leases, Acquire, Release
+	permKVWrite = auth.KVWrite // Put, Delete
+	permAdmin   = auth.Admin   // ForceRelease, membership, snapshots, profiling
 )
-
-func (p permission) String() string {
-	switch p {
-	case permRead:
-		return "read"
-	case permLock:
-		return "lock"
-	case permKVWrite:
-		return "kv-write"
-	case permAdmin:
-		return "admin"
-	}
-	return fmt.Sprintf("permission(%d)", uint8(p))
-}
 
 // route says which node serves an RPC.
 type route uint8
@@ -153,6 +140,7 @@ func unary[Req, Res any, PReq interface {
 	m.forward = func(p *peer, ctx context.Context, req proto.Message, from string) (proto.Message, error) {
 		r := connect.NewRequest((*Req)(req.(PReq)))
 		r.Header().Set(forwardedHeader, from)
+		forwardCredentials(ctx, r.Header())
 		resp, err := peerClient[Req, Res](p, procedure).CallUnary(ctx, r)
 		if err != nil {
 			return nil, err
@@ -161,6 +149,9 @@ func unary[Req, Res any, PReq interface {
 	}
 	m.connectHandler = func(s *Server, opts ...connect.HandlerOption) http.Handler {
 		return connect.NewUnaryHandler(procedure, func(ctx context.Context, r *connect.Request[Req]) (*connect.Response[Res], error) {
+			if err := s.authorize(callerOf(ctx), m, PReq(r.Msg)); err != nil {
+				return nil, s.finish(m, time.Now(), err)
+			}
 			resp, err := s.call(ctx, m, PReq(r.Msg), r.Header().Get(forwardedHeader) != "")
 			if err != nil {
 				return nil, err

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -43,6 +44,7 @@ type Server struct {
 	metrics *metrics
 	methods methods
 	started time.Time
+	log     *slog.Logger
 }
 
 // New returns a Server. cfg is validated (and defaulted).
@@ -50,7 +52,7 @@ func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, leader: l, raft: r, peers: newPeers(), started: time.Now()}
+	s := &Server{cfg: cfg, leader: l, raft: r, peers: newPeers(cfg.TLS), started: time.Now(), log: cfg.Logger}
 	s.metrics = newMetrics(s)
 	s.methods = newMethods(s)
 	return s, nil
@@ -58,7 +60,8 @@ func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 
 // Handler returns the HTTP handler serving every RPC of the method table with Connect
 // (gRPC, gRPC-Web and Connect's JSON/binary protocol), plus /metrics, /healthz and
-// /admin/snapshot.
+// /admin/snapshot. With Config.Auth, /admin/snapshot needs admin, /metrics read, and
+// /healthz is open to all.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
@@ -72,8 +75,8 @@ func (s *Server) Handler() http.Handler {
 	for _, m := range s.methods.list {
 		mux.Handle(m.procedure, m.connectHandler(s, opts...))
 	}
-	mux.HandleFunc("GET /admin/snapshot", s.serveSnapshot)
-	mux.Handle("GET /metrics", s.metrics.handler())
+	mux.Handle("GET /admin/snapshot", s.requireHTTP(permAdmin, http.HandlerFunc(s.serveSnapshot)))
+	mux.Handle("GET /metrics", s.requireHTTP(permRead, s.metrics.handler()))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.leader.Active() {
 			http.Error(w, "not serving: no leader here", http.StatusServiceUnavailable)
@@ -81,7 +84,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	return mux
+	return s.identified(mux)
 }
 
 // serveSnapshot writes the whole state (leases, locks, token sequence, KV, members) as
@@ -94,7 +97,7 @@ func (s *Server) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "no leader known; retry", http.StatusServiceUnavailable)
 			return
 		}
-		http.Redirect(w, r, "http://"+addr+"/admin/snapshot", http.StatusTemporaryRedirect)
+		http.Redirect(w, r, s.peers.scheme+"://"+addr+"/admin/snapshot", http.StatusTemporaryRedirect)
 		return
 	}
 	if err := s.raft.ReadIndex(r.Context()); err != nil {

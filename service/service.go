@@ -16,6 +16,7 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/internal/tlsconf"
 	"github.com/leasehold/leasehold/leader"
 	"github.com/leasehold/leasehold/replication"
 	"github.com/leasehold/leasehold/server"
@@ -47,7 +48,16 @@ type Config struct {
 	StaticPeers map[string]string
 	// Pprof serves Go's profiler (net/http/pprof) under /debug/pprof/ on the API
 	// address. Off by default: profiles expose internals and cost CPU while they run.
+	// With Server.Auth, only admins may fetch them.
 	Pprof bool
+	// TLS, if set, serves the API and the fast lane over TLS (and requires client
+	// certificates when it has a client CA), and runs raft and forwarding between nodes
+	// over mutual TLS when it has peer certificates (security.go).
+	TLS *tlsconf.Node
+	// InsecureNoAuth allows serving an address other than loopback without
+	// authentication (no Server.Auth nor client CA on the API and fast lane, no peer TLS
+	// on raft). Without it, Start refuses to.
+	InsecureNoAuth bool
 }
 
 // Node is a running leasehold node.
@@ -62,6 +72,7 @@ type Node struct {
 	http     *http.Server
 	cancel   context.CancelFunc
 	serveErr chan error
+	reload   []func() error // security.go
 }
 
 // Start opens the data dir, starts raft and the leader runtime, and serves the API. It
@@ -74,19 +85,25 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if err := cfg.Server.Validate(); err != nil {
-		return nil, err
-	}
-	ln, err := net.Listen("tcp", cfg.Addr)
-	if err != nil {
-		return nil, fmt.Errorf("service: listen on %s: %w", cfg.Addr, err)
-	}
 	if cfg.FastLaneAddr == "" {
 		cfg.FastLaneAddr = "127.0.0.1:7742"
 	}
+	if cfg.Server.Logger == nil {
+		cfg.Server.Logger = cfg.Logger
+	}
+	if err := cfg.Server.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkExposure(&cfg); err != nil {
+		return nil, err
+	}
+	ln, err := cfg.listen(cfg.Addr, "h2", "http/1.1")
+	if err != nil {
+		return nil, fmt.Errorf("service: listen on %s: %w", cfg.Addr, err)
+	}
 	var fastLn net.Listener
 	if cfg.FastLaneAddr != "off" {
-		if fastLn, err = net.Listen("tcp", cfg.FastLaneAddr); err != nil {
+		if fastLn, err = cfg.listen(cfg.FastLaneAddr); err != nil {
 			_ = ln.Close()
 			return nil, fmt.Errorf("service: fast lane: listen on %s: %w", cfg.FastLaneAddr, err)
 		}
@@ -96,7 +113,7 @@ func Start(cfg Config) (*Node, error) {
 	if rc.NodeID == "" {
 		rc.NodeID = "node1"
 	}
-	n := &Node{addr: ln.Addr().String(), fastLn: fastLn, serveErr: make(chan error, 1)}
+	n := &Node{addr: ln.Addr().String(), fastLn: fastLn, serveErr: make(chan error, 1), reload: cfg.reloaders()}
 	if fastLn != nil {
 		n.fastAddr = fastLn.Addr().String()
 		cfg.Server.FastLaneAddr = n.fastAddr
@@ -109,6 +126,7 @@ func Start(cfg Config) (*Node, error) {
 		cfg.Server.NodeID = rc.NodeID
 	}
 	rc.Logger = cfg.Logger
+	cfg.Server.TLS, rc.PeerTLS = cfg.TLS, cfg.peerTLS()
 	rc.Observe = func(e []core.Effect) { n.Leader.OnEffects(e) }
 	rc.LeaderChange = changes
 	n.Leader = leader.New(nil, leader.Config{Limits: rc.Limits, Logger: cfg.Logger, OnPromote: func(ctx context.Context) {
@@ -137,15 +155,13 @@ func Start(cfg Config) (*Node, error) {
 	go n.Leader.Run(ctx, changes)
 	handler := n.Server.Handler()
 	if cfg.Pprof {
-		handler = withPprof(handler)
+		handler = withPprof(handler, n.Server.AdminOnly)
 	}
 	n.http = &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
-		Protocols:         new(http.Protocols),
+		Protocols:         cfg.protocols(),
 	}
-	n.http.Protocols.SetHTTP1(true)
-	n.http.Protocols.SetUnencryptedHTTP2(true)
 	go func() { n.serveErr <- n.http.Serve(ln) }()
 	if fastLn != nil {
 		go func() {
@@ -247,14 +263,15 @@ func (n *Node) Close(ctx context.Context) error {
 	return errors.Join(herr, n.Raft.Close())
 }
 
-// withPprof serves net/http/pprof's handlers under /debug/pprof/ and h elsewhere.
-func withPprof(h http.Handler) http.Handler {
+// withPprof serves net/http/pprof's handlers under /debug/pprof/, each through guard,
+// and h elsewhere.
+func withPprof(h http.Handler, guard func(http.Handler) http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", h)
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.Handle("/debug/pprof/", guard(http.HandlerFunc(pprof.Index)))
+	mux.Handle("/debug/pprof/cmdline", guard(http.HandlerFunc(pprof.Cmdline)))
+	mux.Handle("/debug/pprof/profile", guard(http.HandlerFunc(pprof.Profile)))
+	mux.Handle("/debug/pprof/symbol", guard(http.HandlerFunc(pprof.Symbol)))
+	mux.Handle("/debug/pprof/trace", guard(http.HandlerFunc(pprof.Trace)))
 	return mux
 }

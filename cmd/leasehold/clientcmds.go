@@ -23,11 +23,18 @@ func addrFlag(fs *flag.FlagSet) *string {
 	if def == "" {
 		def = "127.0.0.1:7740"
 	}
+	registerSecurityFlags(fs)
 	return fs.String("addr", def, "server address (env LEASEHOLD_ADDR)")
 }
 
 // dial connects to the server, printing why it could not.
 func dial(ctx context.Context, addr string, opts ...client.Option) (*client.Client, int) {
+	sec, err := securityOptions()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "leasehold: %v\n", err)
+		return nil, exitUsage
+	}
+	opts = append(sec, opts...)
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	c, err := client.Dial(dctx, addr, opts...)

@@ -1,0 +1,287 @@
+package server_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/fastlane"
+	"github.com/leasehold/leasehold/internal/auth"
+	"github.com/leasehold/leasehold/internal/testnode"
+	"github.com/leasehold/leasehold/server"
+	"github.com/leasehold/leasehold/service"
+)
+
+// aclNeeds is what each RPC must need, written out apart from the method table so that
+// a change to the table's permissions fails here: the permission, and whether it is
+// checked on the request's name (lock name, key or prefix). A new RPC must be added.
+var aclNeeds = map[string]struct {
+	perm  auth.Permission
+	named bool
+}{
+	"/leasehold.v1.LeaseService/Grant":          {auth.Lock, false},
+	"/leasehold.v1.LeaseService/KeepAlive":      {auth.Lock, false},
+	"/leasehold.v1.LeaseService/Revoke":         {auth.Lock, false},
+	"/leasehold.v1.LockService/Acquire":         {auth.Lock, true},
+	"/leasehold.v1.LockService/Release":         {auth.Lock, true},
+	"/leasehold.v1.LockService/Describe":        {auth.Read, true},
+	"/leasehold.v1.LockService/List":            {auth.Read, true},
+	"/leasehold.v1.LockService/ForceRelease":    {auth.Admin, false},
+	"/leasehold.v1.LockService/CheckToken":      {auth.Read, true},
+	"/leasehold.v1.KVService/Get":               {auth.Read, true},
+	"/leasehold.v1.KVService/Put":               {auth.KVWrite, true},
+	"/leasehold.v1.KVService/Delete":            {auth.KVWrite, true},
+	"/leasehold.v1.KVService/List":              {auth.Read, true},
+	"/leasehold.v1.ClusterService/Status":       {auth.Read, false},
+	"/leasehold.v1.ClusterService/Members":      {auth.Read, false},
+	"/leasehold.v1.ClusterService/AddMember":    {auth.Admin, false},
+	"/leasehold.v1.ClusterService/RemoveMember": {auth.Admin, false},
+}
+
+// aclTokens are the identities of the ACL test: each token's name is its secret too.
+// Every named request names "acl/x".
+var aclTokens = []struct {
+	name  string
+	rules []map[string]any
+	// may lists what it may do: a permission on "acl/x" (named) or on nothing.
+	may func(p auth.Permission, named bool) bool
+}{
+	{"reader", rules("acl/", "read"), func(p auth.Permission, named bool) bool { return p == auth.Read }},
+	{"locker", rules("acl/", "lock"), func(p auth.Permission, named bool) bool {
+		return p == auth.Lock || (p == auth.Read && !named)
+	}},
+	{"writer", rules("acl/", "kv-write"), func(p auth.Permission, named bool) bool {
+		return p == auth.KVWrite || (p == auth.Read && !named)
+	}},
+	// Admin on a prefix: everything on its names, but no cluster-wide admin RPC.
+	{"acl-admin", rules("acl/", "admin"), func(p auth.Permission, named bool) bool { return p != auth.Admin || named }},
+	{"root", rules("", "admin"), func(auth.Permission, bool) bool { return true }},
+	// Rules elsewhere: nameless lock and read, nothing on acl/x.
+	{"elsewhere", rules("other/", "read", "lock", "kv-write"), func(p auth.Permission, named bool) bool {
+		return !named && p != auth.Admin && p != auth.KVWrite
+	}},
+}
+
+func rules(prefix string, allow ...string) []map[string]any {
+	return []map[string]any{{"prefix": prefix, "allow": allow}}
+}
+
+// writeAuthFile writes an auth file of tokens whose secret is their name.
+func writeAuthFile(t *testing.T, subjects ...map[string]any) string {
+	t.Helper()
+	var tokens []map[string]any
+	for _, tk := range aclTokens {
+		sum := sha256.Sum256([]byte(tk.name))
+		tokens = append(tokens, map[string]any{"name": tk.name, "sha256": hex.EncodeToString(sum[:]), "rules": tk.rules})
+	}
+	b, err := json.Marshal(map[string]any{"tokens": tokens, "subjects": subjects})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "auth.json")
+	if err := os.WriteFile(file, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// startAuthNode starts a node whose auth file holds aclTokens.
+func startAuthNode(t *testing.T) *service.Node {
+	t.Helper()
+	a, err := auth.Load(writeAuthFile(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return testnode.StartWith(t, func(c *service.Config) { c.Server.Auth = a })
+}
+
+// TestACL calls every RPC of the method table over both transports (the fast lane for
+// those it carries) without a token, with an unknown one, and with each identity of
+// aclTokens, and checks that the server answers Unauthenticated, PermissionDenied
+// naming what is missing, or lets the request through to its handler, as the rules say.
+func TestACL(t *testing.T) {
+	n := startAuthNode(t)
+	procedures := server.Procedures(n.Server)
+	for p := range aclNeeds {
+		if !slices.Contains(procedures, p) {
+			t.Errorf("%s is in aclNeeds but not in the method table", p)
+		}
+	}
+	lanes := map[string]*lane{}
+	for _, token := range []string{"", "nobody"} {
+		lanes[token] = dialLaneWith(t, n.FastLaneAddr(), fastlane.Extensions{Token: token})
+	}
+	for _, tk := range aclTokens {
+		lanes[tk.name] = dialLaneWith(t, n.FastLaneAddr(), fastlane.Extensions{Token: tk.name})
+	}
+	for _, procedure := range procedures {
+		need, ok := aclNeeds[procedure]
+		if !ok {
+			t.Errorf("%s: the ACL test does not know what it needs: add it to aclNeeds", procedure)
+			continue
+		}
+		req := aclRequest(t, procedure, need.named)
+		fast, onFastLane := fastlane.MethodOf(procedure)
+		check := func(token string, want connect.Code, wantIn string) {
+			t.Helper()
+			code, msg := authCall(t, n.Addr(), procedure, token, req)
+			if !matches(code, want) || !strings.Contains(msg, wantIn) {
+				t.Errorf("%s over Connect with token %q: %v %q, want %v containing %q", procedure, token, code, msg, describe(want), wantIn)
+			}
+			if !onFastLane {
+				return
+			}
+			l := lanes[token]
+			l.lastError.Reset()
+			code = 0
+			if kind := l.roundTrip(fast, req, fast.NewResponse()); kind == fastlane.KindError {
+				code = connect.Code(l.lastError.GetCode())
+			}
+			if !matches(code, want) || !strings.Contains(l.lastError.GetMessage(), wantIn) {
+				t.Errorf("%s over the fast lane with token %q: %v %q, want %v containing %q", procedure, token, code, l.lastError.GetMessage(), describe(want), wantIn)
+			}
+		}
+		check("", connect.CodeUnauthenticated, "no credentials")
+		check("nobody", connect.CodeUnauthenticated, "not in the auth file")
+		for _, tk := range aclTokens {
+			if tk.may(need.perm, need.named) {
+				check(tk.name, allowed, "")
+			} else {
+				check(tk.name, connect.CodePermissionDenied, "token "+tk.name+" may not "+need.perm.String())
+			}
+		}
+	}
+}
+
+// allowed stands for any answer but Unauthenticated and PermissionDenied: the request
+// reached its handler (which may well refuse an empty request).
+const allowed connect.Code = 1000
+
+func matches(got, want connect.Code) bool {
+	if want == allowed {
+		return got != connect.CodeUnauthenticated && got != connect.CodePermissionDenied
+	}
+	return got == want
+}
+
+func describe(c connect.Code) string {
+	if c == allowed {
+		return "the handler's answer"
+	}
+	return c.String()
+}
+
+// aclRequest is an empty request of procedure, naming "acl/x" when the RPC is named.
+func aclRequest(t *testing.T, procedure string, named bool) proto.Message {
+	t.Helper()
+	var req proto.Message
+	for _, m := range fastlane.Methods() {
+		if m.Procedure() == procedure {
+			req = m.NewRequest()
+		}
+	}
+	if req == nil {
+		req = newRequest(t, procedure)
+	}
+	if named {
+		fields := req.ProtoReflect().Descriptor().Fields()
+		for _, f := range []protoreflect.Name{"name", "key", "prefix"} {
+			if fd := fields.ByName(f); fd != nil {
+				req.ProtoReflect().Set(fd, protoreflect.ValueOfString("acl/x"))
+				return req
+			}
+		}
+		t.Fatalf("%s is named but its request has no name, key or prefix", procedure)
+	}
+	return req
+}
+
+// newRequest makes an empty request message of procedure from the .proto descriptors.
+func newRequest(t *testing.T, procedure string) proto.Message {
+	t.Helper()
+	services := leaseholdv1.File_leasehold_v1_leasehold_proto.Services()
+	for i := range services.Len() {
+		sd := services.Get(i)
+		for j := range sd.Methods().Len() {
+			if md := sd.Methods().Get(j); "/"+string(sd.FullName())+"/"+string(md.Name()) == procedure {
+				mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Input().FullName())
+				if err != nil {
+					t.Fatal(err)
+				}
+				return mt.New().Interface()
+			}
+		}
+	}
+	t.Fatalf("no RPC %s", procedure)
+	return nil
+}
+
+// authCall calls procedure over Connect's binary protocol with token (none when "") and
+// returns the answer's code (0 for success) and error message.
+func authCall(t *testing.T, addr, procedure, token string, req proto.Message) (connect.Code, string) {
+	t.Helper()
+	body, err := proto.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr, err := http.NewRequest(http.MethodPost, "http://"+addr+procedure, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr.Header.Set("Content-Type", "application/proto")
+	if token != "" {
+		hr.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode == http.StatusOK {
+		return 0, ""
+	}
+	var e struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	}
+	if err := json.Unmarshal(b, &e); err != nil {
+		t.Fatalf("%s: error body %q: %v", procedure, b, err)
+	}
+	var code connect.Code
+	if err := code.UnmarshalText([]byte(e.Code)); err != nil {
+		t.Fatalf("%s: code %q: %v", procedure, e.Code, err)
+	}
+	return code, e.Message
+}
+
+// dialLaneWith is dialLane with hello extensions.
+func dialLaneWith(t *testing.T, addr string, ext fastlane.Extensions) *lane {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	if err := fastlane.ClientHello(conn, ext); err != nil {
+		t.Fatal(err)
+	}
+	return &lane{t: t, conn: conn, r: fastlane.NewReader(conn)}
+}
