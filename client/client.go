@@ -93,7 +93,9 @@ type Client struct {
 }
 
 // Dial returns a Client for the cluster at addr — one "host:port" (or http:// URL), or
-// several separated by commas — and checks that a node answers. Any node serves any
+// several separated by commas — and checks that a node answers. A node that refuses the
+// client's credentials (WithToken, WithTLS's certificate) fails Dial at once with its
+// Unauthenticated or PermissionDenied error. Any node serves any
 // request (followers forward to the leader); when a node cannot be reached the client
 // moves to the next one and retries what is safe to retry. Dial creates no lease until
 // the first Lock.
@@ -131,6 +133,9 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	for range addrs {
 		if _, err = rpc(ctx, c, c.cluster.Status, &leaseholdv1.StatusRequest{}); err == nil {
 			return c, nil
+		}
+		if refused(err) {
+			return nil, fmt.Errorf("client: %s: %w", addr, err)
 		}
 		if ctx.Err() != nil {
 			break

@@ -107,3 +107,9 @@ func rawConn(conn net.Conn) net.Conn {
 	}
 	return conn
 }
+
+// refused reports whether err is a server's refusal of the client's credentials.
+func refused(err error) bool {
+	code := connect.CodeOf(err)
+	return code == connect.CodeUnauthenticated || code == connect.CodePermissionDenied
+}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -284,4 +285,86 @@ func dialLaneWith(t *testing.T, addr string, ext fastlane.Extensions) *lane {
 		t.Fatal(err)
 	}
 	return &lane{t: t, conn: conn, r: fastlane.NewReader(conn)}
+}
+
+// TestAdminHTTP checks the HTTP endpoints beside the RPCs with auth on: /admin/snapshot
+// and /debug/pprof/ need admin on every name, /metrics needs read (any rule gives it),
+// /healthz is open.
+func TestAdminHTTP(t *testing.T) {
+	a, err := auth.Load(writeAuthFile(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := testnode.StartWith(t, func(c *service.Config) { c.Server.Auth, c.Pprof = a, true })
+	for _, c := range []struct {
+		path, token string
+		want        int
+	}{
+		{"/healthz", "", http.StatusOK},
+		{"/metrics", "", http.StatusUnauthorized},
+		{"/metrics", "nobody", http.StatusUnauthorized},
+		{"/metrics", "locker", http.StatusOK},
+		{"/admin/snapshot", "", http.StatusUnauthorized},
+		{"/admin/snapshot", "acl-admin", http.StatusForbidden},
+		{"/admin/snapshot", "root", http.StatusOK},
+		{"/debug/pprof/", "", http.StatusUnauthorized},
+		{"/debug/pprof/cmdline", "reader", http.StatusForbidden},
+		{"/debug/pprof/cmdline", "root", http.StatusOK},
+	} {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+n.Addr()+c.path, nil)
+		if c.token != "" {
+			req.Header.Set("Authorization", "Bearer "+c.token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("GET %s with token %q: %s, want %d", c.path, c.token, resp.Status, c.want)
+		}
+	}
+}
+
+// TestListingsHideLeaseIDs checks that no listing shows a lease ID (G11: only its holder
+// knows it, and it is the power to release or keep alive the holder's locks).
+func TestListingsHideLeaseIDs(t *testing.T) {
+	n := startAuthNode(t)
+	l := dialLaneWith(t, n.FastLaneAddr(), fastlane.Extensions{Token: "root"})
+	id := l.lease()
+	if kind := l.roundTrip(methodAcquire, &leaseholdv1.AcquireRequest{Name: "acl/held", Class: corr, LeaseId: id}, &leaseholdv1.AcquireResponse{}); kind != fastlane.KindResponse {
+		t.Fatalf("acquire: %v", l.lastError.GetMessage())
+	}
+	for _, c := range []struct {
+		procedure string
+		req       proto.Message
+	}{
+		{"/leasehold.v1.LockService/List", &leaseholdv1.ListRequest{Prefix: "acl/"}},
+		{"/leasehold.v1.LockService/Describe", &leaseholdv1.DescribeRequest{Name: "acl/held"}},
+		{"/leasehold.v1.ClusterService/Status", &leaseholdv1.StatusRequest{}},
+	} {
+		body, err := protojson.Marshal(c.req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest(http.MethodPost, "http://"+n.Addr()+c.procedure, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer reader")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %s %s", c.procedure, resp.Status, out)
+		}
+		if _, status := c.req.(*leaseholdv1.StatusRequest); !status && !strings.Contains(string(out), "acl/held") {
+			t.Fatalf("%s does not list the lock: %s", c.procedure, out)
+		}
+		if strings.Contains(strings.ToLower(string(out)), id) {
+			t.Errorf("%s shows the lease ID: %s", c.procedure, out)
+		}
+	}
 }

@@ -38,6 +38,10 @@ func dial(ctx context.Context, addr string, opts ...client.Option) (*client.Clie
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	c, err := client.Dial(dctx, addr, opts...)
+	if code := connect.CodeOf(err); code == connect.CodeUnauthenticated || code == connect.CodePermissionDenied {
+		fmt.Fprintf(os.Stderr, "leasehold: the server at %s refused our credentials (--auth-token-file, LEASEHOLD_AUTH_TOKEN, --cert): %v\n", addr, err)
+		return nil, exitError
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "leasehold: cannot reach the server at %s: %v\n", addr, err)
 		return nil, exitUnavailable
