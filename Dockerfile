@@ -6,4 +6,6 @@ COPY bin/leasehold /leasehold
 VOLUME /data
 EXPOSE 7740 7741
 ENTRYPOINT ["/leasehold"]
-CMD ["server", "--addr", "0.0.0.0:7740", "--raft-addr", "0.0.0.0:7741", "--data-dir", "/data"]
+# Open to whoever reaches the container's ports; give --auth-file and TLS flags
+# instead of --insecure-no-auth to secure it (docs/SECURITY.md).
+CMD ["server", "--addr", "0.0.0.0:7740", "--raft-addr", "0.0.0.0:7741", "--data-dir", "/data", "--insecure-no-auth"]

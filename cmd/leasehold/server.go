@@ -53,7 +53,7 @@ func runServer(args []string) int {
 	cfg := service.Config{
 		Addr:          *addr,
 		Raft:          replication.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise, Bootstrap: *bootstrap && *join == "", LogStore: *logStore},
-		Server:        server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID},
+		Server:        server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID, Logger: log},
 		Logger:        log,
 		AdvertiseAddr: *advertise,
 		Join:          *join,
