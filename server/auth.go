@@ -124,6 +124,19 @@ func (s *Server) identified(h http.Handler) http.Handler {
 	})
 }
 
+// guard is what both transports ask before serving a request: authorize, then charge
+// the caller's quotas (quota.go). When it returns a settle function, that must be called
+// with the answer.
+func (s *Server) guard(c *caller, m *method, req proto.Message) (settle func(proto.Message, error), err error) {
+	if !s.authOn() {
+		return nil, nil
+	}
+	if err := s.authorize(c, m, req); err != nil {
+		return nil, err
+	}
+	return s.charge(c, req)
+}
+
 // authorize checks that c may call m with req: the one check of every RPC, on both
 // transports. Missing or unknown credentials are auth.ErrUnauthenticated
 // (Unauthenticated); a rule that does not allow it, auth.ErrPermissionDenied
@@ -240,6 +253,7 @@ func (c *fastConn) authenticate(conn net.Conn, token string) {
 		c.tlsState = &cs
 	}
 	c.token = token
+	c.settles = make(map[uint64]func(proto.Message, error))
 	c.current()
 }
 

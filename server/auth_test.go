@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/fastlane"
 	"github.com/leasehold/leasehold/internal/auth"
 	"github.com/leasehold/leasehold/internal/testnode"
@@ -367,4 +369,133 @@ func TestListingsHideLeaseIDs(t *testing.T) {
 			t.Errorf("%s shows the lease ID: %s", c.procedure, out)
 		}
 	}
+}
+
+// TestQuotas checks each quota of an identity on both transports: a call past it is
+// ResourceExhausted naming the quota and changes nothing, and what ends frees its place.
+func TestQuotas(t *testing.T) {
+	sum := sha256.Sum256([]byte("q"))
+	file := filepath.Join(t.TempDir(), "auth.json")
+	if err := os.WriteFile(file, []byte(`{"tokens":[
+		{"name":"q","sha256":"`+hex.EncodeToString(sum[:])+`","rules":[{"prefix":"","allow":["lock","read"]}],"quota":{"leases":2,"locks":3,"waiters":2}},
+		{"name":"w","sha256":"`+hex.EncodeToString(sha256Sum("w"))+`","rules":[{"prefix":"","allow":["lock"]}],"quota":{"waiters":2}},
+		{"name":"root","sha256":"`+hex.EncodeToString(sha256Sum("root"))+`","rules":[{"prefix":"","allow":["admin"]}]}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := auth.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := testnode.StartWith(t, func(c *service.Config) { c.Server.Auth = a })
+	lane := dialLaneWith(t, n.FastLaneAddr(), fastlane.Extensions{Token: "q"})
+	exhausted := func(what, reason string, kind fastlane.Kind) {
+		t.Helper()
+		if kind != fastlane.KindError || connect.Code(lane.lastError.GetCode()) != connect.CodeResourceExhausted || lane.lastError.GetDetail().GetReason() != reason {
+			t.Fatalf("%s: kind %d %v %q, want ResourceExhausted %s", what, kind, connect.Code(lane.lastError.GetCode()), lane.lastError.GetDetail().GetReason(), reason)
+		}
+	}
+
+	// Leases: two, the third refused (over Connect too); a revoked one frees its place.
+	l1, l2 := lane.lease(), lane.lease()
+	exhausted("third lease", "quota_leases", lane.roundTrip(methodGrant, &leaseholdv1.GrantRequest{}, &leaseholdv1.GrantResponse{}))
+	if code, msg := authCall(t, n.Addr(), "/leasehold.v1.LeaseService/Grant", "q", &leaseholdv1.GrantRequest{}); code != connect.CodeResourceExhausted || !strings.Contains(msg, "token q may hold at most 2 leases") {
+		t.Errorf("third lease over Connect: %v %q", code, msg)
+	}
+	if kind := lane.roundTrip(fastlane.MustMethodOf(leaseholdv1connect.LeaseServiceRevokeProcedure), &leaseholdv1.RevokeRequest{LeaseId: l2}, &leaseholdv1.RevokeResponse{}); kind != fastlane.KindResponse {
+		t.Fatalf("revoke: %v", lane.lastError.GetMessage())
+	}
+	l2 = lane.lease()
+
+	// Locks: three, the fourth refused; a release frees its place.
+	acquire := func(lease, name string, wait int64) fastlane.Kind {
+		return lane.roundTrip(methodAcquire, &leaseholdv1.AcquireRequest{Name: name, Class: corr, LeaseId: lease, WaitMs: wait}, &leaseholdv1.AcquireResponse{})
+	}
+	var tokens []uint64
+	for i, name := range []string{"q/1", "q/2", "q/3"} {
+		var g leaseholdv1.AcquireResponse
+		if kind := lane.roundTrip(methodAcquire, &leaseholdv1.AcquireRequest{Name: name, Class: []leaseholdv1.LockClass{corr, eff}[i%2], LeaseId: l1}, &g); kind != fastlane.KindResponse {
+			t.Fatalf("acquire %s: %v", name, lane.lastError.GetMessage())
+		}
+		tokens = append(tokens, g.GetToken())
+	}
+	exhausted("fourth lock", "quota_locks", acquire(l2, "q/4", 0))
+	if kind := lane.roundTrip(methodRelease, &leaseholdv1.ReleaseRequest{Name: "q/1", LeaseId: l1, Token: tokens[0]}, &leaseholdv1.ReleaseResponse{}); kind != fastlane.KindResponse {
+		t.Fatalf("release: %v", lane.lastError.GetMessage())
+	}
+	if kind := acquire(l2, "q/4", 0); kind != fastlane.KindResponse {
+		t.Fatalf("acquire after a release: %v", lane.lastError.GetMessage())
+	}
+
+	// Waiters: root holds w/1 and w/1b; two acquires of w wait for them, a third is refused, and
+	// one more may wait once one of them has given up.
+	root := dialLaneWith(t, n.FastLaneAddr(), fastlane.Extensions{Token: "root"})
+	rl := root.lease()
+	for _, name := range []string{"w/1", "w/1b"} {
+		if kind := root.roundTrip(methodAcquire, &leaseholdv1.AcquireRequest{Name: name, Class: corr, LeaseId: rl}, &leaseholdv1.AcquireResponse{}); kind != fastlane.KindResponse {
+			t.Fatalf("root acquire: %v", root.lastError.GetMessage())
+		}
+	}
+	w := dialLaneWith(t, n.FastLaneAddr(), fastlane.Extensions{Token: "w"})
+	wl := w.lease()
+	waiting := dialLaneWith(t, n.FastLaneAddr(), fastlane.Extensions{Token: "w"})
+	var ids []uint64
+	for _, name := range []string{"w/1", "w/1b"} {
+		ids = append(ids, waiting.send(fastlane.KindRequest, methodAcquire, &leaseholdv1.AcquireRequest{Name: name, Class: corr, LeaseId: w.lease(), WaitMs: 60_000}))
+	}
+	locks := leaseholdv1connect.NewLockServiceClient(http.DefaultClient, "http://"+n.Addr(), connect.WithInterceptors(bearerInterceptor("root")))
+	if !eventuallyTrue(10*time.Second, func() bool {
+		for _, name := range []string{"w/1", "w/1b"} {
+			d, err := locks.Describe(t.Context(), &leaseholdv1.DescribeRequest{Name: name})
+			if err != nil || d.GetLock().GetWaiters() != 1 {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatal("w's acquires are not both waiting")
+	}
+	third := func() fastlane.Kind {
+		return w.roundTrip(methodAcquire, &leaseholdv1.AcquireRequest{Name: "w/2", Class: corr, LeaseId: wl}, &leaseholdv1.AcquireResponse{})
+	}
+	if !eventuallyTrue(10*time.Second, func() bool {
+		return third() == fastlane.KindError && w.lastError.GetDetail().GetReason() == "quota_waiters"
+	}) {
+		t.Fatalf("a third acquire in flight: %q, want quota_waiters", w.lastError.GetMessage())
+	}
+	cancel, err := fastlane.AppendFrame(nil, fastlane.KindCancel, methodAcquire, ids[0], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waiting.conn.Write(cancel); err != nil {
+		t.Fatal(err)
+	}
+	if !eventuallyTrue(10*time.Second, func() bool { return third() == fastlane.KindResponse }) {
+		t.Fatalf("after a waiter gave up: %q", w.lastError.GetMessage())
+	}
+}
+
+func eventuallyTrue(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+func sha256Sum(s string) []byte {
+	sum := sha256.Sum256([]byte(s))
+	return sum[:]
+}
+
+// bearerInterceptor sends token on every Connect request.
+func bearerInterceptor(token string) connect.Interceptor {
+	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			req.Header().Set("Authorization", "Bearer "+token)
+			return next(ctx, req)
+		}
+	})
 }

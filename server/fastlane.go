@@ -99,6 +99,7 @@ type fastConn struct {
 
 	mu       sync.Mutex
 	inflight map[uint64]context.CancelFunc
+	settles  map[uint64]func(proto.Message, error) // quota.go; nil without auth
 }
 
 // end records why the connection ended and cancels every request in flight. Only the
@@ -195,8 +196,12 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 		req = m.newRequest()
 		if uerr := proto.Unmarshal(f.Payload, req); uerr != nil {
 			err = connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request does not decode: "+uerr.Error()))
-		} else {
-			err = c.s.authorize(c.current(), m, req)
+		} else if settle, gerr := c.s.guard(c.current(), m, req); gerr != nil {
+			err = gerr
+		} else if settle != nil {
+			c.mu.Lock()
+			c.settles[f.ID] = settle
+			c.mu.Unlock()
 		}
 	}
 	if err != nil {
@@ -242,9 +247,14 @@ func (c *fastConn) send(method fastlane.Method, id uint64, resp proto.Message, e
 	cancel := c.inflight[id] // nil for a request served at once: never registered
 	delete(c.inflight, id)
 	others := len(c.inflight) > 0
+	settle := c.settles[id]
+	delete(c.settles, id)
 	c.mu.Unlock()
 	if cancel != nil {
 		cancel()
+	}
+	if settle != nil {
+		settle(resp, err)
 	}
 	if err != nil {
 		out(errorFrame(method, id, err), others)

@@ -149,10 +149,14 @@ func unary[Req, Res any, PReq interface {
 	}
 	m.connectHandler = func(s *Server, opts ...connect.HandlerOption) http.Handler {
 		return connect.NewUnaryHandler(procedure, func(ctx context.Context, r *connect.Request[Req]) (*connect.Response[Res], error) {
-			if err := s.authorize(callerOf(ctx), m, PReq(r.Msg)); err != nil {
+			settle, err := s.guard(callerOf(ctx), m, PReq(r.Msg))
+			if err != nil {
 				return nil, s.finish(m, time.Now(), err)
 			}
 			resp, err := s.call(ctx, m, PReq(r.Msg), r.Header().Get(forwardedHeader) != "")
+			if settle != nil {
+				settle(resp, err)
+			}
 			if err != nil {
 				return nil, err
 			}

@@ -45,6 +45,7 @@ type Server struct {
 	methods methods
 	started time.Time
 	log     *slog.Logger
+	quotas  quotas
 }
 
 // New returns a Server. cfg is validated (and defaulted).
