@@ -190,6 +190,9 @@ func (id *Identity) Allow(p Permission, name string, named bool) error {
 		}
 		return fmt.Errorf("%w: %s may not %s: no rule allows it", ErrPermissionDenied, id, p)
 	}
+	if name == "" {
+		name = `"" (every name)`
+	}
 	return fmt.Errorf("%w: %s may not %s on %s: no rule allows it", ErrPermissionDenied, id, p, name)
 }
 
