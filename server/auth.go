@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/internal/auth"
@@ -134,13 +135,29 @@ func (s *Server) guard(c *caller, m *method, req proto.Message) (settle func(pro
 	if err := s.authorize(c, m, req); err != nil {
 		return nil, err
 	}
+	if m.perm == permAdmin {
+		return s.logAdmin(c, m, req), nil
+	}
 	return s.charge(c, req)
+}
+
+// logAdmin returns the settle function of an admin RPC: it logs the action, with the
+// caller's identity and how it ended, once it has.
+func (s *Server) logAdmin(c *caller, m *method, req proto.Message) func(proto.Message, error) {
+	return func(_ proto.Message, err error) {
+		result := "ok"
+		if err != nil {
+			result = connect.CodeOf(err).String()
+		}
+		s.log.Info("admin action", "identity", c.who.String(), "procedure", m.procedure, "request", requestText(req), "result", result)
+	}
 }
 
 // authorize checks that c may call m with req: the one check of every RPC, on both
 // transports. Missing or unknown credentials are auth.ErrUnauthenticated
 // (Unauthenticated); a rule that does not allow it, auth.ErrPermissionDenied
-// (PermissionDenied) naming what is missing. An admin RPC is logged with the identity.
+// (PermissionDenied) naming what is missing. A refused admin RPC is logged with the
+// identity (an admitted one when it ends: logAdmin).
 func (s *Server) authorize(c *caller, m *method, req proto.Message) error {
 	if !s.authOn() {
 		return nil
@@ -160,9 +177,6 @@ func (s *Server) authorize(c *caller, m *method, req proto.Message) error {
 			s.log.Warn("admin action refused", "identity", c.who.String(), "procedure", m.procedure, "err", err)
 		}
 		return err
-	}
-	if m.perm == permAdmin {
-		s.log.Info("admin action", "identity", c.who.String(), "procedure", m.procedure, "request", requestText(req))
 	}
 	return nil
 }

@@ -1,5 +1,5 @@
-// Package tlstest makes certificate authorities and certificates for tests, with
-// crypto/x509, written as PEM files into the test's temporary directory.
+// Package tlstest makes certificate authorities and certificates for tests and
+// benchmarks, with crypto/x509, written as PEM files into the test's temporary directory.
 package tlstest
 
 import (
@@ -14,9 +14,16 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"testing"
 	"time"
 )
+
+// TB is what the package needs of a test: testing.TB has it. Fatal is called only when
+// crypto/rand or the temporary directory fails.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	TempDir() string
+}
 
 // CA is a certificate authority of a test.
 type CA struct {
@@ -28,7 +35,7 @@ type CA struct {
 }
 
 // NewCA makes a self-signed CA named name.
-func NewCA(tb testing.TB, name string) *CA {
+func NewCA(tb TB, name string) *CA {
 	tb.Helper()
 	key := newKey(tb)
 	tmpl := &x509.Certificate{
@@ -70,7 +77,7 @@ type Cert struct {
 // Issue makes a certificate for common name cn, valid for both server and client
 // authentication, for hosts (IP addresses or DNS names; default 127.0.0.1 and
 // localhost).
-func (ca *CA) Issue(tb testing.TB, cn string, hosts ...string) Cert {
+func (ca *CA) Issue(tb TB, cn string, hosts ...string) Cert {
 	tb.Helper()
 	if len(hosts) == 0 {
 		hosts = []string{"127.0.0.1", "localhost"}
@@ -118,7 +125,7 @@ func (ca *CA) ClientConfig(certs ...Cert) *tls.Config {
 	return c
 }
 
-func newKey(tb testing.TB) *ecdsa.PrivateKey {
+func newKey(tb TB) *ecdsa.PrivateKey {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		tb.Fatal(err)
@@ -126,7 +133,7 @@ func newKey(tb testing.TB) *ecdsa.PrivateKey {
 	return key
 }
 
-func serial(tb testing.TB) *big.Int {
+func serial(tb TB) *big.Int {
 	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
 	if err != nil {
 		tb.Fatal(err)
@@ -134,7 +141,7 @@ func serial(tb testing.TB) *big.Int {
 	return n
 }
 
-func writePEM(tb testing.TB, file, typ string, der []byte) {
+func writePEM(tb TB, file, typ string, der []byte) {
 	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
 		tb.Fatal(err)
 	}
