@@ -50,6 +50,9 @@ func checkExposure(cfg *Config) error {
 	if cfg.Server.Auth != nil && (cfg.TLS == nil || !cfg.TLS.API()) && !loopback(cfg.Addr) {
 		cfg.Logger.Warn("auth is on but the API serves no TLS: bearer tokens cross the network in clear text (give --tls-cert and --tls-key)", "addr", cfg.Addr)
 	}
+	if cfg.TLS != nil && cfg.TLS.API() && !peers {
+		cfg.Logger.Info("the API serves TLS without peer TLS: a follower forwarding a request verifies the leader's API certificate against the system's roots (give --peer-tls-* to verify it against the nodes' CA)")
+	}
 	if cfg.Server.Auth != nil && !peers && !loopback(raftAddr) {
 		cfg.Logger.Warn("auth is on but raft has no peer TLS: anyone who reaches the raft port can rewrite the cluster's state", "raft", raftAddr)
 	}

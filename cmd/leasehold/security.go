@@ -113,10 +113,19 @@ func adminHTTP() (*http.Client, string, func(*http.Request), error) {
 			r.Header.Set("Authorization", "Bearer "+token)
 		}
 	}
-	if tc == nil {
-		return http.DefaultClient, "http", authorize, nil
+	// A follower redirects to the leader, which needs the token too (net/http drops it
+	// on a redirect to another host).
+	redirect := func(r *http.Request, via []*http.Request) error {
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		authorize(r)
+		return nil
 	}
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true}}, "https", authorize, nil
+	if tc == nil {
+		return &http.Client{CheckRedirect: redirect}, "http", authorize, nil
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true}, CheckRedirect: redirect}, "https", authorize, nil
 }
 
 // serverSecurity holds the server's TLS and auth flags.
