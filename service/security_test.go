@@ -100,6 +100,16 @@ func (p *pki) start(t *testing.T, id, join string, peer tlstest.Cert, peerCA *tl
 	return n
 }
 
+// first starts the first node, n1, bootstrapping a cluster, and waits until it leads.
+func (p *pki) first(t *testing.T, ctx context.Context) *service.Node {
+	t.Helper()
+	n1 := p.start(t, "n1", "", p.node, p.nodes)
+	if err := n1.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return n1
+}
+
 // dial returns a client of addr over TLS trusting the nodes' CA, with opts.
 func (p *pki) dial(t *testing.T, ctx context.Context, addr string, tc *tls.Config, opts ...client.Option) *client.Client {
 	t.Helper()
@@ -121,10 +131,7 @@ func TestTLSCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	p := newPKI(t)
-	n1 := p.start(t, "n1", "", p.node, p.nodes)
-	if err := n1.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	n1 := p.first(t, ctx)
 	n2 := p.start(t, "n2", n1.Addr(), p.node, p.nodes)
 	n3 := p.start(t, "n3", n1.Addr(), p.node, p.nodes)
 
@@ -199,10 +206,7 @@ func TestWrongCARefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	p := newPKI(t)
-	n1 := p.start(t, "n1", "", p.node, p.nodes)
-	if err := n1.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	n1 := p.first(t, ctx)
 	other := tlstest.NewCA(t, "other")
 	good := p.clients.Issue(t, "ci-runner")
 	bad := other.Issue(t, "ci-runner")
@@ -288,10 +292,7 @@ func TestPeerHeaderNotTrusted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p := newPKI(t)
-	n1 := p.start(t, "n1", "", p.node, p.nodes)
-	if err := n1.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	n1 := p.first(t, ctx)
 	tr := &http.Transport{TLSClientConfig: p.nodes.ClientConfig(p.clients.Issue(t, "nobody"))}
 	defer tr.CloseIdleConnections()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+n1.Addr()+"/leasehold.v1.KVService/Put", strings.NewReader(`{"key":"billing/x","value":"eA=="}`))
@@ -317,10 +318,7 @@ func TestReload(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	p := newPKI(t)
-	n1 := p.start(t, "n1", "", p.node, p.nodes)
-	if err := n1.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	n1 := p.first(t, ctx)
 	ciCert := p.clients.Issue(t, "ci-runner")
 	ci := p.dial(t, ctx, n1.Addr(), p.nodes.ClientConfig(ciCert), client.WithToken("ci-secret"))
 	if _, err := ci.Lock(ctx, "jobs/a", client.Efficiency); err != nil {
