@@ -85,11 +85,10 @@ func (p *pki) start(t *testing.T, id, join string, peer tlstest.Cert, peerCA *tl
 	cfg := service.Config{
 		Addr:         "127.0.0.1:0",
 		FastLaneAddr: "127.0.0.1:0",
-		Raft: replication.Config{NodeID: id, DataDir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: join == "",
-			HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond, LeaderLeaseTimeout: 100 * time.Millisecond},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		TLS:    tc,
-		Join:   join,
+		Raft:         replication.Config{NodeID: id, DataDir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: join == ""},
+		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+		TLS:          tc,
+		Join:         join,
 	}
 	cfg.Server.Auth = a
 	n, err := service.Start(cfg)
