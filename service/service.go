@@ -161,6 +161,7 @@ func Start(cfg Config) (*Node, error) {
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		Protocols:         cfg.protocols(),
+		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn), // refused TLS handshakes, say
 	}
 	go func() { n.serveErr <- n.http.Serve(ln) }()
 	if fastLn != nil {
