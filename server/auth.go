@@ -125,10 +125,10 @@ func (s *Server) identified(h http.Handler) http.Handler {
 	})
 }
 
-// guard is what both transports ask before serving a request: authorize, then charge
+// gate is what both transports ask before serving a request: authorize, then charge
 // the caller's quotas (quota.go). When it returns a settle function, that must be called
 // with the answer.
-func (s *Server) guard(c *caller, m *method, req proto.Message) (settle func(proto.Message, error), err error) {
+func (s *Server) gate(c *caller, m *method, req proto.Message) (settle func(proto.Message, error), err error) {
 	if !s.authOn() {
 		return nil, nil
 	}

@@ -196,7 +196,7 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 		req = m.newRequest()
 		if uerr := proto.Unmarshal(f.Payload, req); uerr != nil {
 			err = connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request does not decode: "+uerr.Error()))
-		} else if settle, gerr := c.s.guard(c.current(), m, req); gerr != nil {
+		} else if settle, gerr := c.s.gate(c.current(), m, req); gerr != nil {
 			err = gerr
 		} else if settle != nil {
 			c.mu.Lock()

@@ -149,7 +149,7 @@ func unary[Req, Res any, PReq interface {
 	}
 	m.connectHandler = func(s *Server, opts ...connect.HandlerOption) http.Handler {
 		return connect.NewUnaryHandler(procedure, func(ctx context.Context, r *connect.Request[Req]) (*connect.Response[Res], error) {
-			settle, err := s.guard(callerOf(ctx), m, PReq(r.Msg))
+			settle, err := s.gate(callerOf(ctx), m, PReq(r.Msg))
 			if err != nil {
 				return nil, s.finish(m, time.Now(), err)
 			}
