@@ -87,9 +87,13 @@ type flResult struct {
 	payload []byte
 }
 
-func dialFastLane(ctx context.Context, addr string, o *options) (*flConn, error) {
-	conn, err := o.dialFastLane(ctx, addr)
+func dialFastLane(ctx context.Context, addr string, id *clusterID, o *options) (*flConn, error) {
+	conn, err := o.dialFastConn(ctx, addr)
 	if err != nil {
+		return nil, err
+	}
+	if err := id.fastLaneHello(conn, addr, fastlane.Extensions{Token: o.token}); err != nil {
+		_ = conn.Close()
 		return nil, err
 	}
 	return &flConn{
@@ -416,7 +420,7 @@ func (f *fastLanes) connect(ctx context.Context, node string) (*flConn, error) {
 			}
 		}
 	}
-	return dialFastLane(sctx, addr, &f.c.opts)
+	return dialFastLane(sctx, addr, f.c.id, &f.c.opts)
 }
 
 func (f *fastLanes) close() {

@@ -71,9 +71,9 @@ func (o *options) connectOptions() []connect.ClientOption {
 	return opts
 }
 
-// dialFastLane opens a fast-lane connection to addr — over TLS with WithTLS — and makes
-// the handshake, with the token when there is one.
-func (o *options) dialFastLane(ctx context.Context, addr string) (net.Conn, error) {
+// dialFastConn opens a connection to the fast lane at addr, over TLS (handshake made)
+// with WithTLS; the fast lane's own handshake is the caller's (dialFastLane).
+func (o *options) dialFastConn(ctx context.Context, addr string) (net.Conn, error) {
 	conn, err := (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
@@ -92,10 +92,6 @@ func (o *options) dialFastLane(ctx context.Context, addr string) (net.Conn, erro
 			return nil, err
 		}
 		conn = tc
-	}
-	if err := fastlane.ClientHello(conn, fastlane.Extensions{Token: o.token}); err != nil {
-		_ = conn.Close()
-		return nil, err
 	}
 	return conn, nil
 }

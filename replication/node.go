@@ -51,6 +51,11 @@ type Config struct {
 	// PeerTLS, if set, runs raft over mutually authenticated TLS (tls.go); nil: plain
 	// TCP, which anyone who reaches RaftAddr can join and write to.
 	PeerTLS *PeerTLS
+	// Transport, if set, carries raft's messages instead of a TCP transport on RaftAddr
+	// (RaftAddr and RaftAdvertise are then unused; the node's address is the transport's
+	// LocalAddr). Tests pass raft's in-memory transport (internal/clustertest). Open
+	// takes it over: Close closes it.
+	Transport raft.Transport
 	// Bootstrap makes a node with no existing state start a cluster: of itself alone, or
 	// of Peers when they are given (every node of a static cluster bootstraps with the
 	// same Peers). A node without Bootstrap waits to be added (see AddVoter).
@@ -116,6 +121,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// clusterIDKey is where the stable store keeps the cluster ID this node has applied.
+var clusterIDKey = []byte("LeaseholdClusterID")
+
 // maxAppendEntries bounds the entries raft writes, and sends a follower, in one batch.
 const maxAppendEntries = 512
 
@@ -131,7 +139,7 @@ type Node struct {
 	logs      raft.LogStore
 	stable    raft.StableStore
 	closer    io.Closer
-	transport *raft.NetworkTransport
+	transport raft.Transport
 	verifier  verifier
 	futures   futures
 	batcher   batcher
@@ -168,34 +176,11 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: open snapshot store: %w", err)
 	}
-	addr, err := net.ResolveTCPAddr("tcp", cfg.RaftAddr)
-	if err != nil {
-		return nil, fmt.Errorf("replication: raft address %q: %w", cfg.RaftAddr, err)
-	}
-	var advertise net.Addr
-	if cfg.RaftAdvertise != "" {
-		if advertise, err = net.ResolveTCPAddr("tcp", cfg.RaftAdvertise); err != nil {
-			return nil, fmt.Errorf("replication: raft advertise address %q: %w", cfg.RaftAdvertise, err)
+	n.transport = cfg.Transport
+	if n.transport == nil {
+		if n.transport, err = tcpTransport(cfg, hlog); err != nil {
+			return nil, err
 		}
-	}
-	// MaxRPCsInFlight 1 turns raft's pipelined replication off: its pipeline can deadlock
-	// (the sender blocked on inprogressCh while the response decoder waits on doneCh,
-	// hashicorp/raft#612), which the nemesis suite hit as a node hanging on shutdown and a
-	// follower no longer receiving entries. Synchronous AppendEntries cost little on the
-	// small batches a lock service sends.
-	tc := &raft.NetworkTransportConfig{
-		MaxPool:         3,
-		Timeout:         10 * time.Second,
-		Logger:          hlog,
-		MaxRPCsInFlight: 1,
-	}
-	if cfg.PeerTLS != nil {
-		n.transport, err = tlsTransport(cfg.RaftAddr, advertise, cfg.PeerTLS, tc)
-	} else {
-		n.transport, err = raft.NewTCPTransportWithConfig(cfg.RaftAddr, advertise, tc)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("replication: raft transport on %s: %w", addr, err)
 	}
 	n.fsm = &fsm{state: core.NewState(cfg.Limits), limits: cfg.Limits, observe: cfg.Observe, log: cfg.Logger}
 
@@ -246,13 +231,56 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: log cache: %w", err)
 	}
+	n.fsm.saveClusterID = func(id string) {
+		if err := stable.Set(clusterIDKey, []byte(id)); err != nil {
+			cfg.Logger.Error("could not save the cluster ID", "err", err)
+		}
+	}
 	n.raft, err = raft.NewRaft(rc, n.fsm, cached, stable, snaps, n.transport)
 	if err != nil {
 		return nil, fmt.Errorf("replication: start raft: %w", err)
 	}
+	if id, err := stable.Get(clusterIDKey); err == nil && len(id) > 0 {
+		n.fsm.presetClusterID(string(id))
+	}
 	n.verifier.round = n.confirmRound
 	ok = true
 	return n, nil
+}
+
+// tcpTransport is raft's TCP transport on cfg.RaftAddr.
+func tcpTransport(cfg Config, hlog hclog.Logger) (raft.Transport, error) {
+	addr, err := net.ResolveTCPAddr("tcp", cfg.RaftAddr)
+	if err != nil {
+		return nil, fmt.Errorf("replication: raft address %q: %w", cfg.RaftAddr, err)
+	}
+	var advertise net.Addr
+	if cfg.RaftAdvertise != "" {
+		if advertise, err = net.ResolveTCPAddr("tcp", cfg.RaftAdvertise); err != nil {
+			return nil, fmt.Errorf("replication: raft advertise address %q: %w", cfg.RaftAdvertise, err)
+		}
+	}
+	// MaxRPCsInFlight 1 turns raft's pipelined replication off: its pipeline can deadlock
+	// (the sender blocked on inprogressCh while the response decoder waits on doneCh,
+	// hashicorp/raft#612), which the nemesis suite hit as a node hanging on shutdown and a
+	// follower no longer receiving entries. Synchronous AppendEntries cost little on the
+	// small batches a lock service sends.
+	tc := &raft.NetworkTransportConfig{
+		MaxPool:         3,
+		Timeout:         10 * time.Second,
+		Logger:          hlog,
+		MaxRPCsInFlight: 1,
+	}
+	var t *raft.NetworkTransport
+	if cfg.PeerTLS != nil {
+		t, err = tlsTransport(cfg.RaftAddr, advertise, cfg.PeerTLS, tc)
+	} else {
+		t, err = raft.NewTCPTransportWithConfig(cfg.RaftAddr, advertise, tc)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replication: raft transport on %s: %w", addr, err)
+	}
+	return t, nil
 }
 
 // Apply proposes cmd, waits until it is committed by a quorum, fsynced and applied, and
@@ -435,6 +463,8 @@ type Status struct {
 	Term         uint64
 	CommitIndex  uint64
 	AppliedIndex uint64
+	// RaftAddr is this node's raft address as other nodes dial it.
+	RaftAddr string
 }
 
 // Status reports this node's raft state.
@@ -452,55 +482,7 @@ func (n *Node) Status() Status {
 		Term:         term,
 		CommitIndex:  commit,
 		AppliedIndex: n.raft.AppliedIndex(),
-	}
-}
-
-// Server is a member of the raft configuration.
-type Server struct {
-	ID       string
-	RaftAddr string
-	Voter    bool
-}
-
-// Configuration returns the latest raft configuration this node knows.
-func (n *Node) Configuration() ([]Server, error) {
-	f := n.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
-		return nil, fmt.Errorf("replication: configuration: %w", err)
-	}
-	var out []Server
-	for _, s := range f.Configuration().Servers {
-		out = append(out, Server{ID: string(s.ID), RaftAddr: string(s.Address), Voter: s.Suffrage == raft.Voter})
-	}
-	return out, nil
-}
-
-// AddVoter adds (or re-addresses) a voting member and waits until the change commits.
-// Only the leader can do it (ErrNotLeader otherwise).
-func (n *Node) AddVoter(ctx context.Context, id, raftAddr string) error {
-	return n.await(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, 10*time.Second))
-}
-
-// RemoveServer removes a member and waits until the change commits.
-func (n *Node) RemoveServer(ctx context.Context, id string) error {
-	return n.await(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second))
-}
-
-func (n *Node) await(ctx context.Context, f raft.Future) error {
-	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
-	select {
-	case err := <-done:
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost):
-			return fmt.Errorf("%w: %w", ErrNotLeader, err)
-		default:
-			return fmt.Errorf("replication: membership change: %w", err)
-		}
-	case <-ctx.Done():
-		return ctx.Err()
+		RaftAddr:     n.RaftAddr(),
 	}
 }
 
@@ -522,8 +504,8 @@ func (n *Node) Close() error {
 }
 
 func (n *Node) closeStores() {
-	if n.transport != nil {
-		_ = n.transport.Close()
+	if c, ok := n.transport.(raft.WithClose); ok {
+		_ = c.Close()
 	}
 	if n.closer != nil {
 		_ = n.closer.Close()

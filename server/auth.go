@@ -37,9 +37,9 @@ const forwardedSubjectHeader = "Leasehold-Forwarded-Subject"
 // errNoCredentials is the answer to a caller that brings no credential when auth is on.
 var errNoCredentials = fmt.Errorf("%w: no credentials: send a token (Authorization: Bearer TOKEN; client.WithToken; leasehold --auth-token-file) or a client certificate the auth file maps", auth.ErrUnauthenticated)
 
-// caller is who sent a request, as its transport found out: an identity, or the error
+// principal is who sent a request, as its transport found out: an identity, or the error
 // that says why there is none; and the credential to forward to the leader with.
-type caller struct {
+type principal struct {
 	who     *auth.Identity
 	err     error  // why who is nil
 	token   string // the bearer token it came with
@@ -47,16 +47,16 @@ type caller struct {
 	gen     uint64 // the auth file's generation it was looked up in
 }
 
-type callerKey struct{}
+type principalKey struct{}
 
-// withCaller returns ctx carrying c.
-func withCaller(ctx context.Context, c *caller) context.Context {
-	return context.WithValue(ctx, callerKey{}, c)
+// withPrincipal returns ctx carrying c.
+func withPrincipal(ctx context.Context, c *principal) context.Context {
+	return context.WithValue(ctx, principalKey{}, c)
 }
 
-// callerOf returns the caller ctx carries, or nil.
-func callerOf(ctx context.Context) *caller {
-	c, _ := ctx.Value(callerKey{}).(*caller)
+// principalOf returns the principal ctx carries, or nil.
+func principalOf(ctx context.Context) *principal {
+	c, _ := ctx.Value(principalKey{}).(*principal)
 	return c
 }
 
@@ -66,8 +66,8 @@ func (s *Server) authOn() bool { return s.cfg.Auth != nil }
 // identify finds who sent a request from its token (header, or the fast lane's hello),
 // the verified TLS connection it came on, and, for a request another node forwarded,
 // the subject that node vouches for.
-func (s *Server) identify(token string, cs *tls.ConnectionState, forwarded bool, forwardedSubject string) *caller {
-	c := &caller{gen: s.cfg.Auth.Generation()}
+func (s *Server) identify(token string, cs *tls.ConnectionState, forwarded bool, forwardedSubject string) *principal {
+	c := &principal{gen: s.cfg.Auth.Generation()}
 	peerName, peer := "", false
 	if s.cfg.TLS != nil {
 		peerName, peer = s.cfg.TLS.PeerName(cs)
@@ -94,10 +94,10 @@ func (s *Server) identify(token string, cs *tls.ConnectionState, forwarded bool,
 }
 
 // identifyHTTP identifies the sender of an HTTP request (Connect, /metrics, /admin/*).
-func (s *Server) identifyHTTP(r *http.Request) *caller {
+func (s *Server) identifyHTTP(r *http.Request) *principal {
 	token, err := bearer(r.Header.Get("Authorization"))
 	if err != nil {
-		return &caller{err: err}
+		return &principal{err: err}
 	}
 	return s.identify(token, r.TLS, r.Header.Get(forwardedHeader) != "", r.Header.Get(forwardedSubjectHeader))
 }
@@ -121,14 +121,14 @@ func (s *Server) identified(h http.Handler) http.Handler {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.ServeHTTP(w, r.WithContext(withCaller(r.Context(), s.identifyHTTP(r))))
+		h.ServeHTTP(w, r.WithContext(withPrincipal(r.Context(), s.identifyHTTP(r))))
 	})
 }
 
 // gate is what both transports ask before serving a request: authorize, then charge
 // the caller's quotas (quota.go). When it returns a settle function, that must be called
 // with the answer.
-func (s *Server) gate(c *caller, m *method, req proto.Message) (settle func(proto.Message, error), err error) {
+func (s *Server) gate(c *principal, m *method, req proto.Message) (settle func(proto.Message, error), err error) {
 	if !s.authOn() {
 		return nil, nil
 	}
@@ -143,7 +143,7 @@ func (s *Server) gate(c *caller, m *method, req proto.Message) (settle func(prot
 
 // logAdmin returns the settle function of an admin RPC: it logs the action, with the
 // caller's identity and how it ended, once it has.
-func (s *Server) logAdmin(c *caller, m *method, req proto.Message) func(proto.Message, error) {
+func (s *Server) logAdmin(c *principal, m *method, req proto.Message) func(proto.Message, error) {
 	return func(_ proto.Message, err error) {
 		result := "ok"
 		if err != nil {
@@ -158,7 +158,7 @@ func (s *Server) logAdmin(c *caller, m *method, req proto.Message) func(proto.Me
 // (Unauthenticated); a rule that does not allow it, auth.ErrPermissionDenied
 // (PermissionDenied) naming what is missing. A refused admin RPC is logged with the
 // identity (an admitted one when it ends: logAdmin).
-func (s *Server) authorize(c *caller, m *method, req proto.Message) error {
+func (s *Server) authorize(c *principal, m *method, req proto.Message) error {
 	if !s.authOn() {
 		return nil
 	}
@@ -194,7 +194,7 @@ func requestText(req proto.Message) string {
 // forwardCredentials sets, on a request forwarded to the leader, the credential its
 // caller came with (see the comment at the top of this file).
 func forwardCredentials(ctx context.Context, h http.Header) {
-	c := callerOf(ctx)
+	c := principalOf(ctx)
 	switch {
 	case c == nil:
 	case c.token != "":
@@ -211,7 +211,7 @@ func (s *Server) requireHTTP(p permission, h http.Handler) http.Handler {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c := callerOf(r.Context())
+		c := principalOf(r.Context())
 		if c == nil {
 			c = s.identifyHTTP(r)
 		}
@@ -262,6 +262,9 @@ func (c *fastConn) authenticate(conn net.Conn, token string) {
 	if !c.s.authOn() {
 		return
 	}
+	if lc, ok := conn.(*laneConn); ok {
+		conn = lc.Conn
+	}
 	if tc, ok := conn.(*tls.Conn); ok {
 		cs := tc.ConnectionState()
 		c.tlsState = &cs
@@ -274,13 +277,13 @@ func (c *fastConn) authenticate(conn net.Conn, token string) {
 // current returns the connection's caller, looked up again after the auth file was
 // reloaded (a revoked token stops working on connections already open). Only the
 // reader of the moment calls it.
-func (c *fastConn) current() *caller {
+func (c *fastConn) current() *principal {
 	if !c.s.authOn() {
 		return nil
 	}
-	if c.caller == nil || c.caller.gen != c.s.cfg.Auth.Generation() {
-		c.caller = c.s.identify(c.token, c.tlsState, false, "")
-		c.base = withCaller(context.Background(), c.caller)
+	if c.principal == nil || c.principal.gen != c.s.cfg.Auth.Generation() {
+		c.principal = c.s.identify(c.token, c.tlsState, false, "")
+		c.base = withPrincipal(context.Background(), c.principal)
 	}
-	return c.caller
+	return c.principal
 }

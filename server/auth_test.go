@@ -283,7 +283,7 @@ func dialLaneWith(t *testing.T, addr string, ext fastlane.Extensions) *lane {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if err := fastlane.ClientHello(conn, ext); err != nil {
+	if _, err := fastlane.ClientHello(conn, "", ext); err != nil {
 		t.Fatal(err)
 	}
 	return &lane{t: t, conn: conn, r: fastlane.NewReader(conn)}

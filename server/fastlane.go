@@ -36,6 +36,7 @@ func (s *Server) ServeFastLane(ln net.Listener, log *slog.Logger) error {
 			}
 			return err
 		}
+		conn = newLaneConn(conn, s.cfg) // idle and write timeouts (G6)
 		wg.Add(1)
 		pool.Go(func() {
 			defer wg.Done()
@@ -53,7 +54,7 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	ext, err := fastlane.ServerHello(conn)
+	ext, err := fastlane.ServerHello(conn, s.ClusterID())
 	if err != nil {
 		return err
 	}
@@ -62,6 +63,9 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 		s: s, pool: pool, r: fastlane.NewReader(conn), w: fastlane.NewWriter(conn),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), base: context.Background(),
 		inflight: make(map[uint64]context.CancelFunc),
+	}
+	if lc, ok := conn.(*laneConn); ok {
+		lc.watch(c.busy)
 	}
 	c.authenticate(conn, ext.Token)
 	c.read()
@@ -91,15 +95,22 @@ type fastConn struct {
 	err    error         // why; set before done is closed
 
 	// Who the connection's requests come from (auth.go); only the reader of the moment
-	// uses these. base is what each request's context derives from: it carries the caller.
-	caller   *caller
-	token    string
-	tlsState *tls.ConnectionState
-	base     context.Context
+	// uses these. base is what each request's context derives from: it carries the principal.
+	principal *principal
+	token     string
+	tlsState  *tls.ConnectionState
+	base      context.Context
 
 	mu       sync.Mutex
 	inflight map[uint64]context.CancelFunc
 	settles  map[uint64]func(proto.Message, error) // quota.go; nil without auth
+}
+
+// busy reports whether requests are in flight on the connection.
+func (c *fastConn) busy() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.inflight) > 0
 }
 
 // end records why the connection ended and cancels every request in flight. Only the
@@ -194,14 +205,15 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 	var req proto.Message
 	if err == nil {
 		req = m.newRequest()
-		if uerr := proto.Unmarshal(f.Payload, req); uerr != nil {
-			err = connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request does not decode: "+uerr.Error()))
-		} else if settle, gerr := c.s.gate(c.current(), m, req); gerr != nil {
-			err = gerr
-		} else if settle != nil {
-			c.mu.Lock()
-			c.settles[f.ID] = settle
-			c.mu.Unlock()
+		err = decodeProto(f.Payload, req) // InvalidArgument naming the field (G6)
+		if err == nil {
+			if settle, gerr := c.s.gate(c.current(), m, req); gerr != nil {
+				err = gerr
+			} else if settle != nil {
+				c.mu.Lock()
+				c.settles[f.ID] = settle
+				c.mu.Unlock()
+			}
 		}
 	}
 	if err != nil {
@@ -217,7 +229,7 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 // serve answers one admitted request; one that may wait is in inflight with the
 // cancel function of its ctx.
 func (c *fastConn) serve(ctx context.Context, m *method, id uint64, req proto.Message) {
-	resp, err := c.s.call(ctx, m, req, false)
+	resp, err := c.s.call(ctx, m, req, caller{})
 	c.send(m.fast, id, resp, err, func(frame []byte, others bool) { c.w.Send(frame, others) })
 }
 

@@ -41,7 +41,7 @@ type usage struct {
 // charge checks that c may start req under its quotas and counts it; settle must be
 // called with the answer once it is known (a nil settle needs no call). Identities are
 // the auth file's: after a reload they start a new count.
-func (s *Server) charge(c *caller, req proto.Message) (settle func(proto.Message, error), err error) {
+func (s *Server) charge(c *principal, req proto.Message) (settle func(proto.Message, error), err error) {
 	if !s.authOn() || c == nil || c.who == nil || c.who.Kind == auth.KindPeer {
 		return nil, nil
 	}

@@ -73,13 +73,13 @@ func loopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// listen listens on addr, over TLS offering nextProtos when the node serves TLS.
-func (cfg *Config) listen(addr string, nextProtos ...string) (net.Listener, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil || cfg.TLS == nil || !cfg.TLS.API() {
-		return ln, err
+// secure serves ln's connections over TLS, offering nextProtos, when the node serves
+// TLS; else it returns ln.
+func (cfg *Config) secure(ln net.Listener, nextProtos ...string) net.Listener {
+	if cfg.TLS == nil || !cfg.TLS.API() {
+		return ln
 	}
-	return tls.NewListener(ln, cfg.TLS.APIServer(nextProtos...)), nil
+	return tls.NewListener(ln, cfg.TLS.APIServer(nextProtos...))
 }
 
 // protocols are the HTTP versions the API serves: HTTP/1.1 and HTTP/2, over TLS or

@@ -218,7 +218,7 @@ func TestWrongCARefused(t *testing.T) {
 	}
 	if conn, err := tls.Dial("tcp", fastAddr, p.nodes.ClientConfig(good)); err != nil {
 		t.Fatalf("fast lane with the right certificates: %v", err)
-	} else if err := fastlane.ClientHello(conn, fastlane.Extensions{Token: "ops-secret"}); err != nil {
+	} else if _, err := fastlane.ClientHello(conn, "", fastlane.Extensions{Token: "ops-secret"}); err != nil {
 		t.Fatalf("fast lane with the right certificates: hello: %v", err)
 	} else {
 		_ = conn.Close()
@@ -247,7 +247,7 @@ func TestWrongCARefused(t *testing.T) {
 		conn, err := tls.Dial("tcp", fastAddr, c.tc)
 		if err == nil {
 			// TLS 1.3 clients learn of a refused certificate on their first read.
-			err = fastlane.ClientHello(conn, fastlane.Extensions{Token: "ops-secret"})
+			_, err = fastlane.ClientHello(conn, "", fastlane.Extensions{Token: "ops-secret"})
 			_ = conn.Close()
 		}
 		if err == nil {

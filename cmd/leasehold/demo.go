@@ -43,12 +43,7 @@ func runDemo(args []string) int {
 		return exitError
 	}
 	defer os.RemoveAll(dir)
-	node, err := service.Start(service.Config{
-		Addr:   "127.0.0.1:0",
-		Raft:   replication.Config{DataDir: dir, RaftAddr: "127.0.0.1:0", Bootstrap: true},
-		Server: server.Config{MinTTL: 100 * time.Millisecond},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	node, err := service.Start(demoNodeConfig(dir))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "leasehold demo: start the embedded server: %v\n", err)
 		return exitError
@@ -95,6 +90,19 @@ func runDemo(args []string) int {
 	default:
 		fmt.Println("Result: the fenced store did NOT protect the data — this is a bug; please report it.")
 		return exitError
+	}
+}
+
+// demoNodeConfig configures the demo's embedded node: every listener on a free loopback
+// port, so that the demo runs beside a server on the default ports (the README's
+// quick start runs one in another terminal).
+func demoNodeConfig(dir string) service.Config {
+	return service.Config{
+		Addr:         "127.0.0.1:0",
+		FastLaneAddr: "127.0.0.1:0",
+		Raft:         replication.Config{DataDir: dir, RaftAddr: "127.0.0.1:0", Bootstrap: true},
+		Server:       server.Config{MinTTL: 100 * time.Millisecond},
+		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 }
 

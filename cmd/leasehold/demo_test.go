@@ -2,20 +2,28 @@ package main
 
 import (
 	"context"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/leasehold/leasehold/internal/proc"
 )
 
-// buildBinary builds the leasehold binary once for the package's tests.
+// buildBinary builds the leasehold binary for a test.
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "leasehold")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	root, err := proc.ModuleRoot()
 	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "leasehold")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := proc.Build(ctx, root, bin, "./cmd/leasehold"); err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }
@@ -48,4 +56,17 @@ func TestDemo(t *testing.T) {
 		}
 	}
 	t.Logf("demo took %v", took)
+}
+
+// TestDemoUsesFreePorts: the demo's embedded node listens only on ports the kernel picks
+// (port 0), never on a default port a running server holds (it failed with "address
+// already in use" beside the quick-start server, on the fast-lane port).
+func TestDemoUsesFreePorts(t *testing.T) {
+	cfg := demoNodeConfig(t.TempDir())
+	for what, addr := range map[string]string{"API": cfg.Addr, "fast lane": cfg.FastLaneAddr, "raft": cfg.Raft.RaftAddr} {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil || port != "0" || host != "127.0.0.1" {
+			t.Errorf("the demo's %s address is %q, want 127.0.0.1:0", what, addr)
+		}
+	}
 }

@@ -13,6 +13,8 @@ package main
 import (
 	"fmt"
 	"os"
+
+	"github.com/leasehold/leasehold/verify"
 )
 
 // Exit codes of the CLI. CMD's own exit code passes through `leasehold lock` unchanged;
@@ -58,6 +60,12 @@ func run(args []string) int {
 		return runDemo(args[1:])
 	case demoWorkerCmd:
 		return runDemoWorker(args[1:])
+	case "verify":
+		return runVerify(args[1:])
+	case "verify-writer": // the hidden writers of verify
+		return verify.WriterMain()
+	case "demo-resource":
+		return runDemoResource(args[1:])
 	case "version", "--version":
 		fmt.Println("leasehold", version)
 		return exitOK
@@ -87,6 +95,9 @@ Usage:
   leasehold members list|add|remove         cluster membership
   leasehold snapshot save|restore FILE      back up the whole state; restore into a new data dir
   leasehold demo                            the pause scenario, unfenced then fenced, live
+  leasehold verify --url URL                check that YOUR resource refuses stale tokens:
+                                            paused writers, porcupine over the history
+  leasehold demo-resource [--fenced]        an HTTP resource to try verify on
   leasehold version
 
 Clients reach the server with --addr HOST:PORT or LEASEHOLD_ADDR.

@@ -6,8 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +17,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/proc"
 )
 
 // Paths of the binaries built once by TestMain.
@@ -32,7 +31,7 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
-	root, err := moduleRoot()
+	root, err := proc.ModuleRoot()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
@@ -45,11 +44,13 @@ func runMain(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	leaseholdBin = filepath.Join(dir, "leasehold")
 	pauseclientBin = filepath.Join(dir, "pauseclient")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	for _, b := range []struct{ out, pkg string }{
 		{leaseholdBin, "./cmd/leasehold"},
 		{pauseclientBin, "./test/cmd/pauseclient"},
 	} {
-		if err := goBuild(root, b.out, b.pkg); err != nil {
+		if err := proc.Build(ctx, root, b.out, b.pkg); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e:", err)
 			return 1
 		}
@@ -57,82 +58,28 @@ func runMain(m *testing.M) int {
 	return m.Run()
 }
 
-// moduleRoot walks up from the working directory (the package directory under `go
-// test`) to the directory holding leasehold's go.mod.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.Contains(b, []byte("module github.com/leasehold/leasehold\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("cannot find the go.mod of github.com/leasehold/leasehold above the working directory")
-		}
-		dir = parent
-	}
-}
-
-func goBuild(root, out, pkg string) error {
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		return fmt.Errorf("go build %s: the go command is not in PATH: %w", pkg, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, gobin, "build", "-o", out, pkg)
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build -o %s %s: %w\n%s", out, pkg, err, b)
-	}
-	return nil
-}
-
-// freePorts returns n distinct loopback ports that were free a moment ago.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	ports := make([]int, n)
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("free port: %v", err)
-		}
-		defer ln.Close() // held until all are picked, so they differ
-		ports[i] = ln.Addr().(*net.TCPAddr).Port
-	}
-	return ports
-}
-
 // freePort returns a loopback port that was free a moment ago.
-func freePort(t testing.TB) int { return freePorts(t, 1)[0] }
+func freePort(t testing.TB) int {
+	t.Helper()
+	ports, err := proc.FreePorts(1)
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	return ports[0]
+}
 
 // ---- server processes -------------------------------------------------------------
 
-// Server is a `leasehold server` process on loopback ports with its own data dir. Its
-// stderr goes to a log file that is printed only when the test fails. Restart starts a
-// new process on the same ports and data dir.
+// Server is a `leasehold server` process (internal/proc) on free loopback ports with its
+// own data dir. Its output goes to a log file that is printed only when the test fails.
+// Restart starts a new process on the same ports and data dir.
 type Server struct {
 	t        testing.TB
 	Addr     string // API address, host:port
 	RaftAddr string
 	FastAddr string // fast-lane address
 	Dir      string // data dir
-	extra    []string
-	logPath  string
-
-	mu   sync.Mutex
-	proc *serverProc // the current process; nil when none runs
-}
-
-type serverProc struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited and been waited for
-	err  error         // cmd.Wait's error, valid after done
-	log  *os.File
+	srv      *proc.Server
 }
 
 // StartServer starts a server and waits until it serves as leader. extra flags are
@@ -140,114 +87,54 @@ type serverProc struct {
 func StartServer(t testing.TB, extra ...string) *Server {
 	t.Helper()
 	base := t.TempDir()
-	ports := freePorts(t, 3)
-	s := &Server{
-		t:        t,
-		Addr:     fmt.Sprintf("127.0.0.1:%d", ports[0]),
-		RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]),
-		FastAddr: fmt.Sprintf("127.0.0.1:%d", ports[2]),
-		Dir:      filepath.Join(base, "data"),
-		extra:    extra,
-		logPath:  filepath.Join(base, "server.log"),
-	}
+	s := &Server{t: t, srv: &proc.Server{
+		Bin:  leaseholdBin,
+		Dir:  filepath.Join(base, "data"),
+		Log:  filepath.Join(base, "server.log"),
+		Args: append([]string{"--min-ttl", "100ms"}, extra...),
+	}}
+	s.Dir = s.srv.Dir
 	t.Cleanup(func() {
 		s.Kill9()
 		if t.Failed() {
-			if b, err := os.ReadFile(s.logPath); err == nil {
-				t.Logf("server %s log (%s):\n%s", s.Addr, s.logPath, b)
+			if b, err := os.ReadFile(s.srv.Log); err == nil {
+				t.Logf("server %s log (%s):\n%s", s.Addr, s.srv.Log, b)
 			}
 		}
 	})
 	s.start()
+	s.Addr, s.RaftAddr, s.FastAddr = s.srv.API, s.srv.Raft, s.srv.Fast
 	return s
 }
 
+// start starts the server process and waits until /readyz answers 200 (the node serves
+// as leader).
 func (s *Server) start() {
 	s.t.Helper()
-	f, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		s.t.Fatalf("server log: %v", err)
-	}
-	fmt.Fprintf(f, "==== %s: starting leasehold server\n", time.Now().Format(time.RFC3339Nano))
-	args := append([]string{"server",
-		"--addr", s.Addr, "--raft-addr", s.RaftAddr, "--fast-lane-addr", s.FastAddr,
-		"--data-dir", s.Dir, "--min-ttl", "100ms",
-	}, s.extra...)
-	cmd := exec.Command(leaseholdBin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		f.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.srv.Start(ctx); err != nil {
 		s.t.Fatalf("start server: %v", err)
 	}
-	p := &serverProc{cmd: cmd, done: make(chan struct{}), log: f}
-	go func() {
-		p.err = cmd.Wait()
-		fmt.Fprintf(f, "==== %s: server exited: %v\n", time.Now().Format(time.RFC3339Nano), p.err)
-		f.Close()
-		close(p.done)
-	}()
-	s.mu.Lock()
-	s.proc = p
-	s.mu.Unlock()
-	s.waitHealthy(p, 30*time.Second)
-}
-
-// waitHealthy waits until /healthz answers 200 (the node serves as leader).
-func (s *Server) waitHealthy(p *serverProc, timeout time.Duration) {
-	s.t.Helper()
-	hc := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(timeout)
-	for {
-		select {
-		case <-p.done:
-			s.t.Fatalf("server %s exited before it was healthy: %v", s.Addr, p.err)
-		default:
-		}
-		resp, err := hc.Get("http://" + s.Addr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("server %s not healthy after %v (last: %v)", s.Addr, timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := s.srv.WaitHealthy(ctx); err != nil {
+		s.t.Fatalf("server %s not healthy: %v", s.srv.API, err)
 	}
-}
-
-func (s *Server) current() *serverProc {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.proc
 }
 
 // Pid returns the running process's pid.
 func (s *Server) Pid() int {
-	p := s.current()
-	if p == nil {
+	if !s.srv.Running() {
 		s.t.Fatalf("server %s is not running", s.Addr)
 	}
-	return p.cmd.Process.Pid
+	return s.srv.PID()
 }
 
 // Kill9 kills the server with SIGKILL and waits for it. It does nothing if no server
 // process runs.
 func (s *Server) Kill9() {
-	p := s.current()
-	if p == nil {
-		return
+	if err := s.srv.Kill(); err != nil {
+		s.t.Errorf("server %s did not die within 10s of SIGKILL: %v", s.Addr, err)
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		s.t.Errorf("server %s did not die within 10s of SIGKILL", s.Addr)
-	}
-	s.mu.Lock()
-	s.proc = nil
-	s.mu.Unlock()
 }
 
 // Stop sends SIGTERM and waits up to timeout for the process to exit. It returns the
@@ -255,30 +142,24 @@ func (s *Server) Kill9() {
 // outlives timeout it is killed and the test fails.
 func (s *Server) Stop(timeout time.Duration) (int, time.Duration) {
 	s.t.Helper()
-	p := s.current()
-	if p == nil {
+	p := s.srv.Process()
+	if !s.srv.Running() {
 		s.t.Fatalf("Stop: server %s is not running", s.Addr)
 	}
 	start := time.Now()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
+	_ = p.Signal(syscall.SIGTERM)
+	if err := p.Wait(timeout); err != nil {
 		s.Kill9()
 		s.t.Fatalf("server %s did not exit within %v of SIGTERM", s.Addr, timeout)
 	}
-	took := time.Since(start)
-	s.mu.Lock()
-	s.proc = nil
-	s.mu.Unlock()
-	return p.cmd.ProcessState.ExitCode(), took
+	return p.ExitCode(), time.Since(start)
 }
 
 // Restart starts a new server process on the same ports and data dir and waits until
 // it is healthy. The previous process must have exited.
 func (s *Server) Restart() {
 	s.t.Helper()
-	if s.current() != nil {
+	if s.srv.Running() {
 		s.t.Fatalf("Restart: server %s is still running", s.Addr)
 	}
 	s.start()
@@ -287,7 +168,7 @@ func (s *Server) Restart() {
 // Signal sends sig (SIGSTOP, SIGCONT, ...) to the running server.
 func (s *Server) Signal(sig syscall.Signal) {
 	s.t.Helper()
-	if err := syscall.Kill(s.Pid(), sig); err != nil {
+	if err := s.srv.Signal(sig); err != nil {
 		s.t.Fatalf("signal %v to server: %v", sig, err)
 	}
 }
@@ -321,10 +202,9 @@ type Line struct {
 // line as it comes; stderr is collected. It is killed when the test ends.
 type Proc struct {
 	t     testing.TB
-	Cmd   *exec.Cmd
+	p     *proc.Process
+	bin   string
 	Lines chan Line // stdout lines; closed at EOF
-	done  chan struct{}
-	werr  error
 
 	stderrPath string
 
@@ -337,8 +217,7 @@ type Proc struct {
 // inherited them.
 func StartProc(t testing.TB, bin string, args ...string) *Proc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	p := &Proc{t: t, Cmd: cmd, Lines: make(chan Line, 4096), done: make(chan struct{})}
+	p := &Proc{t: t, bin: filepath.Base(bin), Lines: make(chan Line, 4096)}
 	p.stderrPath = filepath.Join(t.TempDir(), "stderr")
 	errf, err := os.Create(p.stderrPath)
 	if err != nil {
@@ -349,12 +228,11 @@ func StartProc(t testing.TB, bin string, args ...string) *Proc {
 	if err != nil {
 		t.Fatalf("stdout pipe: %v", err)
 	}
-	cmd.Stdout, cmd.Stderr = pw, errf
-	err = cmd.Start()
+	p.p, err = proc.Start(proc.Options{Argv: append([]string{bin}, args...), Stdout: pw, Stderr: errf})
 	pw.Close()
 	if err != nil {
 		pr.Close()
-		t.Fatalf("start %s: %v", bin, err)
+		t.Fatal(err)
 	}
 	go func() {
 		defer close(p.Lines)
@@ -371,26 +249,22 @@ func StartProc(t testing.TB, bin string, args ...string) *Proc {
 			}
 		}
 	}()
-	go func() {
-		p.werr = cmd.Wait()
-		close(p.done)
-	}()
 	t.Cleanup(func() {
 		p.Kill()
 		if t.Failed() {
-			t.Logf("%s %s (pid %d):\nstdout:\n%s\nstderr:\n%s", filepath.Base(bin), strings.Join(args, " "), p.Pid(), strings.Join(p.Stdout(), "\n"), p.Stderr())
+			t.Logf("%s %s (pid %d):\nstdout:\n%s\nstderr:\n%s", p.bin, strings.Join(args, " "), p.Pid(), strings.Join(p.Stdout(), "\n"), p.Stderr())
 		}
 	})
 	return p
 }
 
 // Pid returns the process id.
-func (p *Proc) Pid() int { return p.Cmd.Process.Pid }
+func (p *Proc) Pid() int { return p.p.PID() }
 
 // Signal sends sig to the process.
 func (p *Proc) Signal(sig syscall.Signal) {
 	p.t.Helper()
-	if err := syscall.Kill(p.Pid(), sig); err != nil {
+	if err := p.p.Signal(sig); err != nil {
 		p.t.Fatalf("signal %v to pid %d: %v", sig, p.Pid(), err)
 	}
 }
@@ -398,23 +272,8 @@ func (p *Proc) Signal(sig syscall.Signal) {
 // Kill ends the process: SIGCONT and SIGTERM first (so that `leasehold lock` forwards
 // it to CMD's group), then SIGKILL if it lingers.
 func (p *Proc) Kill() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.Cmd.Process.Signal(syscall.SIGCONT)
-	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		return
-	case <-time.After(2 * time.Second):
-	}
-	_ = p.Cmd.Process.Signal(syscall.SIGKILL)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		p.t.Errorf("pid %d did not die within 10s of SIGKILL", p.Pid())
+	if err := p.p.Stop(2 * time.Second); err != nil {
+		p.t.Errorf("pid %d did not die within 10s of SIGKILL: %v", p.Pid(), err)
 	}
 }
 
@@ -422,16 +281,14 @@ func (p *Proc) Kill() {
 // signal ended it). The test fails if it does not exit in time.
 func (p *Proc) Wait(timeout time.Duration) int {
 	p.t.Helper()
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
-		p.t.Fatalf("pid %d (%s) did not exit within %v", p.Pid(), filepath.Base(p.Cmd.Path), timeout)
+	if err := p.p.Wait(timeout); err != nil {
+		p.t.Fatalf("pid %d (%s) did not exit within %v", p.Pid(), p.bin, timeout)
 	}
-	return p.Cmd.ProcessState.ExitCode()
+	return p.p.ExitCode()
 }
 
 // Done is closed when the process has exited.
-func (p *Proc) Done() <-chan struct{} { return p.done }
+func (p *Proc) Done() <-chan struct{} { return p.p.Done() }
 
 // Stdout returns every line read so far.
 func (p *Proc) Stdout() []string {
@@ -455,13 +312,13 @@ func (p *Proc) Expect(prefix string, timeout time.Duration) Line {
 		select {
 		case l, ok := <-p.Lines:
 			if !ok {
-				p.t.Fatalf("%s: stdout ended before a line starting with %q; stderr:\n%s", filepath.Base(p.Cmd.Path), prefix, p.Stderr())
+				p.t.Fatalf("%s: stdout ended before a line starting with %q; stderr:\n%s", p.bin, prefix, p.Stderr())
 			}
 			if strings.HasPrefix(l.Text, prefix) {
 				return l
 			}
 		case <-deadline:
-			p.t.Fatalf("%s: no line starting with %q within %v; stdout so far: %q; stderr:\n%s", filepath.Base(p.Cmd.Path), prefix, timeout, p.Stdout(), p.Stderr())
+			p.t.Fatalf("%s: no line starting with %q within %v; stdout so far: %q; stderr:\n%s", p.bin, prefix, timeout, p.Stdout(), p.Stderr())
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/proc"
 	"github.com/leasehold/leasehold/internal/tlsconf/tlstest"
 )
 
@@ -71,7 +72,10 @@ func TestSecuredServer(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	s := newSecured(t)
-	ports := freePorts(t, 3)
+	ports, err := proc.FreePorts(3)
+	if err != nil {
+		t.Fatal(err)
+	}
 	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
 	srv := StartProc(t, leaseholdBin, "server",
 		"--addr", addr, "--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[1]), "--fast-lane-addr", fmt.Sprintf("127.0.0.1:%d", ports[2]),
@@ -143,7 +147,10 @@ func TestRefusesExposedWithoutAuth(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	ports := freePorts(t, 2)
+	ports, err := proc.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
 	r := RunCLI(t, 20*time.Second, "server", "--addr", fmt.Sprintf("0.0.0.0:%d", ports[0]), "--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[1]),
 		"--fast-lane-addr", "off", "--data-dir", filepath.Join(t.TempDir(), "data"))
 	if r.Code == 0 || !strings.Contains(r.Stderr, "--insecure-no-auth") || !strings.Contains(r.Stderr, "--auth-file") {

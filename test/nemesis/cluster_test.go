@@ -1,14 +1,11 @@
 package nemesis
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -18,6 +15,7 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/proc"
 )
 
 // ---- the leasehold binary, built once per test binary ----------------------------------
@@ -27,9 +25,6 @@ var (
 	buildDir  string
 	buildBin  string
 	buildErr  error
-	// buildFastFlag is whether the binary's server command takes --fast-lane-addr (three
-	// nodes on one host must not share the default fast-lane port).
-	buildFastFlag bool
 )
 
 func TestMain(m *testing.M) {
@@ -44,7 +39,7 @@ func TestMain(m *testing.M) {
 func leaseholdBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		root, err := moduleRoot()
+		root, err := proc.ModuleRoot()
 		if err != nil {
 			buildErr = err
 			return
@@ -56,48 +51,12 @@ func leaseholdBinary(t testing.TB) string {
 		buildBin = filepath.Join(buildDir, "leasehold")
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", buildBin, "./cmd/leasehold")
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/leasehold: %w\n%s", err, out)
-			return
-		}
-		help, _ := exec.Command(buildBin, "server", "-h").CombinedOutput()
-		buildFastFlag = bytes.Contains(help, []byte("-fast-lane-addr"))
+		buildErr = proc.Build(ctx, root, buildBin, "./cmd/leasehold")
 	})
 	if buildErr != nil {
 		t.Fatalf("building leasehold: %v", buildErr)
 	}
 	return buildBin
-}
-
-// moduleRoot walks up from the working directory to leasehold's go.mod.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.Contains(b, []byte("module github.com/leasehold/leasehold\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("cannot find the go.mod of github.com/leasehold/leasehold above the working directory")
-		}
-		dir = parent
-	}
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // ---- the cluster -----------------------------------------------------------------------
@@ -108,18 +67,16 @@ func freePort() (int, error) {
 // printed (their tails) only when the test fails; the working directory is then kept.
 type Cluster struct {
 	t     testing.TB
-	bin   string
 	dir   string
 	lab   *netLab // nil on loopback
 	Nodes []*Node
-	start time.Time
 
 	mu     sync.Mutex
 	probes map[int]*client.Client
 	hc     *http.Client
 }
 
-// Node is one server of a Cluster.
+// Node is one server of a Cluster: a `leasehold server` process (internal/proc).
 type Node struct {
 	c     *Cluster
 	Index int
@@ -129,15 +86,7 @@ type Node struct {
 	Fast  string // fast-lane address ("" if the binary has no such flag)
 	Dir   string // data dir
 	Log   string // log file (every incarnation appends)
-
-	mu   sync.Mutex
-	proc *proc
-}
-
-type proc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
+	srv   *proc.Server
 }
 
 // NewCluster starts a three-node cluster and waits until it is healthy. With useNetns the
@@ -149,7 +98,7 @@ func NewCluster(t testing.TB, useNetns bool) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Cluster{t: t, bin: bin, dir: dir, probes: map[int]*client.Client{}, start: time.Now()}
+	c := &Cluster{t: t, dir: dir, probes: map[int]*client.Client{}}
 	c.hc = &http.Client{Timeout: 2 * time.Second}
 	t.Cleanup(c.close)
 	if useNetns {
@@ -160,27 +109,28 @@ func NewCluster(t testing.TB, useNetns bool) *Cluster {
 	for i := range 3 {
 		n := &Node{c: c, Index: i, ID: fmt.Sprintf("n%d", i+1), Dir: filepath.Join(dir, fmt.Sprintf("n%d", i+1))}
 		n.Log = n.Dir + ".log"
+		n.srv = &proc.Server{Bin: bin, ID: n.ID, Dir: n.Dir, Log: n.Log, Advertise: true, Args: []string{"--min-ttl", "100ms"}}
 		if c.lab != nil {
+			// In its own namespace every node has the default ports to itself.
 			ip := c.lab.NodeIP(i)
-			n.API, n.Raft, n.Fast = ip+":7740", ip+":7741", ip+":7742"
-		} else {
-			var ports [3]int
-			for j := range ports {
-				if ports[j], err = freePort(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			n.API = fmt.Sprintf("127.0.0.1:%d", ports[0])
-			n.Raft = fmt.Sprintf("127.0.0.1:%d", ports[1])
-			n.Fast = fmt.Sprintf("127.0.0.1:%d", ports[2])
+			n.srv.API, n.srv.Raft, n.srv.Fast = ip+":7740", ip+":7741", ip+":7742"
+			n.srv.Prefix = c.lab.Exec(i)
+			// The lab's addresses are not loopback: the test serves them open on purpose.
+			n.srv.Args = append(n.srv.Args, "--insecure-no-auth")
+		}
+		// Else the first Start picks free loopback ports.
+		if i > 0 {
+			n.srv.Join = c.Nodes[0].API
 		}
 		c.Nodes = append(c.Nodes, n)
+		if i == 0 {
+			if err := n.Start(); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := c.Nodes[0].Start(); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := c.waitLeader(ctx, []int{0}); err != nil {
 		t.Fatalf("n1 did not become leader: %v", err)
 	}
@@ -223,7 +173,7 @@ func (c *Cluster) close() {
 	}
 	if c.t.Failed() {
 		for _, n := range c.Nodes {
-			c.t.Logf("---- tail of %s's log (%s) ----\n%s", n.ID, n.Log, tail(n.Log, 120))
+			c.t.Logf("---- tail of %s's log (%s) ----\n%s", n.ID, n.Log, proc.Tail(n.Log, 120))
 		}
 		c.t.Logf("cluster data and logs kept in %s", c.dir)
 		return
@@ -231,105 +181,29 @@ func (c *Cluster) close() {
 	_ = os.RemoveAll(c.dir)
 }
 
-func tail(path string, lines int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(ls) > lines {
-		ls = append([]string{fmt.Sprintf("... (%d earlier lines)", len(ls)-lines)}, ls[len(ls)-lines:]...)
-	}
-	return strings.Join(ls, "\n")
-}
-
 // ---- one node's process ----------------------------------------------------------------
 
-// Start starts the node's process (same ports, same data dir, same flags every time).
+// Start starts the node's process (same ports, same data dir, same flags every time) and
+// waits until it answers HTTP (its listeners are open; it may not have joined yet).
 func (n *Node) Start() error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.proc != nil {
-		select {
-		case <-n.proc.done:
-		default:
-			return fmt.Errorf("%s: already running", n.ID)
-		}
-	}
-	f, err := os.OpenFile(n.Log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := n.srv.Start(ctx); err != nil {
 		return err
 	}
-	args := []string{n.c.bin, "server", "--node-id", n.ID, "--addr", n.API, "--advertise-addr", n.API,
-		"--raft-addr", n.Raft, "--data-dir", n.Dir, "--min-ttl", "100ms"}
-	if buildFastFlag {
-		args = append(args, "--fast-lane-addr", n.Fast)
-	}
-	if n.Index > 0 {
-		args = append(args, "--join", n.c.Nodes[0].API)
-	}
-	if n.c.lab != nil {
-		// The lab's addresses are not loopback: the test serves them open on purpose.
-		args = append(n.c.lab.Exec(n.Index), append(args, "--insecure-no-auth")...)
-	}
-	fmt.Fprintf(f, "==== %s (+%v): starting %s\n", time.Now().Format(time.RFC3339Nano), time.Since(n.c.start).Round(time.Millisecond), strings.Join(args, " "))
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stdout, cmd.Stderr = f, f
-	// If the test binary dies without its cleanup, the node dies too.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return fmt.Errorf("%s: start: %w", n.ID, err)
-	}
-	p := &proc{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		fmt.Fprintf(f, "==== %s (+%v): process exited: %v\n", time.Now().Format(time.RFC3339Nano), time.Since(n.c.start).Round(time.Millisecond), p.err)
-		f.Close()
-		close(p.done)
-	}()
-	n.proc = p
+	n.API, n.Raft, n.Fast = n.srv.API, n.srv.Raft, n.srv.Fast
 	return nil
 }
 
-func (n *Node) current() *proc {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.proc
-}
-
-func (n *Node) signal(sig syscall.Signal) error {
-	p := n.current()
-	if p == nil {
-		return fmt.Errorf("%s: not started", n.ID)
-	}
-	select {
-	case <-p.done:
-		return fmt.Errorf("%s: not running (exited: %w)", n.ID, p.err)
-	default:
-	}
-	return p.cmd.Process.Signal(sig)
-}
-
-func (n *Node) wait(timeout time.Duration) error {
-	p := n.current()
-	if p == nil {
-		return nil
-	}
-	select {
-	case <-p.done:
-		return nil
-	case <-time.After(timeout):
-		return fmt.Errorf("%s: still running after %v", n.ID, timeout)
-	}
-}
+// current returns the node's latest process (nil before the first Start).
+func (n *Node) current() *proc.Process { return n.srv.Process() }
 
 // Kill9 kills the node with SIGKILL and waits until it is gone.
 func (n *Node) Kill9() error {
-	if err := n.signal(syscall.SIGKILL); err != nil {
+	if err := n.srv.Signal(syscall.SIGKILL); err != nil {
 		return err
 	}
-	return n.wait(30 * time.Second)
+	return n.current().Wait(30 * time.Second)
 }
 
 // errShutdownHang is returned by Term when SIGTERM did not stop the node in time.
@@ -339,14 +213,14 @@ var errShutdownHang = errors.New("graceful shutdown hung")
 // SIGQUIT (the Go runtime writes every goroutine's stack to the node's log and exits),
 // then SIGKILL; the error then wraps errShutdownHang.
 func (n *Node) Term() error {
-	if err := n.signal(syscall.SIGTERM); err != nil {
+	if err := n.srv.Signal(syscall.SIGTERM); err != nil {
 		return err
 	}
-	if err := n.wait(20 * time.Second); err != nil {
-		_ = n.signal(syscall.SIGQUIT)
-		if n.wait(5*time.Second) != nil {
-			_ = n.signal(syscall.SIGKILL)
-			_ = n.wait(10 * time.Second)
+	p := n.current()
+	if err := p.Wait(20 * time.Second); err != nil {
+		_ = p.Signal(syscall.SIGQUIT)
+		if p.Wait(5*time.Second) != nil {
+			_ = p.Kill()
 		}
 		return fmt.Errorf("%w: %s did not exit within 20s of SIGTERM (goroutine dump from SIGQUIT in %s)", errShutdownHang, n.ID, n.Log)
 	}
@@ -354,37 +228,15 @@ func (n *Node) Term() error {
 }
 
 // Stop pauses the node with SIGSTOP; Cont resumes it.
-func (n *Node) Stop() error { return n.signal(syscall.SIGSTOP) }
+func (n *Node) Stop() error { return n.srv.Signal(syscall.SIGSTOP) }
 
 // Cont resumes a node paused by Stop.
-func (n *Node) Cont() error { return n.signal(syscall.SIGCONT) }
+func (n *Node) Cont() error { return n.srv.Signal(syscall.SIGCONT) }
 
 // Running reports whether the node's process is alive.
-func (n *Node) Running() bool {
-	p := n.current()
-	if p == nil {
-		return false
-	}
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
+func (n *Node) Running() bool { return n.srv.Running() }
 
-func (n *Node) kill() {
-	p := n.current()
-	if p == nil {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGCONT)
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-	}
-}
+func (n *Node) kill() { _ = n.srv.Kill() }
 
 // ---- observing the cluster ------------------------------------------------------------
 
@@ -453,9 +305,10 @@ func (c *Cluster) index(id string) int {
 	return -1
 }
 
-// healthz reports whether node i serves as leader (its leader runtime is active).
+// healthz reports whether node i is ready (/readyz): for the leader, that its leader
+// runtime is active.
 func (c *Cluster) healthz(i int) bool {
-	resp, err := c.hc.Get("http://" + c.Nodes[i].API + "/healthz")
+	resp, err := c.hc.Get("http://" + c.Nodes[i].API + "/readyz")
 	if err != nil {
 		return false
 	}

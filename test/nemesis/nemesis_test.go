@@ -294,8 +294,8 @@ func (n *nemesis) inject(kind string) error {
 				n.h.event("  %v", err)
 				n.problems = append(n.problems, err.Error())
 			}
-			p := nd.current()
-			n.h.event("  %s exited (%v); restart", nd.ID, p.err)
+			_, exitErr := nd.current().Exited()
+			n.h.event("  %s exited (%v); restart", nd.ID, exitErr)
 			if err := nd.Start(); err != nil {
 				return err
 			}

@@ -11,7 +11,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
-	"github.com/leasehold/leasehold/bench/internal/proc"
+	"github.com/leasehold/leasehold/internal/proc"
 )
 
 // etcdSys is an etcd cluster of n members on loopback (n = 1 or 3). etcd fsyncs its
@@ -60,7 +60,7 @@ func (e *etcdSys) Start(ctx context.Context, dir string) error {
 	for i := range e.n {
 		client := fmt.Sprintf("http://127.0.0.1:%d", ports[2*i])
 		peer := fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1])
-		p, err := proc.Start(fmt.Sprintf("etcd m%d", i), filepath.Join(dir, fmt.Sprintf("etcd-m%d.log", i)), nil,
+		p, err := proc.Start(proc.Options{Name: fmt.Sprintf("etcd m%d", i), Log: filepath.Join(dir, fmt.Sprintf("etcd-m%d.log", i)), Group: true, Argv: []string{
 			bin,
 			"--name", fmt.Sprintf("m%d", i),
 			"--data-dir", filepath.Join(dir, fmt.Sprintf("m%d", i)),
@@ -69,7 +69,7 @@ func (e *etcdSys) Start(ctx context.Context, dir string) error {
 			"--initial-cluster", strings.Join(cluster, ","),
 			"--initial-cluster-state", "new", "--initial-cluster-token", "leasehold-bench",
 			"--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn",
-		)
+		}})
 		if err != nil {
 			stopAll(e.ps)
 			return err

@@ -13,8 +13,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/leasehold/leasehold/bench/internal/proc"
 	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/proc"
 )
 
 // Leasehold is a single leasehold node run from the binary built out of the parent
@@ -25,7 +25,7 @@ type Leasehold struct {
 	o           Options
 	correctness bool
 	nodes       int // 0 or 1: one node; 3: a three-node cluster
-	ps          []*proc.Process
+	srvs        []*proc.Server
 	addrs       []string
 	addr        string // every node's API address, comma-separated (what clients dial)
 	fastLane    bool
@@ -87,52 +87,41 @@ func (l *Leasehold) Start(ctx context.Context, dir string) error {
 	if _, err := os.Stat(bin); err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrNotInstalled, bin, err)
 	}
-	help, _ := exec.Command(bin, "server", "-h").CombinedOutput()
-	l.fastLane = strings.Contains(string(help), "fast-lane-addr")
+	l.fastLane = proc.HasFastLane(bin)
 	if err := l.sec.prepare(dir); err != nil {
 		return err
 	}
 	n := max(1, l.nodes)
-	l.ps, l.addrs = nil, nil
+	l.srvs, l.addrs = nil, nil
 	for i := range n {
-		ports, err := proc.FreePorts(3)
-		if err != nil {
-			return err
-		}
-		addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
 		name := l.Name()
 		if n > 1 {
 			name = fmt.Sprintf("%s-n%d", l.Name(), i+1)
 		}
-		args := []string{bin, "server",
-			"--node-id", fmt.Sprintf("n%d", i+1),
-			"--addr", addr,
-			"--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[1]),
-			"--data-dir", filepath.Join(dir, fmt.Sprintf("leasehold-data-%d", i+1)),
-			"--log-level", "warn",
-		}
-		if l.fastLane {
-			args = append(args, "--fast-lane-addr", fmt.Sprintf("127.0.0.1:%d", ports[2]))
+		srv := &proc.Server{
+			Bin:   bin,
+			Name:  name,
+			ID:    fmt.Sprintf("n%d", i+1),
+			Dir:   filepath.Join(dir, fmt.Sprintf("leasehold-data-%d", i+1)),
+			Log:   filepath.Join(dir, fmt.Sprintf("leasehold-%d.log", i+1)),
+			Args:  []string{"--log-level", "warn"},
+			Group: true,
 		}
 		if l.o.LeaseholdPprof {
-			args = append(args, "--pprof")
+			srv.Args = append(srv.Args, "--pprof")
 		}
-		args = append(args, l.sec.args...)
+		srv.Args = append(srv.Args, l.sec.args...)
 		if i > 0 {
-			args = append(args, "--join", l.addrs[0])
+			srv.Join = l.addrs[0]
 		}
-		p, err := proc.Start(name, filepath.Join(dir, fmt.Sprintf("leasehold-%d.log", i+1)), nil, args...)
-		if err != nil {
+		l.srvs = append(l.srvs, srv)
+		if err := srv.Start(ctx); err != nil {
 			return err
 		}
-		l.ps = append(l.ps, p)
-		l.addrs = append(l.addrs, addr)
-		if err := p.WaitTCP(ctx, addr); err != nil {
-			return err
-		}
+		l.addrs = append(l.addrs, srv.API)
 		if i == 0 {
-			l.addr = addr
-			if err := l.waitServing(ctx, p); err != nil {
+			l.addr = srv.API
+			if err := l.waitServing(ctx, srv.Process()); err != nil {
 				return err
 			}
 		}
@@ -215,8 +204,8 @@ func (l *Leasehold) Version() string { return l.version }
 // PIDs are the server processes.
 func (l *Leasehold) PIDs() []int {
 	var pids []int
-	for _, p := range l.ps {
-		pids = append(pids, p.PID())
+	for _, srv := range l.srvs {
+		pids = append(pids, srv.PID())
 	}
 	return pids
 }
@@ -275,8 +264,8 @@ func (l *Leasehold) Stop() {
 		l.shared = nil
 	}
 	l.mu.Unlock()
-	for i := len(l.ps) - 1; i >= 0; i-- {
-		l.ps[i].Stop(10 * time.Second)
+	for i := len(l.srvs) - 1; i >= 0; i-- {
+		_ = l.srvs[i].Stop(10 * time.Second)
 	}
 }
 
@@ -337,11 +326,8 @@ func BuildLeasehold(ctx context.Context, root, out string) error {
 	if b, err := exec.CommandContext(ctx, "git", "-C", root, "describe", "--always", "--dirty").Output(); err == nil {
 		version = strings.TrimSpace(string(b))
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-X main.version="+version, "-o", out, "./cmd/leasehold")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("leasehold: go build in %s: %w\n%s", root, err, b)
+	if err := proc.Build(ctx, root, out, "./cmd/leasehold", "-trimpath", "-ldflags", "-X main.version="+version); err != nil {
+		return fmt.Errorf("leasehold: %w", err)
 	}
 	return nil
 }

@@ -22,7 +22,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/leasehold/leasehold/bench/internal/proc"
+	"github.com/leasehold/leasehold/internal/proc"
 )
 
 // ErrNotInstalled is returned by Start when the system's server program is missing.
@@ -150,7 +150,7 @@ func debVersion(pkg string) string {
 // stopAll stops processes in reverse start order.
 func stopAll(ps []*proc.Process) {
 	for i := len(ps) - 1; i >= 0; i-- {
-		ps[i].Stop(10 * time.Second)
+		_ = ps[i].Stop(10 * time.Second)
 	}
 }
 

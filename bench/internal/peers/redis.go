@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/leasehold/leasehold/bench/internal/proc"
+	"github.com/leasehold/leasehold/internal/proc"
 )
 
 // redisSys is a single redis-server, either purely in memory or with an append-only
@@ -66,7 +66,7 @@ func (r *redisSys) Start(ctx context.Context, dir string) error {
 	} else {
 		args = append(args, "--appendonly", "no")
 	}
-	r.p, err = proc.Start(r.Name(), filepath.Join(dir, "redis.log"), nil, args...)
+	r.p, err = proc.Start(proc.Options{Name: r.Name(), Log: filepath.Join(dir, "redis.log"), Argv: args, Group: true})
 	if err != nil {
 		return err
 	}
@@ -97,7 +97,7 @@ func (r *redisSys) Stop() {
 		_ = r.rdb.Close()
 	}
 	if r.p != nil {
-		r.p.Stop(10 * time.Second)
+		_ = r.p.Stop(10 * time.Second)
 	}
 }
 

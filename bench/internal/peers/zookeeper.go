@@ -13,7 +13,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/leasehold/leasehold/bench/internal/proc"
+	"github.com/leasehold/leasehold/internal/proc"
 )
 
 // zkJar is where Debian's zookeeper package puts the server; its manifest's Class-Path
@@ -70,9 +70,9 @@ func (z *zkSys) Start(ctx context.Context, dir string) error {
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
 		return err
 	}
-	z.p, err = proc.Start("zookeeper", filepath.Join(dir, "zookeeper.log"), nil,
-		java, "-Xmx"+z.o.ZooKeeperHeap, "-Dzookeeper.admin.enableServer=false",
-		"-cp", zkJar, "org.apache.zookeeper.server.ZooKeeperServerMain", cfg)
+	z.p, err = proc.Start(proc.Options{Name: "zookeeper", Log: filepath.Join(dir, "zookeeper.log"), Group: true, Argv: []string{
+		java, "-Xmx" + z.o.ZooKeeperHeap, "-Dzookeeper.admin.enableServer=false",
+		"-cp", zkJar, "org.apache.zookeeper.server.ZooKeeperServerMain", cfg}})
 	if err != nil {
 		return err
 	}
@@ -127,7 +127,7 @@ func (z *zkSys) PIDs() []int     { return []int{z.p.PID()} }
 
 func (z *zkSys) Stop() {
 	if z.p != nil {
-		z.p.Stop(10 * time.Second)
+		_ = z.p.Stop(10 * time.Second)
 	}
 }
 

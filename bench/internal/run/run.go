@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/bench/internal/peers"
-	"github.com/leasehold/leasehold/bench/internal/proc"
+	"github.com/leasehold/leasehold/internal/proc"
 )
 
 // Scenario is one workload.

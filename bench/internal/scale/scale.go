@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/bench/internal/peers"
-	"github.com/leasehold/leasehold/bench/internal/proc"
 	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/proc"
 )
 
 // LocksResult is what Locks measured.
