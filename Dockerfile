@@ -9,4 +9,6 @@ COPY bin/leasehold /leasehold
 VOLUME /data
 EXPOSE 7740 7741 7742
 ENTRYPOINT ["/leasehold"]
-CMD ["server", "--data-dir", "/data", "--addr", "0.0.0.0:7740", "--raft-addr", "0.0.0.0:7741", "--fast-lane-addr", "0.0.0.0:7742"]
+# Open to whoever reaches the container's ports; give --auth-file and TLS flags
+# instead of --insecure-no-auth to secure it (docs/SECURITY.md).
+CMD ["server", "--data-dir", "/data", "--addr", "0.0.0.0:7740", "--raft-addr", "0.0.0.0:7741", "--fast-lane-addr", "0.0.0.0:7742", "--insecure-no-auth"]

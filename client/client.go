@@ -26,10 +26,9 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"sync"
 	"time"
@@ -56,6 +55,8 @@ type options struct {
 	httpClient connect.HTTPClient
 	holder     Holder
 	noFastLane bool
+	tls        *tls.Config // security.go
+	token      string
 	clusterID  string
 }
 
@@ -94,7 +95,9 @@ type Client struct {
 }
 
 // Dial returns a Client for the cluster at addr — one "host:port" (or http:// URL), or
-// several separated by commas — and checks that a node answers. Any node serves any
+// several separated by commas — and checks that a node answers. A node that refuses the
+// client's credentials (WithToken, WithTLS's certificate) fails Dial at once with its
+// Unauthenticated or PermissionDenied error. Any node serves any
 // request (followers forward to the leader); when a node cannot be reached the client
 // moves to the next one and retries what is safe to retry. Dial creates no lease until
 // the first Lock.
@@ -108,14 +111,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		o.holder = Holder{Host: host, PID: uint32(os.Getpid())}
 	}
 	if o.httpClient == nil {
-		tr := &http.Transport{
-			DialContext:     (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
-			Protocols:       new(http.Protocols),
-			IdleConnTimeout: 90 * time.Second,
-		}
-		tr.Protocols.SetUnencryptedHTTP2(true)
-		tr.HTTP2 = &http.HTTP2Config{PingTimeout: 2 * time.Second, SendPingTimeout: 5 * time.Second}
-		o.httpClient = &http.Client{Transport: tr}
+		o.httpClient = o.defaultHTTPClient()
 	}
 	addrs := splitAddrs(addr)
 	if len(addrs) == 0 {
@@ -127,8 +123,8 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	}
 	fo := newFailover(clusterChecked{base: o.httpClient, id: id}, addrs)
 	hc := connect.HTTPClient(fo)
-	base := "http://" + placeholderHost
-	copts := []connect.ClientOption{connect.WithSendCompression("identity")}
+	base := o.scheme() + "://" + placeholderHost
+	copts := o.connectOptions()
 	c := &Client{
 		opts:     o,
 		nodes:    fo,
@@ -143,6 +139,9 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	for range addrs {
 		if _, err = rpc(ctx, c, c.cluster.Status, &leaseholdv1.StatusRequest{}); err == nil {
 			return c, nil
+		}
+		if refused(err) {
+			return nil, fmt.Errorf("client: %s: %w", addr, err)
 		}
 		if ctx.Err() != nil {
 			break

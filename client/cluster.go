@@ -102,10 +102,10 @@ func (c clusterChecked) Do(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// fastLaneHello makes the fast-lane handshake on a new connection to addr: the server
-// must be of the client's cluster (or name the first one the client learns).
-func (c *clusterID) fastLaneHello(conn net.Conn, addr string) error {
-	got, err := fastlane.ClientHello(conn, c.get())
+// fastLaneHello makes the fast-lane handshake on a new connection to addr, with ext:
+// the server must be of the client's cluster (or name the first one the client learns).
+func (c *clusterID) fastLaneHello(conn net.Conn, addr string, ext fastlane.Extensions) error {
+	got, err := fastlane.ClientHello(conn, c.get(), ext)
 	if errors.Is(err, fastlane.ErrWrongCluster) {
 		return fmt.Errorf("%w: fast lane %s: %w", ErrWrongCluster, addr, err)
 	}

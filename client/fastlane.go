@@ -87,15 +87,12 @@ type flResult struct {
 	payload []byte
 }
 
-func dialFastLane(ctx context.Context, addr string, id *clusterID) (*flConn, error) {
-	conn, err := (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", addr)
+func dialFastLane(ctx context.Context, addr string, id *clusterID, o *options) (*flConn, error) {
+	conn, err := o.dialFastConn(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	if tc, ok := conn.(*net.TCPConn); ok {
-		_ = tc.SetNoDelay(true)
-	}
-	if err := id.fastLaneHello(conn, addr); err != nil {
+	if err := id.fastLaneHello(conn, addr, fastlane.Extensions{Token: o.token}); err != nil {
 		_ = conn.Close()
 		return nil, err
 	}
@@ -279,7 +276,7 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 	if reader && time.Since(clockBase)-time.Duration(c.lastRead.Load()) > idleCheckAfter {
 		// Nobody has read the connection for a while: make sure the server has not
 		// closed it meanwhile (restarted, say), while the request is still unsent.
-		if err := peerClosed(c.conn); err != nil {
+		if err := peerClosed(rawConn(c.conn)); err != nil {
 			c.mu.Unlock()
 			<-c.slots
 			c.fail(err)
@@ -423,7 +420,7 @@ func (f *fastLanes) connect(ctx context.Context, node string) (*flConn, error) {
 			}
 		}
 	}
-	return dialFastLane(sctx, addr, f.c.id)
+	return dialFastLane(sctx, addr, f.c.id, &f.c.opts)
 }
 
 func (f *fastLanes) close() {

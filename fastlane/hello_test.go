@@ -63,8 +63,8 @@ func TestHelloClusterID(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, s := tcpPair(t)
 			serr := make(chan error, 1)
-			go func() { serr <- fastlane.ServerHello(s, tc.own) }()
-			got, err := fastlane.ClientHello(c, tc.expect)
+			go func() { _, err := fastlane.ServerHello(s, tc.own); serr <- err }()
+			got, err := fastlane.ClientHello(c, tc.expect, fastlane.Extensions{})
 			if tc.wrong != errors.Is(err, fastlane.ErrWrongCluster) {
 				t.Fatalf("client: %v", err)
 			}
@@ -83,7 +83,7 @@ func TestHelloClusterID(t *testing.T) {
 func TestHelloVersion1Client(t *testing.T) {
 	c, s := tcpPair(t)
 	serr := make(chan error, 1)
-	go func() { serr <- fastlane.ServerHello(s, clusterA) }()
+	go func() { _, err := fastlane.ServerHello(s, clusterA); serr <- err }()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := c.Write([]byte("LHFL\x00\x01\x00\x00")); err != nil {
 		t.Fatal(err)
@@ -121,14 +121,14 @@ func TestHelloVersion1Server(t *testing.T) {
 		_, _ = s.Write(resp)
 		_ = s.Close()
 	}()
-	if _, err := fastlane.ClientHello(c, clusterA); !errors.Is(err, fastlane.ErrVersion) {
+	if _, err := fastlane.ClientHello(c, clusterA, fastlane.Extensions{}); !errors.Is(err, fastlane.ErrVersion) {
 		t.Fatalf("hello to a version-1 server: %v, want fastlane.ErrVersion", err)
 	}
 }
 
 func TestHelloRejectsBadClusterID(t *testing.T) {
 	c, _ := tcpPair(t)
-	if _, err := fastlane.ClientHello(c, "not hex"); err == nil {
+	if _, err := fastlane.ClientHello(c, "not hex", fastlane.Extensions{}); err == nil {
 		t.Fatal("a malformed cluster ID was sent")
 	}
 }

@@ -289,8 +289,9 @@ func (w *Writer) flushLocked() bool {
 // yet; ClientHello returns the server's cluster ID ("" when the server has none). A
 // server that belongs to another cluster than expect (or to none) is ErrWrongCluster,
 // and a server of version 1, which cannot say, is ErrVersion: close the connection
-// then, nothing having been sent on it.
-func ClientHello(conn net.Conn, expect string) (string, error) {
+// then, nothing having been sent on it. ext (hello extensions, hello.go) is sent only
+// to a server of the expected cluster that accepts extensions.
+func ClientHello(conn net.Conn, expect string, ext Extensions) (string, error) {
 	want, err := parseClusterID(expect)
 	if err != nil {
 		return "", err
@@ -298,7 +299,7 @@ func ClientHello(conn net.Conn, expect string) (string, error) {
 	_ = conn.SetDeadline(time.Now().Add(HandshakeTimeout))
 	defer func() { _ = conn.SetDeadline(time.Time{}) }()
 	hello := binary.BigEndian.AppendUint16([]byte(Magic), Version)
-	hello = binary.BigEndian.AppendUint16(hello, 0)
+	hello = binary.BigEndian.AppendUint16(hello, ext.flags())
 	hello = append(hello, want[:]...)
 	if _, err := conn.Write(hello); err != nil {
 		return "", err
@@ -320,59 +321,59 @@ func ClientHello(conn net.Conn, expect string) (string, error) {
 	if expect != "" && got != expect {
 		return got, fmt.Errorf("%w: expected cluster %s, the server is of %s", ErrWrongCluster, expect, clusterName(got))
 	}
-	return got, nil
+	return got, ext.send(conn, binary.BigEndian.Uint16(resp[6:8]))
 }
 
 // ServerHello performs the server side of the handshake on conn: it reads the client's
 // hello and answers with the server's version, limits and (version 2) cluster ID own
-// ("" when the node has none). A version-2 client that expects another cluster gets the
-// answer and ErrWrongCluster here; a version-1 client is answered in version 1 and
-// served without a cluster check (it cannot make one); a client speaking another
-// version gets the version-1 answer with the server's version and ErrVersion here.
-// Close the connection on any error.
-func ServerHello(conn net.Conn, own string) error {
+// ("" when the node has none), and returns the client's hello extensions (hello.go). A
+// version-2 client that expects another cluster gets the answer and ErrWrongCluster
+// here; a version-1 client is answered in version 1 and served without a cluster check
+// (it cannot make one); a client speaking another version gets the version-1 answer
+// with the server's version and ErrVersion here. Close the connection on any error.
+func ServerHello(conn net.Conn, own string) (Extensions, error) {
 	id, err := parseClusterID(own)
 	if err != nil {
-		return err
+		return Extensions{}, err
 	}
 	_ = conn.SetDeadline(time.Now().Add(HandshakeTimeout))
 	defer func() { _ = conn.SetDeadline(time.Time{}) }()
 	var hello [clientHelloLen]byte
 	if _, err := io.ReadFull(conn, hello[:clientHelloV1Len]); err != nil {
-		return err
+		return Extensions{}, err
 	}
 	if string(hello[:4]) != Magic {
-		return fmt.Errorf("%w: bad magic %q", ErrProtocol, hello[:4])
+		return Extensions{}, fmt.Errorf("%w: bad magic %q", ErrProtocol, hello[:4])
 	}
 	v := binary.BigEndian.Uint16(hello[4:6])
 	if v == Version {
 		if _, err := io.ReadFull(conn, hello[clientHelloV1Len:]); err != nil {
-			return err
+			return Extensions{}, err
 		}
 	}
 	answer := uint16(Version)
 	if v == version1 {
 		answer = version1
 	}
+	accept := binary.BigEndian.Uint16(hello[6:8]) & FlagExtensions
 	resp := binary.BigEndian.AppendUint16([]byte(Magic), answer)
-	resp = binary.BigEndian.AppendUint16(resp, 0)
+	resp = binary.BigEndian.AppendUint16(resp, accept)
 	resp = binary.BigEndian.AppendUint32(resp, MaxFrame)
 	resp = binary.BigEndian.AppendUint32(resp, MaxInFlight)
 	if v == Version {
 		resp = append(resp, id[:]...)
 	}
 	if _, err := conn.Write(resp); err != nil {
-		return err
+		return Extensions{}, err
 	}
 	switch want := formatClusterID(hello[clientHelloV1Len:]); {
 	case v == version1:
-		return nil
 	case v != Version:
-		return fmt.Errorf("%w: client speaks %d", ErrVersion, v)
+		return Extensions{}, fmt.Errorf("%w: client speaks %d", ErrVersion, v)
 	case want != "" && want != own:
-		return fmt.Errorf("%w: the client expects cluster %s, this node is of %s", ErrWrongCluster, want, clusterName(own))
+		return Extensions{}, fmt.Errorf("%w: the client expects cluster %s, this node is of %s", ErrWrongCluster, want, clusterName(own))
 	}
-	return nil
+	return receiveExtensions(conn, accept)
 }
 
 // Handshake sizes: version 2 appends a cluster ID to each version-1 hello.

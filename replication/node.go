@@ -48,6 +48,9 @@ type Config struct {
 	// RaftAdvertise, if set, is the address other nodes dial instead of RaftAddr (for a
 	// node bound to 0.0.0.0).
 	RaftAdvertise string
+	// PeerTLS, if set, runs raft over mutually authenticated TLS (tls.go); nil: plain
+	// TCP, which anyone who reaches RaftAddr can join and write to.
+	PeerTLS *PeerTLS
 	// Transport, if set, carries raft's messages instead of a TCP transport on RaftAddr
 	// (RaftAddr and RaftAdvertise are then unused; the node's address is the transport's
 	// LocalAddr). Tests pass raft's in-memory transport (internal/clustertest). Open
@@ -294,12 +297,18 @@ func tcpTransport(cfg Config, hlog hclog.Logger) (raft.Transport, error) {
 	// hashicorp/raft#612), which the nemesis suite hit as a node hanging on shutdown and a
 	// follower no longer receiving entries. Synchronous AppendEntries cost little on the
 	// small batches a lock service sends.
-	t, err := raft.NewTCPTransportWithConfig(cfg.RaftAddr, advertise, &raft.NetworkTransportConfig{
+	tc := &raft.NetworkTransportConfig{
 		MaxPool:         3,
 		Timeout:         10 * time.Second,
 		Logger:          hlog,
 		MaxRPCsInFlight: 1,
-	})
+	}
+	var t *raft.NetworkTransport
+	if cfg.PeerTLS != nil {
+		t, err = tlsTransport(cfg.RaftAddr, advertise, cfg.PeerTLS, tc)
+	} else {
+		t, err = raft.NewTCPTransportWithConfig(cfg.RaftAddr, advertise, tc)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("replication: raft transport on %s: %w", addr, err)
 	}

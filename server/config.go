@@ -8,7 +8,11 @@ package server
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
+
+	"github.com/leasehold/leasehold/internal/auth"
+	"github.com/leasehold/leasehold/internal/tlsconf"
 )
 
 // Config bounds what clients may ask for. The zero value is a valid configuration: each
@@ -60,6 +64,15 @@ type Config struct {
 	APIAddr string
 	// FastLaneAddr is reported by Status so clients can find the fast lane.
 	FastLaneAddr string
+	// Auth, if set, authenticates every caller on every transport and authorizes every
+	// RPC by its rules (G11, docs/SECURITY.md). Nil: anyone may do anything.
+	Auth *auth.Authenticator
+	// TLS, if set, is the node's TLS material: the server uses it to recognise other
+	// nodes (peer certificates) and to forward requests to the leader over TLS. The
+	// listeners themselves are the caller's (service).
+	TLS *tlsconf.Node
+	// Logger receives the log of admin actions. Default slog.Default().
+	Logger *slog.Logger
 }
 
 // DefaultConfig returns the configuration that a zero Config stands for: every field
@@ -104,6 +117,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxConnsPerClient == 0 {
 		c.MaxConnsPerClient = d.MaxConnsPerClient
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	return c
 }

@@ -8,6 +8,7 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/internal/auth"
 	"github.com/leasehold/leasehold/leader"
 	"github.com/leasehold/leasehold/replication"
 )
@@ -43,6 +44,9 @@ var errorCodes = []struct {
 	{errNotCaughtUp, connect.CodeUnavailable, "not_caught_up"},
 	{errWrongCluster, connect.CodeFailedPrecondition, "wrong_cluster"},
 	{errNoClusterID, connect.CodeUnavailable, "no_cluster_id"},
+	{auth.ErrUnauthenticated, connect.CodeUnauthenticated, "unauthenticated"},
+	{auth.ErrPermissionDenied, connect.CodePermissionDenied, "permission_denied"},
+	{auth.ErrQuota, connect.CodeResourceExhausted, "quota"},
 	{context.DeadlineExceeded, connect.CodeDeadlineExceeded, "deadline_exceeded"},
 	{context.Canceled, connect.CodeCanceled, "canceled"},
 }
@@ -91,6 +95,9 @@ func Classify(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
 	}
 	if vm := new(core.VersionMismatchError); errors.As(err, &vm) {
 		detail.CurrentVersion = vm.Current
+	}
+	if q := new(auth.QuotaError); errors.As(err, &q) {
+		detail.Reason = "quota_" + q.Quota
 	}
 	var lim *limitError
 	if errors.As(err, &lim) {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -53,18 +54,20 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	if err := fastlane.ServerHello(conn, s.ClusterID()); err != nil {
+	ext, err := fastlane.ServerHello(conn, s.ClusterID())
+	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &fastConn{
 		s: s, pool: pool, r: fastlane.NewReader(conn), w: fastlane.NewWriter(conn),
-		ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		ctx: ctx, cancel: cancel, done: make(chan struct{}), base: context.Background(),
 		inflight: make(map[uint64]context.CancelFunc),
 	}
 	if lc, ok := conn.(*laneConn); ok {
 		lc.watch(c.busy)
 	}
+	c.authenticate(conn, ext.Token)
 	c.read()
 	<-c.done
 	c.wg.Wait()
@@ -91,8 +94,16 @@ type fastConn struct {
 	done   chan struct{} // closed when the connection has failed
 	err    error         // why; set before done is closed
 
+	// Who the connection's requests come from (auth.go); only the reader of the moment
+	// uses these. base is what each request's context derives from: it carries the principal.
+	principal *principal
+	token     string
+	tlsState  *tls.ConnectionState
+	base      context.Context
+
 	mu       sync.Mutex
 	inflight map[uint64]context.CancelFunc
+	settles  map[uint64]func(proto.Message, error) // quota.go; nil without auth
 }
 
 // busy reports whether requests are in flight on the connection.
@@ -156,7 +167,7 @@ func (c *fastConn) read() {
 		}
 		// Not derived from c.ctx: end cancels it through inflight, and the requests of
 		// a busy connection do not all register with (and lock) one parent context.
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(c.base)
 		c.mu.Lock()
 		c.inflight[f.ID] = cancel
 		c.mu.Unlock()
@@ -195,6 +206,15 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 	if err == nil {
 		req = m.newRequest()
 		err = decodeProto(f.Payload, req) // InvalidArgument naming the field (G6)
+		if err == nil {
+			if settle, gerr := c.s.gate(c.current(), m, req); gerr != nil {
+				err = gerr
+			} else if settle != nil {
+				c.mu.Lock()
+				c.settles[f.ID] = settle
+				c.mu.Unlock()
+			}
+		}
 	}
 	if err != nil {
 		if m != nil {
@@ -239,9 +259,14 @@ func (c *fastConn) send(method fastlane.Method, id uint64, resp proto.Message, e
 	cancel := c.inflight[id] // nil for a request served at once: never registered
 	delete(c.inflight, id)
 	others := len(c.inflight) > 0
+	settle := c.settles[id]
+	delete(c.settles, id)
 	c.mu.Unlock()
 	if cancel != nil {
 		cancel()
+	}
+	if settle != nil {
+		settle(resp, err)
 	}
 	if err != nil {
 		out(errorFrame(method, id, err), others)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/internal/tlsconf"
 )
 
 // forwardedHeader marks a request a node forwarded to the leader. A forwarded request is
@@ -21,9 +22,10 @@ const forwardedHeader = "Leasehold-Forwarded-By"
 // peers caches, per API address of another node, the Connect clients that forward
 // requests there; they share one HTTP/2 transport.
 type peers struct {
-	mu    sync.Mutex
-	http  *http.Client
-	nodes map[string]*peer
+	mu     sync.Mutex
+	http   *http.Client
+	scheme string // "https" when the API serves TLS
+	nodes  map[string]*peer
 }
 
 // peer is one other node: a Connect client per procedure, made when first used.
@@ -33,13 +35,21 @@ type peer struct {
 	clients sync.Map // procedure → *connect.Client[Req, Res]
 }
 
-func newPeers() *peers {
+func newPeers(tc *tlsconf.Node) *peers {
 	tr := &http.Transport{
 		DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
 		Protocols:   new(http.Protocols),
 	}
-	tr.Protocols.SetUnencryptedHTTP2(true)
-	return &peers{http: &http.Client{Transport: tr}, nodes: make(map[string]*peer)}
+	scheme := "http"
+	if tc != nil && tc.API() {
+		scheme = "https"
+		tr.DialTLSContext = forwardDialer(tc)
+		tr.ForceAttemptHTTP2 = true
+		tr.Protocols.SetHTTP2(true)
+	} else {
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	}
+	return &peers{http: &http.Client{Transport: tr}, scheme: scheme, nodes: make(map[string]*peer)}
 }
 
 func (p *peers) get(addr string) *peer {
@@ -48,7 +58,7 @@ func (p *peers) get(addr string) *peer {
 	if n := p.nodes[addr]; n != nil {
 		return n
 	}
-	n := &peer{base: "http://" + addr, http: p.http}
+	n := &peer{base: p.scheme + "://" + addr, http: p.http}
 	p.nodes[addr] = n
 	return n
 }
@@ -75,7 +85,7 @@ func (s *Server) leaderAPIAddr() string {
 
 // PeerCluster returns a ClusterService client for the node at addr (for joining).
 func (s *Server) PeerCluster(addr string) leaseholdv1connect.ClusterServiceClient {
-	return leaseholdv1connect.NewClusterServiceClient(s.peers.http, "http://"+addr, connect.WithSendCompression("identity"))
+	return leaseholdv1connect.NewClusterServiceClient(s.peers.http, s.peers.scheme+"://"+addr, connect.WithSendCompression("identity"))
 }
 
 // sanitizeHeader makes s safe to send as a header value.

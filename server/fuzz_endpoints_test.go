@@ -212,7 +212,7 @@ func (e *endpoints) fastCall(ctx context.Context, procedure string, payload []by
 		return 0, "", err
 	}
 	defer conn.Close()
-	if _, err := fastlane.ClientHello(conn, ""); err != nil {
+	if _, err := fastlane.ClientHello(conn, "", fastlane.Extensions{}); err != nil {
 		return 0, "", err
 	}
 	frame, err := fastlane.AppendFrame(nil, fastlane.KindRequest, m, 1, func(b []byte) ([]byte, error) { return append(b, payload...), nil })

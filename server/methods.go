@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/fastlane"
+	"github.com/leasehold/leasehold/internal/auth"
 	"github.com/leasehold/leasehold/leader"
 )
 
@@ -31,7 +31,7 @@ func methodTable() []*method {
 		unary(leaseholdv1connect.LeaseServiceRevokeProcedure, (*Server).Revoke, needs(permLock)),
 		// LockService
 		unary(leaseholdv1connect.LockServiceAcquireProcedure, (*Server).Acquire,
-			needsOn(permLock, (*leaseholdv1.AcquireRequest).GetName),
+			needsOnEach(permLock, lockNames),
 			readerServes((*Server).acquireAtOnce), readerGrants((*Server).acquireNow), readerProposes((*Server).acquireThen)),
 		unary(leaseholdv1connect.LockServiceReleaseProcedure, (*Server).Release,
 			needsOn(permLock, (*leaseholdv1.ReleaseRequest).GetName),
@@ -56,30 +56,17 @@ func methodTable() []*method {
 }
 
 // permission is what a caller must be allowed to do to call an RPC (issue #17's rules:
-// read, lock, kv-write, admin). With authentication enabled, the check is made on the
-// request's name (lock name, key or prefix) for RPCs that have one.
-type permission uint8
+// read, lock, kv-write, admin; package auth). With authentication enabled, the check is
+// made on the request's name (lock name, key or prefix) for RPCs that have one (see
+// authorize).
+type permission = auth.Permission
 
 const (
-	permRead    permission = iota + 1 // Describe, List, Get, CheckToken, Status, Members
-	permLock                          // leases, Acquire, Release
-	permKVWrite                       // Put, Delete
-	permAdmin                         // ForceRelease, membership, snapshots, profiling
+	permRead    = auth.Read    // Describe, List, Get, CheckToken, Status, Members
+	permLock    = auth.Lock    // leases, Acquire, Release
+	permKVWrite = auth.KVWrite // Put, Delete
+	permAdmin   = auth.Admin   // ForceRelease, membership, snapshots, profiling
 )
-
-func (p permission) String() string {
-	switch p {
-	case permRead:
-		return "read"
-	case permLock:
-		return "lock"
-	case permKVWrite:
-		return "kv-write"
-	case permAdmin:
-		return "admin"
-	}
-	return fmt.Sprintf("permission(%d)", uint8(p))
-}
 
 // route says which node serves an RPC.
 type route uint8
@@ -98,7 +85,7 @@ type method struct {
 	schema    protoreflect.MethodDescriptor
 	fast      fastlane.Method // its number on the fast lane; 0 when Connect only
 	perm      permission
-	name      func(proto.Message) string // the name the permission applies to; nil: none
+	names     func(proto.Message) []string // the names the permission applies to, each; nil: none
 	route     route
 	// here, if set, says that an onLeader request is served by the receiving node anyway
 	// (a read that asked to be served stale).
@@ -154,6 +141,7 @@ func unary[Req, Res any, PReq interface {
 	m.forward = func(p *peer, ctx context.Context, req proto.Message, headers func(http.Header)) (proto.Message, error) {
 		r := connect.NewRequest((*Req)(req.(PReq)))
 		headers(r.Header())
+		forwardCredentials(ctx, r.Header())
 		resp, err := peerClient[Req, Res](p, procedure).CallUnary(ctx, r)
 		if err != nil {
 			return nil, err
@@ -162,7 +150,14 @@ func unary[Req, Res any, PReq interface {
 	}
 	m.connectHandler = func(s *Server, opts ...connect.HandlerOption) http.Handler {
 		return connect.NewUnaryHandler(procedure, func(ctx context.Context, r *connect.Request[Req]) (*connect.Response[Res], error) {
+			settle, err := s.gate(principalOf(ctx), m, PReq(r.Msg))
+			if err != nil {
+				return nil, s.finish(m, time.Now(), err)
+			}
 			resp, err := s.call(ctx, m, PReq(r.Msg), callerOf(r.Header()))
+			if settle != nil {
+				settle(resp, err)
+			}
 			if err != nil {
 				return nil, err
 			}
@@ -185,8 +180,24 @@ func needs(p permission) methodOption { return func(m *method) { m.perm = p } }
 func needsOn[PReq proto.Message](p permission, name func(PReq) string) methodOption {
 	return func(m *method) {
 		m.perm = p
-		m.name = func(req proto.Message) string { return name(req.(PReq)) }
+		m.names = func(req proto.Message) []string { return []string{name(req.(PReq))} }
 	}
+}
+
+// needsOnEach sets the permission an RPC requires on every name names returns.
+func needsOnEach[PReq proto.Message](p permission, names func(PReq) []string) methodOption {
+	return func(m *method) {
+		m.perm = p
+		m.names = func(req proto.Message) []string { return names(req.(PReq)) }
+	}
+}
+
+// lockNames are the locks an Acquire asks for: its lock set, or its one name.
+func lockNames(r *leaseholdv1.AcquireRequest) []string {
+	if len(r.GetNames()) > 0 {
+		return r.GetNames()
+	}
+	return []string{r.GetName()}
 }
 
 // anyNode makes the receiving node answer the RPC itself.

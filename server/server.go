@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
@@ -48,6 +49,8 @@ type Server struct {
 	started time.Time
 	// clusterID caches ClusterID once the state has one.
 	clusterID atomic.Pointer[string]
+	log       *slog.Logger
+	quotas    quotas
 }
 
 // New returns a Server with cfg, whose zero fields take their defaults. An invalid cfg
@@ -57,7 +60,7 @@ func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	s := &Server{cfg: cfg, leader: l, raft: r, peers: newPeers(), started: time.Now()}
+	s := &Server{cfg: cfg, leader: l, raft: r, peers: newPeers(cfg.TLS), started: time.Now(), log: cfg.Logger}
 	s.metrics = newMetrics(s)
 	s.methods = newMethods(s)
 	return s, nil
@@ -66,7 +69,8 @@ func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 // Handler returns the HTTP handler serving every RPC of the method table with Connect
 // (gRPC, gRPC-Web and Connect's JSON/binary protocol), gRPC health (grpc.health.v1) and
 // server reflection, plus /metrics, /healthz (alive), /readyz (ready to serve) and
-// /admin/snapshot. Every request passes the guard (guard.go): deadlines for slow
+// /admin/snapshot (with Config.Auth: admin for /admin/snapshot, read for /metrics, the
+// health checks open to all). Every request passes the guard (guard.go): deadlines for slow
 // clients, checked gRPC envelopes, bounded bodies.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
@@ -82,11 +86,11 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle(m.procedure, m.connectHandler(s, opts...))
 	}
 	s.mountGRPCServices(mux, opts...)
-	mux.HandleFunc("GET /admin/snapshot", s.serveSnapshot)
-	mux.Handle("GET /metrics", s.metrics.handler())
+	mux.Handle("GET /admin/snapshot", s.requireHTTP(permAdmin, http.HandlerFunc(s.serveSnapshot)))
+	mux.Handle("GET /metrics", s.requireHTTP(permRead, s.metrics.handler()))
 	mux.HandleFunc("GET /healthz", s.serveHealthz)
 	mux.HandleFunc("GET /readyz", s.serveReadyz)
-	return s.withClusterID(newGuard(mux, s.cfg, routesOf(leaseholdv1.File_leasehold_v1_leasehold_proto, maps.Clone(grpcServiceRoutes))))
+	return s.withClusterID(newGuard(s.identified(mux), s.cfg, routesOf(leaseholdv1.File_leasehold_v1_leasehold_proto, maps.Clone(grpcServiceRoutes))))
 }
 
 // serveSnapshot writes the whole state (leases, locks, token sequence, KV, members) as
@@ -99,7 +103,7 @@ func (s *Server) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "no leader known; retry", http.StatusServiceUnavailable)
 			return
 		}
-		http.Redirect(w, r, "http://"+addr+"/admin/snapshot", http.StatusTemporaryRedirect)
+		http.Redirect(w, r, s.peers.scheme+"://"+addr+"/admin/snapshot", http.StatusTemporaryRedirect)
 		return
 	}
 	if err := s.raft.ReadIndex(r.Context()); err != nil {

@@ -178,14 +178,14 @@ func TestSlowClients(t *testing.T) {
 		}},
 		{"fast lane, idle after its handshake", idle, func(t *testing.T) net.Conn {
 			c := dialFrom(t, "127.0.0.3", n.FastLaneAddr())
-			if _, err := fastlane.ClientHello(c, ""); err != nil {
+			if _, err := fastlane.ClientHello(c, "", fastlane.Extensions{}); err != nil {
 				t.Fatal(err)
 			}
 			return c
 		}},
 		{"fast lane, half a frame", idle, func(t *testing.T) net.Conn {
 			c := dialFrom(t, "127.0.0.3", n.FastLaneAddr())
-			if _, err := fastlane.ClientHello(c, ""); err != nil {
+			if _, err := fastlane.ClientHello(c, "", fastlane.Extensions{}); err != nil {
 				t.Fatal(err)
 			}
 			_, _ = c.Write([]byte{0, 0, 0, 40, byte(fastlane.KindRequest)})
@@ -264,7 +264,7 @@ func TestConnectionsPerClient(t *testing.T) {
 	for i := range bound {
 		if i%2 == 1 {
 			c := dialFrom(t, "127.0.0.2", n.FastLaneAddr())
-			if _, err := fastlane.ClientHello(c, ""); err != nil {
+			if _, err := fastlane.ClientHello(c, "", fastlane.Extensions{}); err != nil {
 				t.Fatalf("fast-lane connection %d: %v", i, err)
 			}
 			held = append(held, c)

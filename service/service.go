@@ -18,6 +18,7 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/internal/tlsconf"
 	"github.com/leasehold/leasehold/leader"
 	"github.com/leasehold/leasehold/replication"
 	"github.com/leasehold/leasehold/server"
@@ -55,7 +56,16 @@ type Config struct {
 	StaticPeers []core.Member
 	// Pprof serves Go's profiler (net/http/pprof) under /debug/pprof/ on the API
 	// address. Off by default: profiles expose internals and cost CPU while they run.
+	// With Server.Auth, only admins may fetch them.
 	Pprof bool
+	// TLS, if set, serves the API and the fast lane over TLS (and requires client
+	// certificates when it has a client CA), and runs raft and forwarding between nodes
+	// over mutual TLS when it has peer certificates (security.go).
+	TLS *tlsconf.Node
+	// InsecureNoAuth allows serving an address other than loopback without
+	// authentication (no Server.Auth nor client CA on the API and fast lane, no peer TLS
+	// on raft). Without it, Start refuses to.
+	InsecureNoAuth bool
 }
 
 // DefaultAddr is the API address of a node started with no Addr, and DefaultFastLanePort
@@ -152,6 +162,7 @@ type Node struct {
 	http     *http.Server
 	cancel   context.CancelFunc
 	serveErr chan error
+	reload   []func() error // security.go
 }
 
 // Start opens the data dir, starts raft and the leader runtime, and serves the API. It
@@ -161,9 +172,15 @@ func Start(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Server.Logger == nil {
+		cfg.Server.Logger = cfg.Logger // the admin log goes where the node's log goes
+	}
 	cfg = cfg.WithDefaults()
 	for _, w := range cfg.Warnings() {
 		cfg.Logger.Warn("configuration: " + w)
+	}
+	if err := checkExposure(&cfg); err != nil {
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -179,7 +196,7 @@ func Start(cfg Config) (*Node, error) {
 	changes := make(chan bool, 1)
 	rc := cfg.Raft
 	limit := newConnLimit(cfg.Server.MaxConnsPerClient, cfg.Logger) // both ports share it (G6)
-	n := &Node{addr: ln.Addr().String(), fastLn: fastLn, serveErr: make(chan error, 1)}
+	n := &Node{addr: ln.Addr().String(), fastLn: fastLn, serveErr: make(chan error, 1), reload: cfg.reloaders()}
 	if cfg.AdvertiseAddr == "" {
 		cfg.AdvertiseAddr = n.addr
 	}
@@ -199,6 +216,7 @@ func Start(cfg Config) (*Node, error) {
 		cfg.Server.NodeID = rc.NodeID
 	}
 	rc.Logger = cfg.Logger
+	cfg.Server.TLS, rc.PeerTLS = cfg.TLS, cfg.peerTLS()
 	rc.Observe = func(e []core.Effect) { n.Leader.OnEffects(e) }
 	rc.LeaderChange = changes
 	self := core.Member{ID: rc.NodeID, APIAddr: cfg.AdvertiseAddr, FastLaneAddr: cfg.Server.FastLaneAddr}
@@ -228,7 +246,7 @@ func Start(cfg Config) (*Node, error) {
 	go n.Leader.Run(ctx, changes)
 	handler := n.Server.Handler()
 	if cfg.Pprof {
-		handler = withPprof(handler)
+		handler = withPprof(handler, n.Server.AdminOnly)
 	}
 	// No ReadTimeout or WriteTimeout here: they would cut off waiting Acquires and
 	// streams. The server's handler sets them per request (server/guard.go).
@@ -237,14 +255,14 @@ func Start(cfg Config) (*Node, error) {
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
 		IdleTimeout:       cfg.Server.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
-		Protocols:         new(http.Protocols),
+		Protocols:         cfg.protocols(),
+		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn), // refused TLS handshakes, say
 	}
-	n.http.Protocols.SetHTTP1(true)
-	n.http.Protocols.SetUnencryptedHTTP2(true)
-	go func() { n.serveErr <- n.http.Serve(limit.wrap(ln)) }()
+	// TLS, when the node serves it, wraps the connections the limit admitted.
+	go func() { n.serveErr <- n.http.Serve(cfg.secure(limit.wrap(ln), "h2", "http/1.1")) }()
 	if fastLn != nil {
 		go func() {
-			if err := n.Server.ServeFastLane(limit.wrap(fastLn), cfg.Logger); err != nil {
+			if err := n.Server.ServeFastLane(cfg.secure(limit.wrap(fastLn)), cfg.Logger); err != nil {
 				cfg.Logger.Error("fast lane stopped", "err", err)
 			}
 		}()
@@ -392,14 +410,15 @@ func (n *Node) Close(ctx context.Context) error {
 	return errors.Join(herr, n.Raft.Close())
 }
 
-// withPprof serves net/http/pprof's handlers under /debug/pprof/ and h elsewhere.
-func withPprof(h http.Handler) http.Handler {
+// withPprof serves net/http/pprof's handlers under /debug/pprof/, each through guard,
+// and h elsewhere.
+func withPprof(h http.Handler, guard func(http.Handler) http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", h)
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.Handle("/debug/pprof/", guard(http.HandlerFunc(pprof.Index)))
+	mux.Handle("/debug/pprof/cmdline", guard(http.HandlerFunc(pprof.Cmdline)))
+	mux.Handle("/debug/pprof/profile", guard(http.HandlerFunc(pprof.Profile)))
+	mux.Handle("/debug/pprof/symbol", guard(http.HandlerFunc(pprof.Symbol)))
+	mux.Handle("/debug/pprof/trace", guard(http.HandlerFunc(pprof.Trace)))
 	return mux
 }

@@ -24,14 +24,25 @@ func addrFlag(fs *flag.FlagSet) *string {
 	if def == "" {
 		def = service.DefaultAddr
 	}
+	registerSecurityFlags(fs)
 	return fs.String("addr", def, "server address (env LEASEHOLD_ADDR)")
 }
 
 // dial connects to the server, printing why it could not.
 func dial(ctx context.Context, addr string, opts ...client.Option) (*client.Client, int) {
+	sec, err := securityOptions()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "leasehold: %v\n", err)
+		return nil, exitUsage
+	}
+	opts = append(sec, opts...)
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	c, err := client.Dial(dctx, addr, opts...)
+	if code := connect.CodeOf(err); code == connect.CodeUnauthenticated || code == connect.CodePermissionDenied {
+		fmt.Fprintf(os.Stderr, "leasehold: the server at %s refused our credentials (--auth-token-file, LEASEHOLD_AUTH_TOKEN, --cert): %v\n", addr, err)
+		return nil, exitError
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "leasehold: cannot reach the server at %s: %v\n", addr, err)
 		return nil, exitUnavailable

@@ -42,6 +42,7 @@ func runServer(args []string) int {
 	var peers peerFlags
 	fs.Var(&peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR] (repeat for each node, including this one)")
 	fs.Var(peerList{&peers}, "peers", "static cluster members as one list: ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR];ID,...;...")
+	security := registerServerSecurity(fs)
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -61,7 +62,7 @@ func runServer(args []string) int {
 	cfg := service.Config{
 		Addr:              *addr,
 		Raft:              replication.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise, Bootstrap: *bootstrap && *join == "", LogStore: *logStore},
-		Server:            server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID},
+		Server:            server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID, Logger: log},
 		Logger:            log,
 		AdvertiseAddr:     *advertise,
 		Join:              *join,
@@ -83,6 +84,12 @@ func runServer(args []string) int {
 		fmt.Fprintf(os.Stderr, "leasehold server: %v\n", err)
 		return exitUsage
 	}
+	var err error
+	if cfg.TLS, cfg.Server.Auth, err = security.load(); err != nil {
+		fmt.Fprintf(os.Stderr, "leasehold server: %v\n", err)
+		return exitUsage
+	}
+	cfg.InsecureNoAuth = *security.insecure
 	if err := serve(log, cfg); err != nil {
 		log.Error("server stopped", "err", err)
 		return exitError
@@ -91,19 +98,34 @@ func runServer(args []string) int {
 }
 
 // serve runs one node until SIGINT or SIGTERM, then shuts down gracefully: it stops
-// accepting requests, lets requests in flight finish (up to 5s), and closes raft.
+// accepting requests, lets requests in flight finish (up to 5s), and closes raft. SIGHUP
+// reloads the TLS certificates and the auth file.
 func serve(log *slog.Logger, cfg service.Config) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	n, err := service.Start(cfg)
 	if err != nil {
 		return err
 	}
-	log.Info("leasehold serving", "addr", n.Addr(), "fast_lane", n.FastLaneAddr(), "raft", n.Raft.RaftAddr(), "data_dir", cfg.Raft.DataDir, "node_id", cfg.Raft.NodeID, "version", version)
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down")
-	case err = <-n.Done():
+	log.Info("leasehold serving", "addr", n.Addr(), "fast_lane", n.FastLaneAddr(), "raft", n.Raft.RaftAddr(), "data_dir", cfg.Raft.DataDir, "node_id", cfg.Raft.NodeID, "version", version,
+		"tls", cfg.TLS != nil && cfg.TLS.API(), "client_certs", cfg.TLS != nil && cfg.TLS.ClientCerts(), "peer_tls", cfg.TLS != nil && cfg.TLS.Peer(), "auth", cfg.Server.Auth != nil)
+	for wait := true; wait; {
+		select {
+		case <-hup:
+			if rerr := n.Reload(); rerr != nil {
+				log.Error("reload failed; still using the old certificates and auth file where the new ones are not valid", "err", rerr)
+			} else {
+				log.Info("reloaded the TLS certificates and the auth file")
+			}
+		case <-ctx.Done():
+			log.Info("shutting down")
+			wait = false
+		case err = <-n.Done():
+			wait = false
+		}
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

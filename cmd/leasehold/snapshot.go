@@ -61,14 +61,20 @@ func runSnapshot(args []string) int {
 func snapshotSave(addr, file string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	hc, scheme, authorize, err := adminHTTP()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "leasehold snapshot save: %v\n", err)
+		return exitUsage
+	}
 	var lastErr error
 	for _, a := range strings.Split(addr, ",") {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+strings.TrimSpace(a)+"/admin/snapshot", nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+strings.TrimSpace(a)+"/admin/snapshot", nil)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "leasehold snapshot save: %v\n", err)
 			return exitUsage
 		}
-		resp, err := http.DefaultClient.Do(req)
+		authorize(req)
+		resp, err := hc.Do(req)
 		if err != nil {
 			lastErr = err
 			continue

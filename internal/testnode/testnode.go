@@ -16,14 +16,21 @@ import (
 )
 
 // Start starts a single-node leasehold in-process and waits until it serves as leader.
-func Start(tb testing.TB) *service.Node {
+func Start(tb testing.TB) *service.Node { return StartWith(tb, nil) }
+
+// StartWith is Start with the configuration changed by with (if not nil) first.
+func StartWith(tb testing.TB, with func(*service.Config)) *service.Node {
 	tb.Helper()
-	n, err := service.Start(service.Config{
+	cfg := service.Config{
 		Addr:         "127.0.0.1:0",
 		FastLaneAddr: "127.0.0.1:0",
 		Raft:         replication.Config{DataDir: tb.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true},
 		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	if with != nil {
+		with(&cfg)
+	}
+	n, err := service.Start(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}

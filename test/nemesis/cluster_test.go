@@ -115,6 +115,8 @@ func NewCluster(t testing.TB, useNetns bool) *Cluster {
 			ip := c.lab.NodeIP(i)
 			n.srv.API, n.srv.Raft, n.srv.Fast = ip+":7740", ip+":7741", ip+":7742"
 			n.srv.Prefix = c.lab.Exec(i)
+			// The lab's addresses are not loopback: the test serves them open on purpose.
+			n.srv.Args = append(n.srv.Args, "--insecure-no-auth")
 		}
 		// Else the first Start picks free loopback ports.
 		if i > 0 {

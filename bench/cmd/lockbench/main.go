@@ -65,7 +65,7 @@ type flags struct {
 
 func main() {
 	var f flags
-	flag.StringVar(&f.systems, "systems", strings.Join(peers.Names, ","), "systems to compare, comma-separated")
+	flag.StringVar(&f.systems, "systems", strings.Join(peers.Names, ","), "systems to compare, comma-separated; a leasehold system's name may end in +tls, +auth or +tls+auth to run it secured (TLS on the API, fast lane and raft; a bearer token on every call), e.g. leasehold-efficiency,leasehold-efficiency+tls+auth")
 	flag.StringVar(&f.scenarios, "scenarios", defaultScenarios, "comma-separated: uncontended-W, contended-W, semaphore-W-N (W workers, one semaphore of N), lockset-W-K (W workers, K locks each at once), scale-locks, scale-leases; or all (the default set plus both scale runs)")
 	flag.DurationVar(&f.duration, "duration", 10*time.Second, "measured time per scenario")
 	flag.IntVar(&f.rounds, "rounds", 1, "run every system's scenarios this many times, the systems taking turns (A B C A B C ...); the report keeps each system and scenario's round of median pairs/s and lists all of them")

@@ -30,6 +30,7 @@ type Leasehold struct {
 	addr        string // every node's API address, comma-separated (what clients dial)
 	fastLane    bool
 	version     string
+	sec         security // +tls, +auth
 
 	mu     sync.Mutex
 	shared *client.Client // the workers' client, unless each has its own
@@ -42,15 +43,17 @@ func newLeasehold(o Options, correctness bool) *Leasehold {
 // NewLeasehold returns a leasehold system of the given class, for the scale scenarios.
 func NewLeasehold(o Options, correctness bool) *Leasehold { return newLeasehold(o, correctness) }
 
-// Name is "leasehold-efficiency", "leasehold-correctness" or "leasehold-correctness-3".
+// Name is "leasehold-efficiency", "leasehold-correctness" or "leasehold-correctness-3",
+// with the suffix of its security ("+tls+auth").
 func (l *Leasehold) Name() string {
-	if l.nodes == 3 {
-		return "leasehold-correctness-3"
+	name := "leasehold-efficiency"
+	switch {
+	case l.nodes == 3:
+		name = "leasehold-correctness-3"
+	case l.correctness:
+		name = "leasehold-correctness"
 	}
-	if l.correctness {
-		return "leasehold-correctness"
-	}
-	return "leasehold-efficiency"
+	return name + l.sec.suffix()
 }
 
 // Describe says how the node runs.
@@ -71,8 +74,8 @@ func (l *Leasehold) Describe() string {
 	if l.o.LeaseholdClientPerWorker {
 		recipe = fmt.Sprintf("client.Dial (one client, so one connection and one lease of TTL %v) per worker", l.o.TTL)
 	}
-	return fmt.Sprintf("%s, %s; recipe %s + Lock(ctx, name, %s) / Unlock — %s",
-		nodes, lane, recipe, class, how)
+	return fmt.Sprintf("%s, %s; recipe %s + Lock(ctx, name, %s) / Unlock — %s%s",
+		nodes, lane, recipe, class, how, l.sec.describe())
 }
 
 // Start runs `leasehold server` on free loopback ports with its data under dir.
@@ -85,6 +88,9 @@ func (l *Leasehold) Start(ctx context.Context, dir string) error {
 		return fmt.Errorf("%w: %s: %w", ErrNotInstalled, bin, err)
 	}
 	l.fastLane = proc.HasFastLane(bin)
+	if err := l.sec.prepare(dir); err != nil {
+		return err
+	}
 	n := max(1, l.nodes)
 	l.srvs, l.addrs = nil, nil
 	for i := range n {
@@ -104,6 +110,7 @@ func (l *Leasehold) Start(ctx context.Context, dir string) error {
 		if l.o.LeaseholdPprof {
 			srv.Args = append(srv.Args, "--pprof")
 		}
+		srv.Args = append(srv.Args, l.sec.args...)
 		if i > 0 {
 			srv.Join = l.addrs[0]
 		}
@@ -145,7 +152,7 @@ func (l *Leasehold) waitServing(ctx context.Context, p *proc.Process) error {
 
 // waitMembers waits until the cluster has n voters.
 func (l *Leasehold) waitMembers(ctx context.Context, n int) error {
-	c, err := client.Dial(ctx, l.addr)
+	c, err := client.Dial(ctx, l.addr, l.sec.clientOptions()...)
 	if err != nil {
 		return err
 	}
@@ -165,7 +172,7 @@ func (l *Leasehold) waitMembers(ctx context.Context, n int) error {
 func (l *Leasehold) probe(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	c, err := client.Dial(pctx, l.addr)
+	c, err := client.Dial(pctx, l.addr, l.sec.clientOptions()...)
 	if err != nil {
 		return err
 	}
@@ -216,20 +223,20 @@ func (l *Leasehold) FetchProfiles(ctx context.Context, d time.Duration, base str
 		if len(l.addrs) > 1 {
 			file = fmt.Sprintf("%s-n%d.cpu.pprof", base, i+1)
 		}
-		wg.Go(func() { errs[i] = fetchProfile(ctx, addr, d, file) })
+		wg.Go(func() { errs[i] = l.fetchProfile(ctx, addr, d, file) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
 // fetchProfile writes the CPU profile over d of the server whose API is at addr.
-func fetchProfile(ctx context.Context, addr string, d time.Duration, file string) error {
-	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, max(1, int(d.Seconds())))
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+func (l *Leasehold) fetchProfile(ctx context.Context, addr string, d time.Duration, file string) error {
+	req, hc, err := l.sec.httpGet(addr, fmt.Sprintf("/debug/pprof/profile?seconds=%d", max(1, int(d.Seconds()))))
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	url := req.URL.String()
+	resp, err := hc.Do(req.WithContext(ctx))
 	if err != nil {
 		return err
 	}
@@ -276,7 +283,7 @@ func (l *Leasehold) Class() client.LockOption {
 // LeaseholdClientPerWorker, a client of its own.
 func (l *Leasehold) NewWorker(ctx context.Context) (Worker, error) {
 	if l.o.LeaseholdClientPerWorker {
-		c, err := client.Dial(ctx, l.addr, client.WithTTL(l.o.TTL))
+		c, err := client.Dial(ctx, l.addr, append(l.sec.clientOptions(), client.WithTTL(l.o.TTL))...)
 		if err != nil {
 			return nil, err
 		}
@@ -285,7 +292,7 @@ func (l *Leasehold) NewWorker(ctx context.Context) (Worker, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.shared == nil {
-		c, err := client.Dial(ctx, l.addr, client.WithTTL(l.o.TTL))
+		c, err := client.Dial(ctx, l.addr, append(l.sec.clientOptions(), client.WithTTL(l.o.TTL))...)
 		if err != nil {
 			return nil, err
 		}

@@ -127,8 +127,24 @@ var Names = []string{
 	"redis-mem", "redis-aof", "etcd", "etcd-3", "zookeeper",
 }
 
-// New returns the named system.
+// New returns the named system. A leasehold system's name may end in +tls, +auth or
+// +tls+auth to run it secured (security.go).
 func New(name string, o Options) (System, error) {
+	name, sec, err := parseSecurity(name)
+	if err != nil {
+		return nil, err
+	}
+	if sec.tls || sec.auth {
+		if !strings.HasPrefix(name, "leasehold-") {
+			return nil, fmt.Errorf("peers: %s: only leasehold systems take +tls and +auth", name)
+		}
+		s, err := New(name, o)
+		if err != nil {
+			return nil, err
+		}
+		s.(*Leasehold).sec = sec
+		return s, nil
+	}
 	switch name {
 	case "leasehold-efficiency":
 		return newLeasehold(o, false), nil

@@ -1,0 +1,111 @@
+package client
+
+import (
+	"context"
+	"crypto/tls"
+	"net"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/leasehold/leasehold/fastlane"
+)
+
+// WithTLS makes the client reach the servers over TLS — the API and the fast lane alike
+// — verifying them with cfg (its RootCAs, or the system's roots when nil; a client
+// certificate in cfg.Certificates or GetClientCertificate for servers that require one).
+// When cfg.ServerName is empty, each server's certificate must be valid for the host of
+// the address it is reached at. A server that does not serve TLS cannot be reached.
+// WithHTTPClient, if also given, replaces the HTTP client this option would set up, and
+// then must speak TLS itself.
+func WithTLS(cfg *tls.Config) Option { return func(o *options) { o.tls = cfg.Clone() } }
+
+// WithToken makes the client authenticate with a bearer token from the server's auth
+// file (docs/SECURITY.md): on Connect as "Authorization: Bearer TOKEN", on the fast lane
+// in its handshake. A server without auth ignores it. Send tokens only over TLS or
+// loopback: anyone who reads one can act with it.
+func WithToken(token string) Option { return func(o *options) { o.token = token } }
+
+// scheme is the URL scheme of the API.
+func (o *options) scheme() string {
+	if o.tls != nil {
+		return "https"
+	}
+	return "http"
+}
+
+// defaultHTTPClient is the HTTP client of a Client given no WithHTTPClient: HTTP/2 over
+// TLS with WithTLS, else HTTP/2 without TLS (h2c).
+func (o *options) defaultHTTPClient() *http.Client {
+	tr := &http.Transport{
+		DialContext:     (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+		Protocols:       new(http.Protocols),
+		IdleConnTimeout: 90 * time.Second,
+	}
+	if o.tls != nil {
+		tr.TLSClientConfig = o.tls.Clone()
+		tr.ForceAttemptHTTP2 = true
+		tr.Protocols.SetHTTP2(true)
+		tr.Protocols.SetHTTP1(true)
+	} else {
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	}
+	tr.HTTP2 = &http.HTTP2Config{PingTimeout: 2 * time.Second, SendPingTimeout: 5 * time.Second}
+	return &http.Client{Transport: tr}
+}
+
+// connectOptions are the options of the client's Connect clients: the bearer token on
+// every request, when there is one.
+func (o *options) connectOptions() []connect.ClientOption {
+	opts := []connect.ClientOption{connect.WithSendCompression("identity")}
+	if o.token != "" {
+		bearer := "Bearer " + o.token
+		opts = append(opts, connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+				req.Header().Set("Authorization", bearer)
+				return next(ctx, req)
+			}
+		})))
+	}
+	return opts
+}
+
+// dialFastConn opens a connection to the fast lane at addr, over TLS (handshake made)
+// with WithTLS; the fast lane's own handshake is the caller's (dialFastLane).
+func (o *options) dialFastConn(ctx context.Context, addr string) (net.Conn, error) {
+	conn, err := (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if o.tls != nil {
+		cfg := o.tls.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		tc := tls.Client(conn, cfg)
+		hctx, cancel := context.WithTimeout(ctx, fastlane.HandshakeTimeout)
+		err = tc.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			_ = conn.Close()
+			return nil, err
+		}
+		conn = tc
+	}
+	return conn, nil
+}
+
+// rawConn is the TCP connection under conn (under TLS, say), for looking at its socket.
+func rawConn(conn net.Conn) net.Conn {
+	if tc, ok := conn.(*tls.Conn); ok {
+		return tc.NetConn()
+	}
+	return conn
+}
+
+// refused reports whether err is a server's refusal of the client's credentials.
+func refused(err error) bool {
+	code := connect.CodeOf(err)
+	return code == connect.CodeUnauthenticated || code == connect.CodePermissionDenied
+}
