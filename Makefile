@@ -14,8 +14,9 @@ build: ## build the leasehold binary (static, no cgo)
 run: build ## run a single node with default settings
 	./$(BIN) server
 
-test: ## every test, with the race detector (what CI runs), and the benchmark module's tests
+test: ## every test, with the race detector (what CI runs), the core's property tests in full without it, and the benchmark module's tests
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(GO) test -count=1 -timeout 10m -run 'Property' ./core/
 	cd bench && $(GO) test -race -count=1 -timeout 5m ./...
 
 test-race: test

@@ -452,7 +452,7 @@ func heldBy(l *lock) LeaseID {
 // TestPropertyModesAndSets is the random test described at the top of this file.
 func TestPropertyModesAndSets(t *testing.T) {
 	seeds := 100
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		seeds = 15
 	}
 	for seed := range uint64(seeds) {

@@ -28,7 +28,7 @@ var smallLimits = Limits{MaxLeases: 5, MaxLocksPerLease: 3, MaxWaitersPerLock: 2
 // fed the same commands stays byte-identical.
 func TestPropertyState(t *testing.T) {
 	seeds := propertySeeds
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		seeds = 20
 	}
 	for seed := range uint64(seeds) {
@@ -48,7 +48,7 @@ func TestPropertyState(t *testing.T) {
 // the same model, one-holder and FIFO properties.
 func TestPropertyLocksTable(t *testing.T) {
 	seeds := propertySeeds
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		seeds = 20
 	}
 	for seed := range uint64(seeds) {
