@@ -68,7 +68,7 @@ func TestTransportsAgree(t *testing.T) {
 		for _, e := range errs {
 			current = e
 			wantCode, wantDetail := server.Classify(e)
-			before := requestCount(t, n.Addr(), procedure, wantCode)
+			before := server.RequestCount(n.Server, procedure, wantCode.String())
 
 			code, reason := connectCall(t, n.Addr(), procedure)
 			if code != wantCode || reason != wantDetail.GetReason() {
@@ -85,7 +85,7 @@ func TestTransportsAgree(t *testing.T) {
 					t.Errorf("%s, handler error %q: fast lane %v %q, Connect %v %q", procedure, e, got, lane.lastError.GetDetail().GetReason(), code, reason)
 				}
 			}
-			if after := requestCount(t, n.Addr(), procedure, wantCode); after-before != calls {
+			if after := server.RequestCount(n.Server, procedure, wantCode.String()); after-before != calls {
 				t.Errorf("%s, handler error %q: leasehold_requests_total{code=%q} rose by %v, want %v", procedure, e, wantCode, after-before, calls)
 			}
 		}
