@@ -15,15 +15,17 @@ import (
 // Snapshot encoding versions; the first byte of a snapshot names its format.
 //
 // Version 1 is that byte followed by one JSON object (and a newline) with, in this order:
-// "seq", "leases", "locks", "tombstones", then "kvRev", "kv" and "members" when they are
-// not empty. Leases are in id order, locks in name order, KV entries in key order,
-// members in id order and tombstones oldest first, so equal states encode to equal bytes.
+// "seq", "leases", "locks", "tombstones", then "kvRev", "kv", "members" and
+// "idempotency" when they are not empty. Leases are in id order, locks in name order, KV
+// entries in key order, members in id order, tombstones oldest first, and idempotency
+// keys in progress in key order before the done keys oldest first, so equal states encode
+// to equal bytes. A snapshot written before "idempotency" existed restores with no keys.
 const (
 	snapshotV1 = 1
 )
 
 // snapshotFields are the keys of a version-1 snapshot, in the order they are written.
-var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members"}
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "idempotency"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
@@ -41,6 +43,8 @@ type SnapshotView struct {
 	kvRev      uint64
 	kv         []Entry
 	members    []Member
+	keys       []keyRecord // in progress (unsorted), then done oldest first
+	inProgress int         // how many of keys are in progress
 }
 
 // SnapshotView copies what a snapshot of s needs. It is meant to run where applies must
@@ -57,6 +61,7 @@ func (s *State) SnapshotView() *SnapshotView {
 		kv:         make([]Entry, 0, len(s.kv.entries)),
 		members:    s.Members(),
 	}
+	v.keys, v.inProgress = s.keys.records()
 	for _, l := range s.leases {
 		v.leases = append(v.leases, *l)
 	}
@@ -76,6 +81,7 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	slices.SortFunc(v.leases, func(a, b Lease) int { return compareIDs(a.ID, b.ID) })
 	slices.SortFunc(v.locks, func(a, b lock) int { return strings.Compare(a.name, b.name) })
 	slices.SortFunc(v.kv, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
+	slices.SortFunc(v.keys[:v.inProgress], func(a, b keyRecord) int { return strings.Compare(a.Key, b.Key) })
 
 	cw := &countingWriter{w: w}
 	e := newJSONWriter(cw)
@@ -115,6 +121,10 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	if len(v.members) > 0 {
 		e.raw(`,"members":`)
 		writeArray(e, v.members)
+	}
+	if len(v.keys) > 0 {
+		e.raw(`,"idempotency":`)
+		writeArray(e, v.keys)
 	}
 	e.raw("}\n")
 	err := e.flush()
@@ -334,6 +344,8 @@ func readSnapshotV1(dec *json.Decoder, limits Limits) (*State, error) {
 				s.members[m.ID] = m.APIAddr
 				return nil
 			})
+		case "idempotency":
+			err = eachElement(dec, s.restoreKey)
 		}
 		if err != nil {
 			return nil, err

@@ -27,6 +27,7 @@ type State struct {
 	tombOrder  []LeaseID // oldest first
 	kv         kvStore
 	members    map[string]string // node id -> API address
+	keys       keyStore          // idempotency keys (idempotency.go)
 }
 
 // NewState returns an empty state with the given limits. Every replica must use the same
@@ -40,6 +41,7 @@ func NewState(limits Limits) *State {
 		tombstones: make(map[LeaseID]EndReason),
 		kv:         kvStore{entries: make(map[string]*Entry)},
 		members:    make(map[string]string),
+		keys:       newKeyStore(),
 	}
 }
 
@@ -104,6 +106,7 @@ func (s *State) Apply(c Command) Result {
 		var r Result
 		s.locks.DropLease(c.Lease, reason == EndExpired, s, &r)
 		delete(s.leases, c.Lease)
+		s.keys.dropLease(c.Lease)
 		s.remember(c.Lease, reason)
 		r.Effects = append(r.Effects, Effect{Kind: EffectLeaseEnded, Lease: c.Lease, Reason: reason})
 		return r
@@ -135,6 +138,8 @@ func (s *State) Apply(c Command) Result {
 		return r
 	case OpPut, OpDelete:
 		return s.applyWrite(c)
+	case OpBegin, OpComplete, OpAbandon:
+		return s.applyKey(c)
 	case OpSetMember:
 		s.members[c.Node] = c.Addr
 		return Result{}
