@@ -82,6 +82,7 @@ type Client struct {
 	locks   leaseholdv1connect.LockServiceClient
 	cluster leaseholdv1connect.ClusterServiceClient
 	kv      leaseholdv1connect.KVServiceClient
+	keys    leaseholdv1connect.IdempotencyServiceClient
 	fast    *fastLanes
 
 	own leaseSet // the leases of locks taken with Client.Lock
@@ -130,6 +131,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		locks:    leaseholdv1connect.NewLockServiceClient(hc, base, copts...),
 		cluster:  leaseholdv1connect.NewClusterServiceClient(hc, base, copts...),
 		kv:       leaseholdv1connect.NewKVServiceClient(hc, base, copts...),
+		keys:     leaseholdv1connect.NewIdempotencyServiceClient(hc, base, copts...),
 		sessions: make(map[*Session]struct{}),
 	}
 	c.fast = &fastLanes{c: c, disabled: o.noFastLane}
