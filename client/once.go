@@ -39,16 +39,21 @@ func (e *InProgressError) Error() string {
 // Is makes InProgressError match ErrInProgress.
 func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
 
-// describe returns " by HOST pid PID (NOTE)", or "" for an empty description.
-func (h Holder) describe() string {
-	if h == (Holder{}) {
-		return ""
-	}
-	s := fmt.Sprintf(" by %s pid %d", h.Host, h.PID)
+// String returns "HOST pid PID (NOTE)", without the note when it is empty.
+func (h Holder) String() string {
+	s := fmt.Sprintf("%s pid %d", h.Host, h.PID)
 	if h.Note != "" {
 		s += fmt.Sprintf(" (%s)", h.Note)
 	}
 	return s
+}
+
+// describe returns " by " and h, or "" for an empty description.
+func (h Holder) describe() string {
+	if h == (Holder{}) {
+		return ""
+	}
+	return " by " + h.String()
 }
 
 // KeyStatus is where an idempotency key stands.
