@@ -207,6 +207,7 @@ func (c *Client) Close(ctx context.Context) error {
 type leaseSet struct {
 	mu     sync.Mutex
 	byTTL  map[time.Duration]*lease
+	keys   map[string]uint64 // idempotency keys a Once of this holder runs, with their tokens (once.go)
 	closed bool
 }
 

@@ -111,7 +111,8 @@ func (c *Client) Key(ctx context.Context, key string) (Key, error) {
 // gives the key back, and propagates.
 //
 // Errors: *InProgressError (matching ErrInProgress) at once when another holder has the
-// key — Once does not wait; retry later, or watch the key with Key. ErrKeyLost when fn
+// key, or another Once of this Client (or Session) runs it — Once does not wait; retry
+// later, or watch the key with Key. ErrKeyLost when fn
 // succeeded but the key's lease ended before its result was recorded. ErrUnavailable
 // when no node answered: if fn had run, whether its result was recorded is unknown (a
 // later Once tells). The server's InvalidArgument for a bad key or a result above 32
@@ -126,6 +127,14 @@ func (s *Session) Once(ctx context.Context, key string, fn func(ctx context.Cont
 }
 
 func (c *Client) once(ctx context.Context, set *leaseSet, key string, fn func(context.Context, uint64) ([]byte, error)) ([]byte, error) {
+	// Every Once of one holder claims the key on the same lease, and the service answers
+	// a Begin repeated by the lease that has the key with the same claim (so that a retry
+	// after a lost answer gets it back): Once calls of one holder for one key must
+	// therefore take turns here first.
+	if token, ok := set.claimKey(key); !ok {
+		return nil, &InProgressError{Key: key, Token: token, Holder: c.opts.holder}
+	}
+	defer set.releaseKey(key)
 	s, resp, err := c.begin(ctx, set, key)
 	if err != nil {
 		return nil, err
@@ -140,6 +149,7 @@ func (c *Client) once(ctx context.Context, set *leaseSet, key string, fn func(co
 		return nil, fmt.Errorf("client: Begin of %q answered status %v", key, resp.GetStatus())
 	}
 	token := resp.GetToken()
+	set.keyToken(key, token)
 	// The key is held like a lock on the lease, so that its context ends with the lease.
 	h := &Lock{c: c, s: s, name: key, token: token, class: leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS}
 	h.ctx, h.cancel = context.WithCancelCause(ctx)
@@ -281,6 +291,33 @@ func (c *Client) abandonKey(s *lease, key string) {
 		time.Sleep(backoff)
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// claimKey records that a Once of set's holder runs key, and reports false, with the
+// token of that Once's claim (0 until the service answered it), when one already does.
+func (set *leaseSet) claimKey(key string) (uint64, bool) {
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	if token, ok := set.keys[key]; ok {
+		return token, false
+	}
+	if set.keys == nil {
+		set.keys = make(map[string]uint64)
+	}
+	set.keys[key] = 0
+	return 0, true
+}
+
+func (set *leaseSet) keyToken(key string, token uint64) {
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	set.keys[key] = token
+}
+
+func (set *leaseSet) releaseKey(key string) {
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	delete(set.keys, key)
 }
 
 func holderFrom(h *leaseholdv1.Holder) Holder {

@@ -77,6 +77,45 @@ func TestOnceRunsAtMostOnce(t *testing.T) {
 	}
 }
 
+// TestOnceSameClient: Once calls of one Client share its lease, yet only one of them
+// runs fn; the others, while it runs, get an *InProgressError.
+func TestOnceSameClient(t *testing.T) {
+	_, c, ctx := startClient(t)
+	defer c.Close(ctx)
+	var runs atomic.Int32
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	var busy atomic.Int32
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := c.Once(ctx, "same-client", func(context.Context, uint64) ([]byte, error) {
+				runs.Add(1)
+				<-release
+				return []byte("r"), nil
+			})
+			if errors.Is(err, client.ErrInProgress) {
+				busy.Add(1)
+			} else if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	for busy.Load() < 7 && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	wg.Wait()
+	if runs.Load() != 1 || busy.Load() != 7 {
+		t.Fatalf("fn ran %d times, %d calls found the key in progress; want 1 and 7", runs.Load(), busy.Load())
+	}
+	res, err := c.Once(ctx, "same-client", func(context.Context, uint64) ([]byte, error) { return nil, errors.New("ran again") })
+	if err != nil || string(res) != "r" {
+		t.Fatalf("after: %q %v", res, err)
+	}
+}
+
 // TestOnceFailureGivesBack: when fn fails (an error or a panic) nothing is stored, the
 // key is free at once and the next Once runs fn again, under a larger token.
 func TestOnceFailureGivesBack(t *testing.T) {
