@@ -16,6 +16,7 @@ import (
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/fastlane"
+	"github.com/leasehold/leasehold/internal/clustertest"
 	"github.com/leasehold/leasehold/internal/testnode"
 )
 
@@ -214,4 +215,51 @@ func TestIdempotencyJSON(t *testing.T) {
 	if r.status != http.StatusOK || !bytes.Contains(r.body, []byte(`"KEY_STATUS_NEW"`)) {
 		t.Fatalf("begin: %d %s", r.status, r.body)
 	}
+}
+
+// TestKeysSurviveLeaderChange (G3, G9): a key done and a key in progress on a leader
+// that is then cut off are, on the new leader, done with the same result and in
+// progress under the same claim (its lease's Begin answers NEW with the same token, and
+// its Complete succeeds there); the cut-off leader cannot complete anything.
+func TestKeysSurviveLeaderChange(t *testing.T) {
+	c := clustertest.MakeCluster(t, 3, clustertest.Options{})
+	L := c.Leader()
+	lease := at(t, L).grant(5 * time.Second)
+	other := at(t, L).grant(5 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	begin := func(n *clustertest.Node, lease, key string) *leaseholdv1.BeginResponse {
+		t.Helper()
+		r, err := n.Server().Begin(ctx, &leaseholdv1.BeginRequest{Key: key, LeaseId: lease})
+		if err != nil {
+			t.Fatalf("Begin %s through %s: %v", key, n.ID, err)
+		}
+		return r
+	}
+	done := begin(L, lease, "lc/done").GetToken()
+	if _, err := L.Server().Complete(ctx, &leaseholdv1.CompleteRequest{Key: "lc/done", Token: done, Result: []byte("r")}); err != nil {
+		t.Fatal(err)
+	}
+	open := begin(L, lease, "lc/open").GetToken()
+
+	c.Partition(L)
+	N := c.Leader(c.Others(L)...)
+	if r := begin(N, other, "lc/done"); r.GetStatus() != leaseholdv1.KeyStatus_KEY_STATUS_DONE || r.GetToken() != done || string(r.GetResult()) != "r" {
+		t.Fatalf("the done key on the new leader: %v", r)
+	}
+	if r := begin(N, other, "lc/open"); r.GetStatus() != leaseholdv1.KeyStatus_KEY_STATUS_IN_PROGRESS || r.GetToken() != open {
+		t.Fatalf("the open key on the new leader, for another lease: %v", r)
+	}
+	if r := begin(N, lease, "lc/open"); r.GetStatus() != leaseholdv1.KeyStatus_KEY_STATUS_NEW || r.GetToken() != open {
+		t.Fatalf("the open key on the new leader, for its own lease: %v", r)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
+	if _, err := L.Server().Complete(short, &leaseholdv1.CompleteRequest{Key: "lc/open", Token: open, Result: []byte("cut off")}); err == nil {
+		t.Fatal("the cut-off leader completed a key")
+	}
+	cancelShort()
+	if _, err := N.Server().Complete(ctx, &leaseholdv1.CompleteRequest{Key: "lc/open", Token: open, Result: []byte("new leader")}); err != nil {
+		t.Fatalf("Complete on the new leader: %v", err)
+	}
+	c.Heal()
 }
