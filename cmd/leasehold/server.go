@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/replication"
 	"github.com/leasehold/leasehold/server"
 	"github.com/leasehold/leasehold/service"
@@ -33,6 +34,8 @@ func runServer(args []string) int {
 	bootstrap := fs.Bool("bootstrap", true, "start a new cluster if the data dir is empty (off with --join)")
 	enablePprof := fs.Bool("pprof", false, "serve Go's profiler under /debug/pprof/ on the API address (for diagnosing CPU or memory use)")
 	join := fs.String("join", "", "API address of a cluster member to join through (implies --bootstrap=false)")
+	idemKeys := fs.Int("idempotency-keys", 0, "done idempotency keys kept (their retention, counted), also the most in progress; 0 means 100000; the same on every node")
+	idemBytes := fs.Int("idempotency-bytes", 0, "bytes of idempotency results kept at most; 0 means 64 MiB; the same on every node")
 	var peers peerFlags
 	fs.Var(&peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR (repeat for each node, including this one)")
 	fs.Var(peerList{&peers}, "peers", "static cluster members as one list: ID,RAFT_ADDR,API_ADDR;ID,RAFT_ADDR,API_ADDR;...")
@@ -59,6 +62,7 @@ func runServer(args []string) int {
 		FastLaneAddr:  *fastAddr,
 		Pprof:         *enablePprof,
 	}
+	cfg.Raft.Limits = core.Limits{IdempotencyKeys: *idemKeys, IdempotencyBytes: *idemBytes}
 	if len(peers) > 0 {
 		if *join != "" {
 			fmt.Fprintln(os.Stderr, "leasehold server: --peer and --join exclude each other")

@@ -21,9 +21,10 @@ import (
 // TestCLIOnce: `leasehold once KEY -- CMD` runs CMD with LEASEHOLD_KEY and
 // LEASEHOLD_TOKEN and exits with its code; a later call does not run CMD, prints the
 // stored output and exits with the stored code; a call while CMD runs elsewhere exits
-// 75 naming the holder; a CMD that cannot start stores nothing.
+// 75 naming the holder; a CMD that cannot start stores nothing; the server's
+// --idempotency-keys bounds the retention.
 func TestCLIOnce(t *testing.T) {
-	s := StartServer(t)
+	s := StartServer(t, "--idempotency-keys", "4")
 	const key = "e2e/once/run"
 	r := RunCLI(t, 20*time.Second, "once", key, "--addr", s.Addr, "--", "sh", "-c", `echo "ran $LEASEHOLD_KEY $LEASEHOLD_TOKEN"; exit 3`)
 	if r.Code != 3 || !strings.HasPrefix(r.Stdout, "ran "+key+" ") {
@@ -59,6 +60,17 @@ func TestCLIOnce(t *testing.T) {
 	}
 	if r = RunCLI(t, 20*time.Second, "once", nostart, "--addr", s.Addr, "--", "sh", "-c", "exit 5"); r.Code != 5 {
 		t.Fatalf("after an unstartable CMD: exit %d stderr %q, want CMD's 5", r.Code, r.Stderr)
+	}
+
+	// Four done keys are kept: key, busy, nostart, and one more; a fifth ends key's
+	// retention, and it runs again.
+	for _, k := range []string{"e2e/once/r4", "e2e/once/r5"} {
+		if r = RunCLI(t, 20*time.Second, "once", k, "--addr", s.Addr, "--", "true"); r.Code != 0 {
+			t.Fatalf("%s: exit %d stderr %q", k, r.Code, r.Stderr)
+		}
+	}
+	if r = RunCLI(t, 20*time.Second, "once", key, "--addr", s.Addr, "--", "sh", "-c", "exit 8"); r.Code != 8 {
+		t.Fatalf("after its retention ended: exit %d stderr %q, want a new run's 8", r.Code, r.Stderr)
 	}
 
 	for _, args := range [][]string{
