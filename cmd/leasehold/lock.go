@@ -33,28 +33,8 @@ func runLock(args []string) int {
 	wait := fs.String("wait", "forever", "how long to wait for the lock: a duration, 0 to try once, or forever")
 	note := fs.String("note", "", "free text shown to others in 'leasehold locks'")
 	delay := fs.Duration("lock-delay", 0, "after an expiry (not a clean release), keep the lock free of new holders this long")
-	sep := -1
-	for i, a := range args {
-		if a == "--" {
-			sep = i
-			break
-		}
-	}
-	if sep < 0 || sep == len(args)-1 {
-		fmt.Fprintln(os.Stderr, "usage: leasehold lock NAME [--class correctness|efficiency] [--ttl 10s] [--wait forever|0|DURATION] -- CMD [ARG...] (flags may also come before NAME)")
-		return exitUsage
-	}
-	name, rest := splitName(args[:sep])
-	if err := fs.Parse(rest); err != nil {
-		return exitUsage
-	}
-	if name == "" && fs.NArg() == 1 { // flags first: leasehold lock --class efficiency NAME -- CMD
-		name = fs.Arg(0)
-	} else if fs.NArg() > 0 {
-		name = ""
-	}
-	if name == "" {
-		fmt.Fprintln(os.Stderr, "leasehold lock: give exactly one lock NAME before --")
+	name, argv, ok := nameAndCommand(fs, args, "lock NAME [--class correctness|efficiency] [--ttl 10s] [--wait forever|0|DURATION]", "lock NAME")
+	if !ok {
 		return exitUsage
 	}
 	opts := []client.LockOption{client.LockTTL(*ttl), client.WithNote(*note), client.LockDelay(*delay)}
@@ -97,7 +77,39 @@ func runLock(args []string) int {
 		}
 		return exitFor("lock", err)
 	}
-	return runHolding(l, args[sep+1:])
+	return runHolding(l, argv)
+}
+
+// nameAndCommand parses `NAME [flags] -- CMD [ARG...]` (flags may also come before
+// NAME) with fs, and reports false, having printed the usage or what is wrong, when the
+// arguments do not fit. usage is the command line to show before "-- CMD [ARG...]", what
+// the name the error asks for ("lock NAME").
+func nameAndCommand(fs *flag.FlagSet, args []string, usage, what string) (name string, argv []string, ok bool) {
+	sep := -1
+	for i, a := range args {
+		if a == "--" {
+			sep = i
+			break
+		}
+	}
+	if sep < 0 || sep == len(args)-1 {
+		fmt.Fprintf(os.Stderr, "usage: leasehold %s -- CMD [ARG...] (flags may also come before the name)\n", usage)
+		return "", nil, false
+	}
+	name, rest := splitName(args[:sep])
+	if err := fs.Parse(rest); err != nil {
+		return "", nil, false
+	}
+	if name == "" && fs.NArg() == 1 { // flags first: leasehold lock --class efficiency NAME -- CMD
+		name = fs.Arg(0)
+	} else if fs.NArg() > 0 {
+		name = ""
+	}
+	if name == "" {
+		fmt.Fprintf(os.Stderr, "leasehold %s: give exactly one %s before --\n", fs.Name(), what)
+		return "", nil, false
+	}
+	return name, args[sep+1:], true
 }
 
 // runHolding runs argv while l is held and returns the exit code.

@@ -57,31 +57,10 @@ func runOnce(args []string) int {
 	addr := addrFlag(fs)
 	ttl := fs.Duration("ttl", 10*time.Second, "lease TTL: if this leasehold dies or stalls, the key is free again this long after its last keepalive")
 	note := fs.String("note", "", "free text shown to others while CMD runs")
-	sep := -1
-	for i, a := range args {
-		if a == "--" {
-			sep = i
-			break
-		}
-	}
-	if sep < 0 || sep == len(args)-1 {
-		fmt.Fprintln(os.Stderr, "usage: leasehold once KEY [--ttl 10s] [--note TEXT] -- CMD [ARG...] (flags may also come before KEY)")
+	key, argv, ok := nameAndCommand(fs, args, "once KEY [--ttl 10s] [--note TEXT]", "KEY")
+	if !ok {
 		return exitUsage
 	}
-	key, rest := splitName(args[:sep])
-	if err := fs.Parse(rest); err != nil {
-		return exitUsage
-	}
-	if key == "" && fs.NArg() == 1 {
-		key = fs.Arg(0)
-	} else if fs.NArg() > 0 {
-		key = ""
-	}
-	if key == "" {
-		fmt.Fprintln(os.Stderr, "leasehold once: give exactly one KEY before --")
-		return exitUsage
-	}
-	argv := args[sep+1:]
 
 	// Until CMD starts, SIGINT and SIGTERM interrupt the claim; from then on they go to
 	// CMD (runGroup forwards them), which must not end the key's context.

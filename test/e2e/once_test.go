@@ -100,12 +100,7 @@ func TestOnceHolderKilled(t *testing.T) {
 		"sh", "-c", `echo "$LEASEHOLD_TOKEN $$" > `+info+`.tmp && mv `+info+`.tmp `+info+`; exec sleep 60`)
 	var deadToken uint64
 	var cmdPid int
-	if !eventually(10*time.Second, func() bool {
-		b, err := os.ReadFile(info)
-		return err == nil && func() bool { _, err := fmt.Sscan(string(b), &deadToken, &cmdPid); return err == nil }()
-	}) {
-		t.Fatal("CMD did not start within 10s")
-	}
+	readWhenWritten(t, info, &deadToken, &cmdPid)
 	t.Cleanup(func() { _ = syscall.Kill(-cmdPid, syscall.SIGKILL) })
 	holder.Signal(syscall.SIGKILL)
 	killed := time.Now()
@@ -149,12 +144,7 @@ func TestOnceHolderKilled(t *testing.T) {
 	p := StartProc(t, leaseholdBin, "once", paused, "--addr", s.Addr, "--ttl", "1s", "--",
 		"sh", "-c", `sleep 60 & echo "$$ $!" > `+pidfile+`.tmp && mv `+pidfile+`.tmp `+pidfile+`; wait`)
 	var shPid, sleepPid int
-	if !eventually(10*time.Second, func() bool {
-		b, err := os.ReadFile(pidfile)
-		return err == nil && func() bool { _, err := fmt.Sscan(string(b), &shPid, &sleepPid); return err == nil }()
-	}) {
-		t.Fatal("CMD did not write its pids within 10s")
-	}
+	readWhenWritten(t, pidfile, &shPid, &sleepPid)
 	t.Cleanup(func() { _ = syscall.Kill(-shPid, syscall.SIGKILL) })
 	p.Signal(syscall.SIGSTOP)
 	time.Sleep(2 * time.Second)
@@ -172,5 +162,20 @@ func TestOnceHolderKilled(t *testing.T) {
 	}
 	if r := RunCLI(t, 20*time.Second, "once", paused, "--addr", s.Addr, "--", "true"); r.Code != 9 {
 		t.Errorf("after the paused holder resumed: exit %d, want the stored 9", r.Code)
+	}
+}
+
+// readWhenWritten waits up to 10 s for file to hold the values vals scan, and scans them.
+func readWhenWritten(t *testing.T, file string, vals ...any) {
+	t.Helper()
+	if !eventually(10*time.Second, func() bool {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return false
+		}
+		_, err = fmt.Sscan(string(b), vals...)
+		return err == nil
+	}) {
+		t.Fatalf("CMD did not write %s within 10s", file)
 	}
 }
