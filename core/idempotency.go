@@ -39,8 +39,8 @@ const MaxResultLen = MaxValueLen
 
 var keyOpNames = map[Op]string{OpBegin: "begin", OpComplete: "complete", OpAbandon: "abandon"}
 
-// EffectKeyDone: key Name was marked done by the Begin whose token is Token. It is the
-// hook for Watch's "idempotency key done" event; nobody needs to act on it yet.
+// EffectKeyDone reports that key Name was marked done by the Begin whose token is Token.
+// It is the hook for Watch's "idempotency key done" event; nobody needs to act on it yet.
 const EffectKeyDone EffectKind = 50
 
 // KeyStatus is where an idempotency key stands.

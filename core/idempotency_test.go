@@ -365,7 +365,7 @@ func runKeySequence(seed uint64, steps int) error {
 		switch c.Op {
 		case OpGrant:
 			if r.Err != nil {
-				return fmt.Errorf("%s: %v", where, r.Err)
+				return fmt.Errorf("%s: %w", where, r.Err)
 			}
 			slots[slot] = c.Lease // a live lease it replaces lives on, out of reach
 			live[c.Lease] = true
@@ -377,7 +377,7 @@ func runKeySequence(seed uint64, steps int) error {
 				break
 			}
 			if r.Err != nil {
-				return fmt.Errorf("%s: %v", where, r.Err)
+				return fmt.Errorf("%s: %w", where, r.Err)
 			}
 			delete(live, c.Lease)
 			for k, mk := range model {
@@ -390,7 +390,7 @@ func runKeySequence(seed uint64, steps int) error {
 			switch {
 			case !live[c.Lease]:
 				if !errors.Is(r.Err, ErrLeaseNotFound) {
-					return fmt.Errorf("%s: Begin on a dead lease: %v", where, r.Err)
+					return fmt.Errorf("%s: Begin on a dead lease: %w", where, r.Err)
 				}
 			case m == nil:
 				inProgress := 0
@@ -401,19 +401,19 @@ func runKeySequence(seed uint64, steps int) error {
 				}
 				if inProgress >= limits.IdempotencyKeys {
 					if !errors.Is(r.Err, ErrTooManyKeys) {
-						return fmt.Errorf("%s: Begin beyond the limit: %v", where, r.Err)
+						return fmt.Errorf("%s: Begin beyond the limit: %w", where, r.Err)
 					}
 					break
 				}
 				if r.Err != nil || r.Key.Status != KeyNew || r.Token <= lastToken {
-					return fmt.Errorf("%s: Begin of a free key: %+v %v (last token %d)", where, r.Key, r.Err, lastToken)
+					return fmt.Errorf("%s: Begin of a free key: %+v %w (last token %d)", where, r.Key, r.Err, lastToken)
 				}
 				lastToken = r.Token
 				tokens = append(tokens, r.Token)
 				model[c.Key] = &mKey{token: r.Token, lease: c.Lease}
 			case m.done:
 				if r.Err != nil || r.Key.Status != KeyDone || r.Token != m.token || string(r.Key.Result) != m.result {
-					return fmt.Errorf("%s: Begin of a done key answered %+v %v, want its result %q", where, r.Key, r.Err, m.result)
+					return fmt.Errorf("%s: Begin of a done key answered %+v %w, want its result %q", where, r.Key, r.Err, m.result)
 				}
 			default:
 				want := KeyInProgress
@@ -421,14 +421,14 @@ func runKeySequence(seed uint64, steps int) error {
 					want = KeyNew
 				}
 				if r.Err != nil || r.Key.Status != want || r.Token != m.token {
-					return fmt.Errorf("%s: Begin of a key in progress answered %+v %v", where, r.Key, r.Err)
+					return fmt.Errorf("%s: Begin of a key in progress answered %+v %w", where, r.Key, r.Err)
 				}
 			}
 		case OpComplete:
 			switch {
 			case m != nil && !m.done && m.token == c.Token:
 				if r.Err != nil || r.Key.Status != KeyDone {
-					return fmt.Errorf("%s: the rightful Complete failed: %v", where, r.Err)
+					return fmt.Errorf("%s: the rightful Complete failed: %w", where, r.Err)
 				}
 				if doneCount[c.Key]++; doneCount[c.Key] > 1 {
 					return fmt.Errorf("%s: key marked done twice", where)
@@ -442,23 +442,23 @@ func runKeySequence(seed uint64, steps int) error {
 				}
 			case m != nil && m.done && m.token == c.Token:
 				if r.Err != nil || string(r.Key.Result) != m.result {
-					return fmt.Errorf("%s: a retried Complete: %+v %v", where, r.Key, r.Err)
+					return fmt.Errorf("%s: a retried Complete: %+v %w", where, r.Key, r.Err)
 				}
 			default:
 				if !errors.Is(r.Err, ErrStaleToken) {
-					return fmt.Errorf("%s: a stale Complete was not rejected: %v", where, r.Err)
+					return fmt.Errorf("%s: a stale Complete was not rejected: %w", where, r.Err)
 				}
 			}
 		case OpAbandon:
 			if r.Err != nil {
-				return fmt.Errorf("%s: %v", where, r.Err)
+				return fmt.Errorf("%s: %w", where, r.Err)
 			}
 			if m != nil && !m.done && m.token == c.Token {
 				delete(model, c.Key)
 			}
 		}
 		if r.Err != nil && !bytes.Equal(before, mustSnapshotErr(s)) {
-			return fmt.Errorf("%s failed with %v but changed the state", where, r.Err)
+			return fmt.Errorf("%s failed with %w but changed the state", where, r.Err)
 		}
 
 		// The state agrees with the model on every key.

@@ -201,8 +201,12 @@ func (k *SQLKeys) Record(ctx context.Context, tx Execer, key string, token uint6
 	if err != nil {
 		return passContext(err, fmt.Sprintf("fence: record the result of %q", key))
 	}
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		return fmt.Errorf("fence: record the result of %q: the key is not claimed under token %d (%d rows, %v)", key, token, n, err)
+	n, err := res.RowsAffected()
+	if err != nil {
+		return passContext(err, fmt.Sprintf("fence: record the result of %q", key))
+	}
+	if n != 1 {
+		return fmt.Errorf("fence: record the result of %q: the key is not claimed under token %d in this transaction", key, token)
 	}
 	return nil
 }
