@@ -56,6 +56,7 @@ type options struct {
 	httpClient connect.HTTPClient
 	holder     Holder
 	noFastLane bool
+	clusterID  string
 }
 
 // WithTTL sets the default lease TTL for locks that do not ask for their own
@@ -84,6 +85,7 @@ type Client struct {
 	kv      leaseholdv1connect.KVServiceClient
 	keys    leaseholdv1connect.IdempotencyServiceClient
 	fast    *fastLanes
+	id      *clusterID // the cluster every answer must come from (cluster.go)
 
 	own leaseSet // the leases of locks taken with Client.Lock
 
@@ -120,7 +122,11 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("%w: no address given", ErrUnavailable)
 	}
-	fo := newFailover(o.httpClient, addrs)
+	id, err := newClusterID(o.clusterID)
+	if err != nil {
+		return nil, err
+	}
+	fo := newFailover(clusterChecked{base: o.httpClient, id: id}, addrs)
 	hc := connect.HTTPClient(fo)
 	base := "http://" + placeholderHost
 	copts := []connect.ClientOption{connect.WithSendCompression("identity")}
@@ -132,10 +138,10 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		cluster:  leaseholdv1connect.NewClusterServiceClient(hc, base, copts...),
 		kv:       leaseholdv1connect.NewKVServiceClient(hc, base, copts...),
 		keys:     leaseholdv1connect.NewIdempotencyServiceClient(hc, base, copts...),
+		id:       id,
 		sessions: make(map[*Session]struct{}),
 	}
 	c.fast = &fastLanes{c: c, disabled: o.noFastLane}
-	var err error
 	for range addrs {
 		if _, err = rpc(ctx, c, c.cluster.Status, &leaseholdv1.StatusRequest{}); err == nil {
 			return c, nil

@@ -27,6 +27,14 @@ var (
 	ErrUnavailable = errors.New("client: no server available")
 	// ErrClosed is returned by calls on a closed Client, and by Lock on a closed Session.
 	ErrClosed = errors.New("client: closed")
+	// ErrWrongCluster is returned (as a FailedPrecondition) when a node belongs to
+	// another cluster than the client's (see WithClusterID): the request was not served
+	// there. The client moves on to its next address, if it has one. From a node that
+	// names no cluster yet (one that has just joined) it comes as an Unavailable, which
+	// the client's retries treat like an unreachable node. Servers that predate cluster
+	// IDs name none and cannot refuse a request: they serve it before the client sees
+	// the answer.
+	ErrWrongCluster = errors.New("client: the node belongs to another cluster")
 
 	// ErrLockLost is returned by Unlock when the lock had already been lost (see the
 	// causes below) before Unlock was called: the critical section may not have been

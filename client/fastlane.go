@@ -87,7 +87,7 @@ type flResult struct {
 	payload []byte
 }
 
-func dialFastLane(ctx context.Context, addr string) (*flConn, error) {
+func dialFastLane(ctx context.Context, addr string, id *clusterID) (*flConn, error) {
 	conn, err := (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
@@ -95,7 +95,7 @@ func dialFastLane(ctx context.Context, addr string) (*flConn, error) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	if err := fastlane.ClientHello(conn); err != nil {
+	if err := id.fastLaneHello(conn, addr); err != nil {
 		_ = conn.Close()
 		return nil, err
 	}
@@ -423,7 +423,7 @@ func (f *fastLanes) connect(ctx context.Context, node string) (*flConn, error) {
 			}
 		}
 	}
-	return dialFastLane(sctx, addr)
+	return dialFastLane(sctx, addr, f.c.id)
 }
 
 func (f *fastLanes) close() {

@@ -43,7 +43,7 @@ func startFakeLane(t *testing.T) (*flConn, *fakeLane) {
 		if err != nil {
 			return
 		}
-		if err := fastlane.ServerHello(conn); err != nil {
+		if err := fastlane.ServerHello(conn, ""); err != nil {
 			_ = conn.Close()
 			return
 		}
@@ -60,7 +60,7 @@ func startFakeLane(t *testing.T) (*flConn, *fakeLane) {
 			f.frames <- fr
 		}
 	}()
-	c, err := dialFastLane(context.Background(), ln.Addr().String())
+	c, err := dialFastLane(context.Background(), ln.Addr().String(), &clusterID{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,8 +24,9 @@ func sampleCommands() []Command {
 		{Op: OpReserve, Count: 1000},
 		{Op: OpPut, Key: "cfg/x", Value: []byte{0, 1, 2, 0xff}, Name: "orders/42", Token: 7, RequireHolder: true, CheckVersion: true, Version: 3},
 		{Op: OpDelete, Key: "cfg/x", Name: "orders/42", Token: 8},
-		{Op: OpSetMember, Node: "node-1", Addr: "10.0.0.1:7740"},
+		{Op: OpSetMember, Node: "node-1", Addr: "10.0.0.1:7740", FastLane: "10.0.0.1:7742"},
 		{Op: OpRemoveMember, Node: "node-1"},
+		{Op: OpSetClusterID, ClusterID: testClusterID},
 	}
 }
 
@@ -163,6 +164,10 @@ func populatedState(t testing.TB) *State {
 		{Op: OpPut, Key: "k/fenced", Value: []byte("w"), Name: "held", Token: 1},
 		{Op: OpDelete, Key: "k/fenced", Name: "held", Token: 1},
 		{Op: OpSetMember, Node: "n1", Addr: "127.0.0.1:7740"},
+		{Op: OpAcquire, Lease: leaseA, Name: "forced", Class: Correctness},
+		{Op: OpForceRelease, Name: "forced", Reason: "operator: stuck \"job\""},
+		{Op: OpSetMember, Node: "n2", Addr: "127.0.0.1:17740", FastLane: "127.0.0.1:17742"},
+		{Op: OpSetClusterID, ClusterID: testClusterID},
 	} {
 		if r := s.Apply(c); r.Err != nil {
 			t.Fatalf("%+v: %v", c, r.Err)
@@ -191,7 +196,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 			// The restored state answers the same queries.
 			if r.LastToken() != s.LastToken() || r.NumLeases() != s.NumLeases() || r.KVRevision() != s.KVRevision() ||
 				r.EndedReason(lid(0xE)) != s.EndedReason(lid(0xE)) || r.EndedReason(leaseD) != s.EndedReason(leaseD) ||
-				!reflect.DeepEqual(r.Members(), s.Members()) || !reflect.DeepEqual(r.Locks().HeldBy(leaseA), s.Locks().HeldBy(leaseA)) ||
+				!reflect.DeepEqual(r.Members(), s.Members()) || r.ClusterID() != s.ClusterID() || !reflect.DeepEqual(r.Locks().HeldBy(leaseA), s.Locks().HeldBy(leaseA)) ||
 				r.Locks().LeaseLocks(leaseC) != s.Locks().LeaseLocks(leaseC) {
 				t.Fatal("restored state answers differently")
 			}
@@ -238,38 +243,53 @@ func TestRestoreStateKeepsIndexUsable(t *testing.T) {
 	}
 }
 
-// snapJSON builds a snapshot from JSON text for the lease ids A..D written as A, B, C, D.
-func snapJSON(body string) []byte {
+// snapJSON builds a version-1 snapshot from JSON text for the lease ids A..D written as
+// @A, @B, @C, @D.
+func snapJSON(body string) []byte { return snapJSONVersion(snapshotV1, body) }
+
+// snapJSONVersion is snapJSON for a given snapshot version.
+func snapJSONVersion(version byte, body string) []byte {
 	r := strings.NewReplacer("@A", leaseA.String(), "@B", leaseB.String(), "@C", leaseC.String(), "@D", leaseD.String())
-	return append([]byte{snapshotV1}, r.Replace(body)...)
+	return append([]byte{version}, r.Replace(body)...)
 }
 
 // TestRestoreStateRejects covers the checks RestoreState makes today.
 func TestRestoreStateRejects(t *testing.T) {
 	for name, b := range map[string][]byte{
-		"empty":              nil,
-		"version 2":          append([]byte{2}, mustSnapshot(t, NewState(Limits{}))[1:]...),
-		"junk":               []byte("\x01not json"),
-		"unknown field":      snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"extra":1}`),
-		"null lease":         snapJSON(`{"seq":0,"leases":[null],"locks":[],"tombstones":null}`),
-		"lease without id":   snapJSON(`{"seq":0,"leases":[{"ttl":5}],"locks":[],"tombstones":null}`),
-		"duplicate lease":    snapJSON(`{"seq":0,"leases":[{"id":"@A","ttl":5},{"id":"@A","ttl":5}],"locks":[],"tombstones":null}`),
-		"null lock":          snapJSON(`{"seq":1,"leases":[],"locks":[null],"tombstones":null}`),
-		"bad lock name":      snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"a//b","class":2,"hold":{"lease":"@A","token":1}}],"tombstones":null}`),
-		"duplicate lock":     snapJSON(`{"seq":2,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1}},{"name":"x","class":2,"hold":{"lease":"@A","token":2}}],"tombstones":null}`),
-		"free lock":          snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"waiters":[{"lease":"@A"}]}],"tombstones":null}`),
-		"holder unknown":     snapJSON(`{"seq":1,"leases":[],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1}}],"tombstones":null}`),
-		"future token":       snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":2}}],"tombstones":null}`),
-		"waiter unknown":     snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1},"waiters":[{"lease":"@B"}]}],"tombstones":null}`),
-		"bad member":         snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"members":[{"id":"a b","apiAddr":"h:1"}]}`),
-		"bad member addr":    snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"members":[{"id":"n1","apiAddr":"h"}]}`),
-		"null kv":            snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":1,"kv":[null]}`),
-		"kv future version":  snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":1,"kv":[{"key":"k","version":2}]}`),
-		"kv bad key":         snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":1,"kv":[{"key":"/k","version":1}]}`),
-		"kv duplicate key":   snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":2,"kv":[{"key":"k","version":1},{"key":"k","version":2}]}`),
-		"lease id not hex":   snapJSON(`{"seq":0,"leases":[{"id":"xyz","ttl":5}],"locks":[],"tombstones":null}`),
-		"negative seq":       snapJSON(`{"seq":-1,"leases":[],"locks":[],"tombstones":null}`),
-		"truncated snapshot": mustSnapshot(t, populatedState(t))[:100],
+		"empty":               nil,
+		"version 3":           append([]byte{3}, mustSnapshot(t, NewState(Limits{}))[1:]...),
+		"lost in version 1":   snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[{"lease":"@A","name":"x","token":1}]}`),
+		"lost, unknown lease": snapJSONVersion(2, `{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[{"lease":"@B","name":"x","token":1}]}`),
+		"lost, future token":  snapJSONVersion(2, `{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[{"lease":"@A","name":"x","token":2}]}`),
+		"lost, no token":      snapJSONVersion(2, `{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[{"lease":"@A","name":"x"}]}`),
+		"lost, bad name":      snapJSONVersion(2, `{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[{"lease":"@A","name":"","token":1}]}`),
+		"lost, too many":      snapJSONVersion(2, `{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[`+strings.Repeat(`{"lease":"@A","name":"x","token":1},`, MaxLostPerLease)+`{"lease":"@A","name":"x","token":1}]}`),
+		"lost, unknown field": snapJSONVersion(2, `{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[],"tombstones":null,"lost":[{"lease":"@A","name":"x","token":1,"by":"x"}]}`),
+		"junk":                []byte("\x01not json"),
+		"unknown field":       snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"extra":1}`),
+		"null lease":          snapJSON(`{"seq":0,"leases":[null],"locks":[],"tombstones":null}`),
+		"lease without id":    snapJSON(`{"seq":0,"leases":[{"ttl":5}],"locks":[],"tombstones":null}`),
+		"duplicate lease":     snapJSON(`{"seq":0,"leases":[{"id":"@A","ttl":5},{"id":"@A","ttl":5}],"locks":[],"tombstones":null}`),
+		"null lock":           snapJSON(`{"seq":1,"leases":[],"locks":[null],"tombstones":null}`),
+		"bad lock name":       snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"a//b","class":2,"hold":{"lease":"@A","token":1}}],"tombstones":null}`),
+		"duplicate lock":      snapJSON(`{"seq":2,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1}},{"name":"x","class":2,"hold":{"lease":"@A","token":2}}],"tombstones":null}`),
+		"free lock":           snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"waiters":[{"lease":"@A"}]}],"tombstones":null}`),
+		"holder unknown":      snapJSON(`{"seq":1,"leases":[],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1}}],"tombstones":null}`),
+		"future token":        snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":2}}],"tombstones":null}`),
+		"waiter unknown":      snapJSON(`{"seq":1,"leases":[{"id":"@A","ttl":5}],"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1},"waiters":[{"lease":"@B"}]}],"tombstones":null}`),
+		"bad member":          snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"members":[{"id":"a b","apiAddr":"h:1"}]}`),
+		"bad member addr":     snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"members":[{"id":"n1","apiAddr":"h"}]}`),
+		"null kv":             snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":1,"kv":[null]}`),
+		"kv future version":   snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":1,"kv":[{"key":"k","version":2}]}`),
+		"kv bad key":          snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":1,"kv":[{"key":"/k","version":1}]}`),
+		"kv duplicate key":    snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"kvRev":2,"kv":[{"key":"k","version":1},{"key":"k","version":2}]}`),
+		"lease id not hex":    snapJSON(`{"seq":0,"leases":[{"id":"xyz","ttl":5}],"locks":[],"tombstones":null}`),
+		"negative seq":        snapJSON(`{"seq":-1,"leases":[],"locks":[],"tombstones":null}`),
+		"truncated snapshot":  mustSnapshot(t, populatedState(t))[:100],
+		"bad fast lane addr":  snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"members":[{"id":"n1","apiAddr":"h:1","fastLaneAddr":"h"}]}`),
+		"bad cluster id":      snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"clusterId":"XYZ"}`),
+		"zero cluster id":     snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"clusterId":"00000000000000000000000000000000"}`),
+		"cluster id first":    snapJSON(`{"seq":0,"leases":[],"locks":[],"tombstones":null,"clusterId":"` + testClusterID + `","members":[]}`),
 	} {
 		if _, err := RestoreState(b, Limits{}); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: RestoreState = %v, want ErrCorrupt", name, err)
@@ -391,5 +411,22 @@ func inconsistentSnapshots() map[string]string {
 		"one token held twice":         `{"seq":1,` + lease("@A", "@B") + `,"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1}},{"name":"y","class":2,"hold":{"lease":"@B","token":1}}],"tombstones":null}`,
 		"negative hold delay":          `{"seq":1,` + lease("@A") + `,"locks":[{"name":"x","class":2,"hold":{"lease":"@A","token":1,"delay":-5}}],"tombstones":null}`,
 		"lease with no ttl":            `{"seq":0,"leases":[{"id":"@A","ttl":0}],"locks":[],"tombstones":null}`,
+	}
+}
+
+// TestRestoreSnapshotBeforeFastLaneAndClusterID: a snapshot written before members had a
+// fast-lane address and the state a cluster ID restores, with neither.
+func TestRestoreSnapshotBeforeFastLaneAndClusterID(t *testing.T) {
+	s, err := RestoreState(snapJSON(`{"seq":3,"leases":[],"locks":[],"tombstones":null,"members":[{"id":"n1","apiAddr":"h:1"}]}`), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := s.Members(); len(m) != 1 || m[0] != (Member{ID: "n1", APIAddr: "h:1"}) || s.ClusterID() != "" {
+		t.Fatalf("members %+v, cluster ID %q", m, s.ClusterID())
+	}
+	// An OpSetMember of a log written before fast-lane addresses decodes too.
+	b := appendCommand(nil, Command{Op: OpSetMember, Node: "n1", Addr: "h:1"})
+	if c, err := DecodeCommand(b); err != nil || c.FastLane != "" {
+		t.Fatalf("decode %+v, %v", c, err)
 	}
 }

@@ -38,6 +38,8 @@ const (
 	fRequireHolder        // bit only
 	fNode                 // string
 	fAddr                 // string
+	fFastLane             // string
+	fClusterID            // string
 	numFields
 )
 
@@ -70,6 +72,8 @@ func appendCommand(b []byte, c Command) []byte {
 	set(fRequireHolder, c.RequireHolder)
 	set(fNode, c.Node != "")
 	set(fAddr, c.Addr != "")
+	set(fFastLane, c.FastLane != "")
+	set(fClusterID, c.ClusterID != "")
 
 	b = append(b, commandV2, byte(c.Op))
 	b = binary.AppendUvarint(b, mask)
@@ -115,6 +119,10 @@ func appendCommand(b []byte, c Command) []byte {
 			str(c.Node)
 		case fAddr:
 			str(c.Addr)
+		case fFastLane:
+			str(c.FastLane)
+		case fClusterID:
+			str(c.ClusterID)
 		}
 	}
 	return b
@@ -123,7 +131,7 @@ func appendCommand(b []byte, c Command) []byte {
 // commandSize is an upper bound of c's encoded size, to allocate once.
 func commandSize(c Command) int {
 	n := 2 + 3 + 16 + 5*binary.MaxVarintLen64 + 1 + 7*binary.MaxVarintLen64
-	return n + len(c.Name) + len(c.Holder.Host) + len(c.Holder.Note) + len(c.Reason) + len(c.Key) + len(c.Value) + len(c.Node) + len(c.Addr)
+	return n + len(c.Name) + len(c.Holder.Host) + len(c.Holder.Note) + len(c.Reason) + len(c.Key) + len(c.Value) + len(c.Node) + len(c.Addr) + len(c.FastLane) + len(c.ClusterID)
 }
 
 // decodeCommandV2 decodes the body of a version-2 command (b without its version byte).
@@ -195,6 +203,10 @@ func decodeCommandV2(b []byte) (Command, error) {
 			c.Node = d.str("node")
 		case fAddr:
 			c.Addr = d.str("addr")
+		case fFastLane:
+			c.FastLane = d.str("fast lane")
+		case fClusterID:
+			c.ClusterID = d.str("cluster id")
 		}
 	}
 	if d.err == nil && len(d.b) != 0 {

@@ -44,6 +44,9 @@ var (
 	// (an invalid name, class or TTL). The server validates first, so this only guards
 	// the log against commands written by a buggy or hostile proposer.
 	ErrInvalid = errors.New("core: invalid command")
+	// ErrClusterID is returned by OpSetClusterID when the state already carries another
+	// cluster ID: a cluster is named once.
+	ErrClusterID = errors.New("core: the cluster already has another ID")
 	// ErrCorrupt is returned when an encoded command or snapshot cannot be decoded.
 	ErrCorrupt = errors.New("core: corrupt encoding")
 )

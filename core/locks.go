@@ -132,6 +132,20 @@ func (l *lock) view() *Lock {
 	return v
 }
 
+// LostLock tells a live lease that it lost a lock it held: an operator force-released it.
+// The table keeps a lease's lost locks until the lease ends (DropLease), at most
+// MaxLostPerLease of them (the oldest go first), so that every keepalive can repeat
+// them: a holder that missed one answer, or that now talks to another leader, still
+// hears. A holder matches them to its grants by Name and Token, so a repeat is harmless.
+type LostLock struct {
+	Name   string `json:"name"`
+	Token  uint64 `json:"token"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// MaxLostPerLease bounds how many lost locks the table keeps per lease.
+const MaxLostPerLease = 16
+
 // Locks is a table of exclusive locks with FIFO queues. It knows which leases exist only
 // through the calls its owner makes; it does not check lease liveness itself.
 type Locks struct {
@@ -139,6 +153,10 @@ type Locks struct {
 	leases  map[LeaseID]*leaseLocks
 	limits  Limits
 	waiting int // waiters over all locks
+	// lost holds the locks each lease lost to ForceRelease, oldest first. A slice here
+	// is replaced when it changes, never changed in place, so Lost's callers and
+	// snapshot views may keep it.
+	lost map[LeaseID][]LostLock
 	// spare holds a few lease indexes that became idle, for the next lease that takes
 	// a lock: a lease that takes and releases one lock at a time would otherwise
 	// allocate its index (and its held slice) anew for every grant. Memory only: it
@@ -158,6 +176,7 @@ func NewLocks(limits Limits) *Locks {
 		locks:  make(map[string]*lock),
 		leases: make(map[LeaseID]*leaseLocks),
 		limits: limits,
+		lost:   make(map[LeaseID][]LostLock),
 	}
 }
 
@@ -186,6 +205,11 @@ func (t *Locks) LeaseLocks(lease LeaseID) int {
 	}
 	return 0
 }
+
+// Lost returns the locks lease lost to ForceRelease while it lived, oldest first (at most
+// MaxLostPerLease), or nil. The slice is never changed in place: the caller may keep
+// it, and must not modify it.
+func (t *Locks) Lost(lease LeaseID) []LostLock { return t.lost[lease] }
 
 // HeldBy returns the names of the locks lease holds, sorted.
 func (t *Locks) HeldBy(lease LeaseID) []string {
@@ -244,6 +268,12 @@ func (t *Locks) List(prefix string, limit int) ([]*Lock, bool) {
 // existing token, and when it already waits it reports Queued again without a second
 // place in the queue. The result's Effects are empty: a grant is reported through
 // Result.Token.
+//
+// A lock of the other class fails with ErrClassConflict. In leasehold that check never
+// fires: each table holds one class (State admits only correctness locks, the leader's
+// efficiency table only efficiency ones), and names are kept apart across the two
+// tables by the leader, which asks before either acquire (leader/class.go). It stays as
+// a defence for a table used any other way.
 func (t *Locks) Acquire(a AcquireArgs, seq Sequence) Result {
 	l := t.locks[a.Name]
 	ll := t.leases[a.Lease]
@@ -332,8 +362,9 @@ func (t *Locks) CancelWait(lease LeaseID, name string) Result {
 	return Result{}
 }
 
-// ForceRelease takes lock name away from its holder (if any). The caller consumes the
-// fence token; this only reports the released token and effects.
+// ForceRelease takes lock name away from its holder (if any) and records it among the
+// holder's lost locks (see LostLock). The caller consumes the fence token; this only
+// reports the released token and effects.
 func (t *Locks) ForceRelease(name, reason string, seq Sequence, r *Result) {
 	l := t.locks[name]
 	if l == nil || !l.held() {
@@ -341,9 +372,18 @@ func (t *Locks) ForceRelease(name, reason string, seq Sequence, r *Result) {
 	}
 	lease, token := l.lease, l.token
 	t.ungrant(l)
+	t.addLost(lease, LostLock{Name: name, Token: token, Reason: reason})
 	r.Released = token
 	r.Effects = append(r.Effects, Effect{Kind: EffectRevokedHold, Lease: lease, Name: name, Token: token, Note: reason})
 	t.grantNext(l, seq, r)
+}
+
+// addLost appends to lease's lost locks in a new slice, dropping the oldest beyond
+// MaxLostPerLease.
+func (t *Locks) addLost(lease LeaseID, ll LostLock) {
+	old := t.lost[lease]
+	keep := old[max(0, len(old)+1-MaxLostPerLease):]
+	t.lost[lease] = append(append(make([]LostLock, 0, len(keep)+1), keep...), ll)
 }
 
 // EndDelay ends name's lock-delay and grants the next waiter. It is a no-op for a lock
@@ -358,9 +398,11 @@ func (t *Locks) EndDelay(name string, seq Sequence, r *Result) {
 	t.grantNext(l, seq, r)
 }
 
-// DropLease removes every hold and wait of lease, in name order, granting next waiters.
-// expired selects whether holders' lock-delays apply (they do not on a clean revoke).
+// DropLease removes every hold and wait of lease, in name order, granting next waiters,
+// and forgets the locks it lost. expired selects whether holders' lock-delays apply
+// (they do not on a clean revoke).
 func (t *Locks) DropLease(lease LeaseID, expired bool, seq Sequence, r *Result) {
+	delete(t.lost, lease)
 	ll := t.leases[lease]
 	if ll == nil {
 		return

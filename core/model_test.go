@@ -17,6 +17,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"unicode/utf8"
 )
 
 // lid returns a recognisable lease id for tests.
@@ -68,6 +69,7 @@ type model struct {
 	leases     map[LeaseID]int64
 	ended      map[LeaseID]EndReason
 	locks      map[string]*mLock
+	lost       map[LeaseID][]LostLock // a live lease's force-released holds, oldest first
 }
 
 func newModel(replicated bool, limits Limits) *model {
@@ -80,6 +82,7 @@ func newModel(replicated bool, limits Limits) *model {
 		leases:     make(map[LeaseID]int64),
 		ended:      make(map[LeaseID]EndReason),
 		locks:      make(map[string]*mLock),
+		lost:       make(map[LeaseID][]LostLock),
 	}
 }
 
@@ -188,6 +191,7 @@ func (m *model) apply(c Command) (r Result, ok bool) {
 			m.dropIfUnused(name, l)
 		}
 		delete(m.leases, c.Lease)
+		delete(m.lost, c.Lease)
 		m.ended[c.Lease] = reason
 		r.Effects = append(r.Effects, Effect{Kind: EffectLeaseEnded, Lease: c.Lease, Reason: reason})
 		return r, true
@@ -273,11 +277,13 @@ func (m *model) apply(c Command) (r Result, ok bool) {
 		return Result{}, true
 
 	case OpForceRelease:
-		if !validName || len(c.Reason) > MaxReasonLen {
+		if !validName || len(c.Reason) > MaxReasonLen || !utf8.ValidString(c.Reason) {
 			return invalid, true
 		}
 		r.Token = m.next()
 		if l := m.locks[c.Name]; l != nil && l.held {
+			lost := append(m.lost[l.hold.lease], LostLock{Name: c.Name, Token: l.hold.token, Reason: c.Reason})
+			m.lost[l.hold.lease] = lost[max(0, len(lost)-MaxLostPerLease):]
 			r.Released = l.hold.token
 			r.Effects = append(r.Effects, Effect{Kind: EffectRevokedHold, Lease: l.hold.lease, Name: c.Name, Token: l.hold.token, Note: c.Reason})
 			l.held, l.hold = false, mHold{}
@@ -306,8 +312,17 @@ func (m *model) apply(c Command) (r Result, ok bool) {
 	return Result{}, false
 }
 
-// compareLocks checks that the lock table t holds exactly what the model predicts.
+// compareLocks checks that the lock table t holds exactly what the model predicts, lost
+// locks included.
 func (m *model) compareLocks(t *Locks) error {
+	if len(t.lost) != len(m.lost) {
+		return fmt.Errorf("table has lost locks for %d leases, model %d", len(t.lost), len(m.lost))
+	}
+	for id, want := range m.lost {
+		if got := t.Lost(id); !slices.Equal(got, want) {
+			return fmt.Errorf("lease %s lost %+v, model %+v", id, got, want)
+		}
+	}
 	if len(t.locks) != len(m.locks) {
 		return fmt.Errorf("table has %d locks %v, model %d %v", len(t.locks), t.sortedNames(), len(m.locks), m.sortedNames())
 	}
@@ -442,6 +457,16 @@ func checkTable(t *Locks, live func(LeaseID) bool, last uint64) error {
 	}
 	if waiting != t.Waiting() {
 		return fmt.Errorf("Waiting() = %d, the queues hold %d", t.Waiting(), waiting)
+	}
+	for id, lost := range t.lost {
+		if !live(id) || len(lost) == 0 || len(lost) > MaxLostPerLease {
+			return fmt.Errorf("lease %s (live %v) keeps %d lost locks", id, live(id), len(lost))
+		}
+		for _, lk := range lost {
+			if lk.Token == 0 || lk.Token > last || ValidateName("name", lk.Name) != nil {
+				return fmt.Errorf("lease %s keeps a bad lost lock %+v (last token %d)", id, lk, last)
+			}
+		}
 	}
 	if len(seen) != len(t.leases) {
 		return fmt.Errorf("index has %d leases, the locks name %d", len(t.leases), len(seen))
@@ -722,7 +747,7 @@ func (g *generator) release() Command {
 // snapshot, determinism and failure-leaves-state-unchanged checks.
 func (g *generator) other() Command {
 	key := []string{"k/1", "k/2", "cfg"}[g.ch.intn(3)]
-	switch g.ch.intn(6) {
+	switch g.ch.intn(7) {
 	case 0, 1, 2:
 		c := Command{Op: OpPut, Key: key, Value: []byte{byte(g.ch.intn(256))}}
 		g.fence(&c)
@@ -732,7 +757,14 @@ func (g *generator) other() Command {
 		g.fence(&c)
 		return c
 	case 4:
-		return Command{Op: OpSetMember, Node: fmt.Sprintf("n%d", g.ch.intn(3)), Addr: fmt.Sprintf("127.0.0.1:%d", 7740+g.ch.intn(3))}
+		c := Command{Op: OpSetMember, Node: fmt.Sprintf("n%d", g.ch.intn(3)), Addr: fmt.Sprintf("127.0.0.1:%d", 7740+g.ch.intn(3))}
+		if g.ch.intn(2) == 0 {
+			c.FastLane = fmt.Sprintf("127.0.0.1:%d", 17742+g.ch.intn(3))
+		}
+		return c
+	case 5:
+		// Two IDs: the first applied stays, the other fails and changes nothing.
+		return Command{Op: OpSetClusterID, ClusterID: []string{testClusterID, otherClusterID}[g.ch.intn(2)]}
 	default:
 		return Command{Op: OpRemoveMember, Node: fmt.Sprintf("n%d", g.ch.intn(3))}
 	}

@@ -10,26 +10,48 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Snapshot encoding versions; the first byte of a snapshot names its format.
 //
 // Version 1 is that byte followed by one JSON object (and a newline) with, in this order:
-// "seq", "leases", "locks", "tombstones", then "kvRev", "kv", "members" and
-// "idempotency" when they are not empty. Leases are in id order, locks in name order, KV
-// entries in key order, members in id order, tombstones oldest first, and idempotency
-// keys in progress in key order before the done keys oldest first, so equal states encode
-// to equal bytes. A snapshot written before "idempotency" existed restores with no keys.
+// "seq", "leases", "locks", "tombstones", then "kvRev", "kv", "members", "clusterId" and
+// "idempotency" when they are not empty. Leases are in id order, locks in name order, KV entries in key
+// order, members in id order and tombstones oldest first, so equal states encode to equal
+// bytes. Idempotency keys in progress come in key order before the done keys, oldest
+// first. A member's "fastLaneAddr", the "clusterId" and "idempotency" came later:
+// snapshots written before them have none, and restore with no fast-lane addresses, no
+// cluster ID and no idempotency keys.
+//
+// Version 2, written since lost locks are part of the replicated state, is version 1
+// with one more field at the end, "lost" when not empty: every lease's lost locks
+// (LostLock and the lease's "lease" id), leases in id order and each lease's oldest
+// first. ReadSnapshot reads both versions; a version-1 snapshot has no lost locks.
 const (
 	snapshotV1 = 1
+	snapshotV2 = 2
 )
 
-// snapshotFields are the keys of a version-1 snapshot, in the order they are written.
-var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "idempotency"}
+// snapshotFields are the keys of a version-2 snapshot, in the order they are written;
+// a version-1 snapshot has all but the last.
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
 	Reason EndReason `json:"reason"`
+}
+
+// lostRecord is one lost lock as a snapshot records it.
+type lostRecord struct {
+	Lease LeaseID `json:"lease"`
+	LostLock
+}
+
+// leaseLost is one lease's lost locks in a SnapshotView.
+type leaseLost struct {
+	lease LeaseID
+	lost  []LostLock // shared with the table, which never changes it in place
 }
 
 // SnapshotView is a point-in-time copy of a State, made to be encoded later: the State
@@ -43,6 +65,8 @@ type SnapshotView struct {
 	kvRev      uint64
 	kv         []Entry
 	members    []Member
+	clusterID  string
+	lost       []leaseLost
 	keys       []keyRecord // in progress (unsorted), then done oldest first
 	inProgress int         // how many of keys are in progress
 }
@@ -60,6 +84,11 @@ func (s *State) SnapshotView() *SnapshotView {
 		kvRev:      s.kv.rev,
 		kv:         make([]Entry, 0, len(s.kv.entries)),
 		members:    s.Members(),
+		clusterID:  s.clusterID,
+		lost:       make([]leaseLost, 0, len(s.locks.lost)),
+	}
+	for id, lost := range s.locks.lost {
+		v.lost = append(v.lost, leaseLost{lease: id, lost: lost})
 	}
 	v.keys, v.inProgress = s.keys.records()
 	for _, l := range s.leases {
@@ -74,7 +103,7 @@ func (s *State) SnapshotView() *SnapshotView {
 	return v
 }
 
-// WriteTo writes the snapshot (version 1) to w, buffered, and returns the number of
+// WriteTo writes the snapshot (version 2) to w, buffered, and returns the number of
 // bytes written. Equal states give equal bytes, the same bytes MarshalSnapshot returns.
 // WriteTo may be called more than once, but not concurrently.
 func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
@@ -82,6 +111,7 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	slices.SortFunc(v.locks, func(a, b lock) int { return strings.Compare(a.name, b.name) })
 	slices.SortFunc(v.kv, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
 	slices.SortFunc(v.keys[:v.inProgress], func(a, b keyRecord) int { return strings.Compare(a.Key, b.Key) })
+	slices.SortFunc(v.lost, func(a, b leaseLost) int { return compareIDs(a.lease, b.lease) })
 
 	cw := &countingWriter{w: w}
 	e := newJSONWriter(cw)
@@ -122,9 +152,24 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 		e.raw(`,"members":`)
 		writeArray(e, v.members)
 	}
+	if v.clusterID != "" {
+		e.raw(`,"clusterId":`)
+		e.elem(0, v.clusterID)
+	}
 	if len(v.keys) > 0 {
 		e.raw(`,"idempotency":`)
 		writeArray(e, v.keys)
+	}
+	if len(v.lost) > 0 {
+		e.raw(`,"lost":[`)
+		i := 0
+		for _, ll := range v.lost {
+			for _, lk := range ll.lost {
+				e.elem(i, &lostRecord{Lease: ll.lease, LostLock: lk})
+				i++
+			}
+		}
+		e.raw("]")
 	}
 	e.raw("}\n")
 	err := e.flush()
@@ -169,7 +214,7 @@ type jsonWriter struct {
 func newJSONWriter(w io.Writer) *jsonWriter {
 	e := &jsonWriter{w: bufio.NewWriterSize(w, 64<<10)}
 	e.enc = json.NewEncoder(&e.scratch)
-	e.err = e.w.WriteByte(snapshotV1)
+	e.err = e.w.WriteByte(snapshotV2)
 	return e
 }
 
@@ -236,20 +281,25 @@ func RestoreState(b []byte, limits Limits) (*State, error) {
 // snapshot in memory. Malformed or inconsistent input yields an error wrapping
 // ErrCorrupt; an error from r itself is returned wrapped as it is.
 //
-// A version-1 snapshot must have its fields in the order it is written in, each at most
-// once (see snapshotV1), so that it can be checked as it is read.
+// A snapshot must have its fields in the order they are written in, each at most once
+// (see snapshotV1 and snapshotV2), so that it can be checked as it is read.
 func ReadSnapshot(r io.Reader, limits Limits) (*State, error) {
 	er := &errReader{r: r}
 	br := bufio.NewReaderSize(er, 64<<10)
 	version, err := br.ReadByte()
-	if err == nil && version != snapshotV1 {
+	fields := snapshotFields
+	switch {
+	case err != nil:
+	case version == snapshotV1:
+		fields = snapshotFields[:len(snapshotFields)-1]
+	case version != snapshotV2:
 		err = fmt.Errorf("%w: snapshot version %d", ErrCorrupt, version)
 	}
 	var s *State
 	if err == nil {
 		dec := json.NewDecoder(br)
 		dec.DisallowUnknownFields()
-		s, err = readSnapshotV1(dec, limits)
+		s, err = readSnapshotJSON(dec, fields, limits)
 	}
 	switch {
 	case er.err != nil:
@@ -278,7 +328,8 @@ func (e *errReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func readSnapshotV1(dec *json.Decoder, limits Limits) (*State, error) {
+// readSnapshotJSON reads the JSON object of a snapshot whose version allows fields.
+func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State, error) {
 	if err := expectDelim(dec, '{'); err != nil {
 		return nil, err
 	}
@@ -291,7 +342,7 @@ func readSnapshotV1(dec *json.Decoder, limits Limits) (*State, error) {
 			return nil, err
 		}
 		key, _ := tok.(string)
-		i := slices.Index(snapshotFields[next:], key)
+		i := slices.Index(fields[next:], key)
 		if i < 0 {
 			return nil, fmt.Errorf("%w: snapshot field %q unknown, repeated or out of order", ErrCorrupt, key)
 		}
@@ -338,14 +389,21 @@ func readSnapshotV1(dec *json.Decoder, limits Limits) (*State, error) {
 			})
 		case "members":
 			err = eachElement(dec, func(m Member) error {
-				if ValidateNodeID("id", m.ID) != nil || ValidateAddr("addr", m.APIAddr) != nil {
+				if ValidateNodeID("id", m.ID) != nil || ValidateAddr("addr", m.APIAddr) != nil ||
+					(m.FastLaneAddr != "" && ValidateAddr("fast_lane_addr", m.FastLaneAddr) != nil) {
 					return fmt.Errorf("%w: bad member in snapshot", ErrCorrupt)
 				}
-				s.members[m.ID] = m.APIAddr
+				s.members[m.ID] = memberAddrs{api: m.APIAddr, fastLane: m.FastLaneAddr}
 				return nil
 			})
+		case "clusterId":
+			if err = dec.Decode(&s.clusterID); err == nil && ValidateClusterID("clusterId", s.clusterID) != nil {
+				err = fmt.Errorf("%w: bad cluster ID in snapshot", ErrCorrupt)
+			}
 		case "idempotency":
 			err = eachElement(dec, s.restoreKey)
+		case "lost":
+			err = eachElement(dec, s.restoreLost)
 		}
 		if err != nil {
 			return nil, err
@@ -396,6 +454,23 @@ func expectDelim(dec *json.Decoder, d json.Delim) error {
 	if tok != d {
 		return fmt.Errorf("%w: snapshot: expected %v, got %v", ErrCorrupt, d, tok)
 	}
+	return nil
+}
+
+// restoreLost adds a lost lock read from a snapshot, after checking it.
+func (s *State) restoreLost(r lostRecord) error {
+	lost := s.locks.lost[r.Lease]
+	switch {
+	case s.leases[r.Lease] == nil:
+		return fmt.Errorf("%w: lost lock of an unknown lease in snapshot", ErrCorrupt)
+	case ValidateName("name", r.Name) != nil || r.Token == 0 || r.Token > s.seq:
+		return fmt.Errorf("%w: lost lock with a bad name or token in snapshot", ErrCorrupt)
+	case len(r.Reason) > MaxReasonLen || !utf8.ValidString(r.Reason):
+		return fmt.Errorf("%w: lost lock with a bad reason in snapshot", ErrCorrupt)
+	case len(lost) >= MaxLostPerLease:
+		return fmt.Errorf("%w: more than %d lost locks for one lease in snapshot", ErrCorrupt, MaxLostPerLease)
+	}
+	s.locks.lost[r.Lease] = append(lost, r.LostLock)
 	return nil
 }
 

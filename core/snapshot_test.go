@@ -14,21 +14,23 @@ import (
 )
 
 // oneShotSnapshot encodes s the way MarshalSnapshot did before snapshots were streamed:
-// one json.Encoder call over the whole state. The streamed bytes must equal it, so that
+// one json.Encoder call over the whole state (in version 2, with the lost locks). The streamed bytes must equal it, so that
 // every snapshot ever written keeps restoring and equal states keep equal bytes.
 func oneShotSnapshot(t testing.TB, s *State) []byte {
 	t.Helper()
 	type oneShot struct {
-		Seq        uint64      `json:"seq"`
-		Leases     []*Lease    `json:"leases"`
-		Locks      []*Lock     `json:"locks"`
-		Tombstones []tombstone `json:"tombstones"`
-		KVRev      uint64      `json:"kvRev,omitempty"`
-		KV         []*Entry    `json:"kv,omitempty"`
-		Members    []Member    `json:"members,omitempty"`
-		Keys       []keyRecord `json:"idempotency,omitempty"`
+		Seq        uint64       `json:"seq"`
+		Leases     []*Lease     `json:"leases"`
+		Locks      []*Lock      `json:"locks"`
+		Tombstones []tombstone  `json:"tombstones"`
+		KVRev      uint64       `json:"kvRev,omitempty"`
+		KV         []*Entry     `json:"kv,omitempty"`
+		Members    []Member     `json:"members,omitempty"`
+		ClusterID  string       `json:"clusterId,omitempty"`
+		Keys       []keyRecord  `json:"idempotency,omitempty"`
+		Lost       []lostRecord `json:"lost,omitempty"`
 	}
-	snap := oneShot{Seq: s.seq, Leases: []*Lease{}, Locks: []*Lock{}, KVRev: s.kv.rev, Members: s.Members()}
+	snap := oneShot{Seq: s.seq, Leases: []*Lease{}, Locks: []*Lock{}, KVRev: s.kv.rev, Members: s.Members(), ClusterID: s.clusterID}
 	snap.Keys, _ = s.keys.records()
 	slices.SortStableFunc(snap.Keys, func(a, b keyRecord) int { // in progress by key, then done as they were
 		if a.Done || b.Done {
@@ -36,7 +38,12 @@ func oneShotSnapshot(t testing.TB, s *State) []byte {
 		}
 		return strings.Compare(a.Key, b.Key)
 	})
-	s.Leases(func(l *Lease) { snap.Leases = append(snap.Leases, l) })
+	s.Leases(func(l *Lease) {
+		snap.Leases = append(snap.Leases, l)
+		for _, lk := range s.locks.Lost(l.ID) {
+			snap.Lost = append(snap.Lost, lostRecord{Lease: l.ID, LostLock: lk})
+		}
+	})
 	for _, n := range s.locks.sortedNames() {
 		snap.Locks = append(snap.Locks, s.locks.Get(n))
 	}
@@ -53,7 +60,7 @@ func oneShotSnapshot(t testing.TB, s *State) []byte {
 		snap.KV = append(snap.KV, s.kv.entries[k])
 	}
 	var buf bytes.Buffer
-	buf.WriteByte(snapshotV1)
+	buf.WriteByte(snapshotV2)
 	if err := json.NewEncoder(&buf).Encode(&snap); err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +210,7 @@ func TestReadSnapshotFieldOrder(t *testing.T) {
 			t.Errorf("%s: RestoreState = %v", name, err)
 		}
 	}
-	if !strings.HasPrefix(string(mustSnapshot(t, NewState(Limits{}))), "\x01{\"seq\":0,\"leases\":[],\"locks\":[],\"tombstones\":null}") {
+	if !strings.HasPrefix(string(mustSnapshot(t, NewState(Limits{}))), "\x02{\"seq\":0,\"leases\":[],\"locks\":[],\"tombstones\":null}") {
 		t.Error("the empty snapshot changed")
 	}
 }

@@ -16,7 +16,8 @@ type Lease struct {
 	TTLMillis int64   `json:"ttl"`
 }
 
-// State is the replicated state: leases, correctness locks and the token sequence.
+// State is the replicated state: leases, correctness locks (with the locks each lease
+// lost to a force release), the token sequence, the fenced KV store and the members.
 // Apply is its only mutator. It is not safe for concurrent use.
 type State struct {
 	seq        uint64 // last token issued or reserved
@@ -26,8 +27,9 @@ type State struct {
 	tombstones map[LeaseID]EndReason
 	tombOrder  []LeaseID // oldest first
 	kv         kvStore
-	members    map[string]string // node id -> API address
-	keys       keyStore          // idempotency keys (idempotency.go)
+	members    map[string]memberAddrs // by node id
+	clusterID  string                 // "" until OpSetClusterID
+	keys       keyStore               // idempotency keys (idempotency.go)
 }
 
 // NewState returns an empty state with the given limits. Every replica must use the same
@@ -40,7 +42,7 @@ func NewState(limits Limits) *State {
 		limits:     limits,
 		tombstones: make(map[LeaseID]EndReason),
 		kv:         kvStore{entries: make(map[string]*Entry)},
-		members:    make(map[string]string),
+		members:    make(map[string]memberAddrs),
 		keys:       newKeyStore(),
 	}
 }
@@ -141,10 +143,16 @@ func (s *State) Apply(c Command) Result {
 	case OpBegin, OpComplete, OpAbandon:
 		return s.applyKey(c)
 	case OpSetMember:
-		s.members[c.Node] = c.Addr
+		s.members[c.Node] = memberAddrs{api: c.Addr, fastLane: c.FastLane}
 		return Result{}
 	case OpRemoveMember:
 		delete(s.members, c.Node)
+		return Result{}
+	case OpSetClusterID:
+		if s.clusterID != "" && s.clusterID != c.ClusterID {
+			return Result{Err: fmt.Errorf("%w: it is %s", ErrClusterID, s.clusterID)}
+		}
+		s.clusterID = c.ClusterID
 		return Result{}
 	case OpReserve:
 		if s.seq > ^uint64(0)-c.Count {

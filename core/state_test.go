@@ -848,6 +848,29 @@ func restoreWithSeq(t *testing.T, seq uint64) *State {
 
 // ---- KV and membership (fenced writes are checked against the lock table) ----
 
+const (
+	testClusterID  = "0123456789abcdef0123456789abcdef"
+	otherClusterID = "fedcba9876543210fedcba9876543210"
+)
+
+// TestClusterID: a cluster is named once; the same ID again changes nothing, another ID
+// fails and changes nothing, and a malformed ID is invalid.
+func TestClusterID(t *testing.T) {
+	h := newHarness(t, Limits{})
+	if h.s.ClusterID() != "" {
+		t.Fatal("a new state has a cluster ID")
+	}
+	for _, bad := range []string{"", "0123", strings.ToUpper(testClusterID), "00000000000000000000000000000000", testClusterID[:31] + "g"} {
+		h.fails(Command{Op: OpSetClusterID, ClusterID: bad}, ErrInvalid)
+	}
+	h.ok(Command{Op: OpSetClusterID, ClusterID: testClusterID})
+	h.unchanged(Command{Op: OpSetClusterID, ClusterID: testClusterID})
+	h.fails(Command{Op: OpSetClusterID, ClusterID: otherClusterID}, ErrClusterID)
+	if h.s.ClusterID() != testClusterID {
+		t.Fatalf("cluster ID %q", h.s.ClusterID())
+	}
+}
+
 func TestFencedKV(t *testing.T) {
 	h := newHarness(t, Limits{}, leaseA, leaseB)
 	t1 := h.acquire(leaseA, "x", false).Token
@@ -895,6 +918,11 @@ func TestFencedKV(t *testing.T) {
 		t.Fatal("member not recorded")
 	}
 	h.ok(Command{Op: OpRemoveMember, Node: "n1"})
+	h.ok(Command{Op: OpSetMember, Node: "n2", Addr: "127.0.0.1:7740", FastLane: "127.0.0.1:7742"})
+	h.fails(Command{Op: OpSetMember, Node: "n2", Addr: "127.0.0.1:7740", FastLane: "7742"}, ErrInvalid)
+	if m := h.s.Members(); len(m) != 1 || m[0] != (Member{ID: "n2", APIAddr: "127.0.0.1:7740", FastLaneAddr: "127.0.0.1:7742"}) {
+		t.Fatalf("members %+v", m)
+	}
 	h.fails(Command{Op: 0}, ErrInvalid)
 	h.fails(Command{Op: 200}, ErrInvalid)
 }

@@ -113,7 +113,8 @@ const (
 	OpRelease Op = 5
 	// OpCancelWait takes Lease out of Name's queue (its wait ran out or was cancelled).
 	OpCancelWait Op = 6
-	// OpForceRelease releases Name whoever holds it and consumes a token.
+	// OpForceRelease releases Name whoever holds it and consumes a token. The holder's
+	// lease keeps the lock among its lost locks (LostLock) until it ends.
 	OpForceRelease Op = 7
 	// OpEndDelay ends Name's lock-delay and grants the next waiter.
 	OpEndDelay Op = 8
@@ -125,14 +126,19 @@ const (
 	OpPut Op = 10
 	// OpDelete deletes Key with the same checks as OpPut.
 	OpDelete Op = 11
-	// OpSetMember records that node Node serves its API at Addr.
+	// OpSetMember records that node Node serves its API at Addr and its fast lane at
+	// FastLane ("" when it has none).
 	OpSetMember Op = 12
 	// OpRemoveMember forgets node Node.
 	OpRemoveMember Op = 13
+	// OpSetClusterID names the cluster: ClusterID, 32 lowercase hex characters. The
+	// first one applied stays; a later one with another ID fails with ErrClusterID
+	// and changes nothing, and one with the same ID changes nothing.
+	OpSetClusterID Op = 14
 )
 
 func (o Op) String() string {
-	names := [...]string{"", "grant", "revoke", "expire", "acquire", "release", "cancel-wait", "force-release", "end-delay", "reserve", "put", "delete", "set-member", "remove-member"}
+	names := [...]string{"", "grant", "revoke", "expire", "acquire", "release", "cancel-wait", "force-release", "end-delay", "reserve", "put", "delete", "set-member", "remove-member", "set-cluster-id"}
 	if int(o) < len(names) && o != 0 {
 		return names[o]
 	}
@@ -162,8 +168,10 @@ type Command struct {
 	CheckVersion  bool   `json:"checkVersion,omitempty"`
 	RequireHolder bool   `json:"requireHolder,omitempty"`
 	// Membership.
-	Node string `json:"node,omitempty"`
-	Addr string `json:"addr,omitempty"`
+	Node      string `json:"node,omitempty"`
+	Addr      string `json:"addr,omitempty"`
+	FastLane  string `json:"fastLane,omitempty"`
+	ClusterID string `json:"clusterId,omitempty"`
 }
 
 // EffectKind names an effect.

@@ -115,6 +115,11 @@ func (c *Command) validate() error {
 		if len(c.Reason) > MaxReasonLen {
 			return Invalid("reason", "is %d bytes, the limit is %d", len(c.Reason), MaxReasonLen)
 		}
+		if !utf8.ValidString(c.Reason) {
+			// The reason is kept in the state (LostLock) and snapshots are JSON, which
+			// would not give invalid UTF-8 back byte for byte.
+			return Invalid("reason", "must be valid UTF-8")
+		}
 		return ValidateName("name", c.Name)
 	case OpPut, OpDelete:
 		if err := ValidateName("key", c.Key); err != nil {
@@ -136,9 +141,16 @@ func (c *Command) validate() error {
 		if err := ValidateNodeID("node_id", c.Node); err != nil {
 			return err
 		}
+		if c.FastLane != "" {
+			if err := ValidateAddr("fast_lane_addr", c.FastLane); err != nil {
+				return err
+			}
+		}
 		return ValidateAddr("api_addr", c.Addr)
 	case OpRemoveMember:
 		return ValidateNodeID("node_id", c.Node)
+	case OpSetClusterID:
+		return ValidateClusterID("cluster_id", c.ClusterID)
 	case OpReserve:
 		if c.Count == 0 || c.Count > 1<<40 {
 			return Invalid("count", "must be 1 to 2^40")

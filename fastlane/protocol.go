@@ -12,6 +12,7 @@ package fastlane
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -23,8 +24,12 @@ import (
 
 // Protocol constants. See docs/PROTOCOL.md.
 const (
-	Magic   = "LHFL"
-	Version = 1
+	Magic = "LHFL"
+	// Version is the protocol version this package speaks: 2, whose handshake carries
+	// the cluster ID. A server still serves version-1 clients (without the check).
+	Version = 2
+	// version1 is the handshake without cluster IDs.
+	version1 = 1
 
 	// HeaderLen is the frame header after the 4-byte length: kind, method, id.
 	HeaderLen = 1 + 1 + 8
@@ -55,6 +60,9 @@ var (
 	ErrProtocol = errors.New("fastlane: protocol error")
 	// ErrVersion is returned by the handshake when the peer speaks another version.
 	ErrVersion = errors.New("fastlane: unsupported protocol version")
+	// ErrWrongCluster is returned by the handshake when the server belongs to another
+	// cluster than the client expects (or to none).
+	ErrWrongCluster = errors.New("fastlane: the server belongs to another cluster")
 )
 
 // Frame is one decoded frame. Payload aliases the reader's buffer until the next Read.
@@ -276,51 +284,134 @@ func (w *Writer) flushLocked() bool {
 	return ok
 }
 
-// ClientHello performs the client side of the handshake on conn.
-func ClientHello(conn net.Conn) error {
+// ClientHello performs the client side of the handshake on conn (version 2). expect is
+// the cluster ID the client expects (32 hex characters), or "" when it does not know it
+// yet; ClientHello returns the server's cluster ID ("" when the server has none). A
+// server that belongs to another cluster than expect (or to none) is ErrWrongCluster,
+// and a server of version 1, which cannot say, is ErrVersion: close the connection
+// then, nothing having been sent on it.
+func ClientHello(conn net.Conn, expect string) (string, error) {
+	want, err := parseClusterID(expect)
+	if err != nil {
+		return "", err
+	}
 	_ = conn.SetDeadline(time.Now().Add(HandshakeTimeout))
 	defer func() { _ = conn.SetDeadline(time.Time{}) }()
 	hello := binary.BigEndian.AppendUint16([]byte(Magic), Version)
 	hello = binary.BigEndian.AppendUint16(hello, 0)
+	hello = append(hello, want[:]...)
 	if _, err := conn.Write(hello); err != nil {
-		return err
+		return "", err
 	}
-	var resp [16]byte
-	if _, err := io.ReadFull(conn, resp[:]); err != nil {
-		return err
+	var resp [serverHelloLen]byte
+	if _, err := io.ReadFull(conn, resp[:serverHelloV1Len]); err != nil {
+		return "", err
 	}
 	if string(resp[:4]) != Magic {
-		return fmt.Errorf("%w: bad magic from server", ErrProtocol)
+		return "", fmt.Errorf("%w: bad magic from server", ErrProtocol)
 	}
 	if v := binary.BigEndian.Uint16(resp[4:6]); v != Version {
-		return fmt.Errorf("%w: server speaks %d, we speak %d", ErrVersion, v, Version)
+		return "", fmt.Errorf("%w: server speaks %d, we speak %d", ErrVersion, v, Version)
 	}
-	return nil
+	if _, err := io.ReadFull(conn, resp[serverHelloV1Len:]); err != nil {
+		return "", err
+	}
+	got := formatClusterID(resp[serverHelloV1Len:])
+	if expect != "" && got != expect {
+		return got, fmt.Errorf("%w: expected cluster %s, the server is of %s", ErrWrongCluster, expect, clusterName(got))
+	}
+	return got, nil
 }
 
 // ServerHello performs the server side of the handshake on conn: it reads the client's
-// hello and answers with the server's version and limits. A client speaking another
-// version gets the server's version in the answer and ErrVersion here; close the
-// connection then.
-func ServerHello(conn net.Conn) error {
+// hello and answers with the server's version, limits and (version 2) cluster ID own
+// ("" when the node has none). A version-2 client that expects another cluster gets the
+// answer and ErrWrongCluster here; a version-1 client is answered in version 1 and
+// served without a cluster check (it cannot make one); a client speaking another
+// version gets the version-1 answer with the server's version and ErrVersion here.
+// Close the connection on any error.
+func ServerHello(conn net.Conn, own string) error {
+	id, err := parseClusterID(own)
+	if err != nil {
+		return err
+	}
 	_ = conn.SetDeadline(time.Now().Add(HandshakeTimeout))
 	defer func() { _ = conn.SetDeadline(time.Time{}) }()
-	var hello [8]byte
-	if _, err := io.ReadFull(conn, hello[:]); err != nil {
+	var hello [clientHelloLen]byte
+	if _, err := io.ReadFull(conn, hello[:clientHelloV1Len]); err != nil {
 		return err
 	}
 	if string(hello[:4]) != Magic {
 		return fmt.Errorf("%w: bad magic %q", ErrProtocol, hello[:4])
 	}
-	resp := binary.BigEndian.AppendUint16([]byte(Magic), Version)
+	v := binary.BigEndian.Uint16(hello[4:6])
+	if v == Version {
+		if _, err := io.ReadFull(conn, hello[clientHelloV1Len:]); err != nil {
+			return err
+		}
+	}
+	answer := uint16(Version)
+	if v == version1 {
+		answer = version1
+	}
+	resp := binary.BigEndian.AppendUint16([]byte(Magic), answer)
 	resp = binary.BigEndian.AppendUint16(resp, 0)
 	resp = binary.BigEndian.AppendUint32(resp, MaxFrame)
 	resp = binary.BigEndian.AppendUint32(resp, MaxInFlight)
+	if v == Version {
+		resp = append(resp, id[:]...)
+	}
 	if _, err := conn.Write(resp); err != nil {
 		return err
 	}
-	if v := binary.BigEndian.Uint16(hello[4:6]); v != Version {
+	switch want := formatClusterID(hello[clientHelloV1Len:]); {
+	case v == version1:
+		return nil
+	case v != Version:
 		return fmt.Errorf("%w: client speaks %d", ErrVersion, v)
+	case want != "" && want != own:
+		return fmt.Errorf("%w: the client expects cluster %s, this node is of %s", ErrWrongCluster, want, clusterName(own))
 	}
 	return nil
+}
+
+// Handshake sizes: version 2 appends a cluster ID to each version-1 hello.
+const (
+	clientHelloV1Len = 8
+	clientHelloLen   = clientHelloV1Len + clusterIDLen
+	serverHelloV1Len = 16
+	serverHelloLen   = serverHelloV1Len + clusterIDLen
+	clusterIDLen     = 16
+)
+
+// parseClusterID decodes a cluster ID's 32 hex characters ("" is all zeros: none).
+func parseClusterID(s string) ([clusterIDLen]byte, error) {
+	var id [clusterIDLen]byte
+	if s == "" {
+		return id, nil
+	}
+	if len(s) != 2*clusterIDLen {
+		return id, fmt.Errorf("fastlane: cluster ID must be %d hex characters, got %d", 2*clusterIDLen, len(s))
+	}
+	if _, err := hex.Decode(id[:], []byte(s)); err != nil {
+		return id, fmt.Errorf("fastlane: cluster ID is not hex: %w", err)
+	}
+	return id, nil
+}
+
+// formatClusterID encodes a cluster ID in lowercase hex; all zeros is "".
+func formatClusterID(b []byte) string {
+	for _, c := range b {
+		if c != 0 {
+			return hex.EncodeToString(b)
+		}
+	}
+	return ""
+}
+
+func clusterName(id string) string {
+	if id == "" {
+		return "no cluster"
+	}
+	return "cluster " + id
 }

@@ -129,29 +129,7 @@ func TestOfferNeverBlocks(t *testing.T) {
 		offerNeverBlocks(t, client, server, 1)
 	})
 	t.Run("tcp", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		accepted := make(chan net.Conn, 1)
-		go func() {
-			c, err := ln.Accept()
-			if err != nil {
-				close(accepted)
-				return
-			}
-			accepted <- c
-		}()
-		client, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		server := <-accepted
-		if server == nil {
-			t.Fatal("accept failed")
-		}
-		defer server.Close()
+		client, server := tcpPair(t)
 		// Megabytes in all: more than the socket buffers of both ends hold.
 		offerNeverBlocks(t, client, server, 40)
 	})

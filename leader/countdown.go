@@ -2,12 +2,9 @@ package leader
 
 import (
 	"container/heap"
-	"context"
-	"errors"
 	"time"
 
 	"github.com/leasehold/leasehold/core"
-	"github.com/leasehold/leasehold/replication"
 )
 
 // countdown is one lease's expiry deadline on this leader's monotonic clock.
@@ -16,7 +13,10 @@ type countdown struct {
 	ttl      time.Duration
 	deadline time.Time // carries a monotonic reading: immune to wall-clock steps
 	expiring bool      // an Expire is being proposed; keepalives are refused
-	index    int       // in the heap
+	// lost is set once the replicated state holds lost locks for the lease (it never
+	// drops them while the lease lives), so that only their keepalives read the state.
+	lost  bool
+	index int // in the heap
 }
 
 // countdownHeap orders countdowns by when the expiry loop must next look at them; it
@@ -61,15 +61,22 @@ func (h *countdownHeap) setDue(c *countdown, due time.Time) {
 }
 
 // addCountdownLocked starts lease's countdown at full TTL from now, unless it is already
-// counting.
-func (l *Leader) addCountdownLocked(id core.LeaseID, ttlMillis int64, now time.Time) {
-	if l.leases[id] != nil {
-		return
+// counting, and returns it.
+func (l *Leader) addCountdownLocked(id core.LeaseID, ttlMillis int64, now time.Time) *countdown {
+	if c := l.leases[id]; c != nil {
+		return c
 	}
 	ttl := time.Duration(ttlMillis) * time.Millisecond
 	c := &countdown{id: id, ttl: ttl, deadline: now.Add(ttl)}
 	l.leases[id] = c
 	heap.Push(&l.queue, queued{due: c.deadline, c: c})
+	l.kickIfFirstLocked(c)
+	return c
+}
+
+// kickIfFirstLocked wakes the expiry loop when c is now the first countdown due: the
+// loop may be asleep until a later one.
+func (l *Leader) kickIfFirstLocked(c *countdown) {
 	if c.index == 0 && l.kick != nil {
 		select {
 		case l.kick <- struct{}{}:
@@ -78,10 +85,14 @@ func (l *Leader) addCountdownLocked(id core.LeaseID, ttlMillis int64, now time.T
 	}
 }
 
-// maxExpiring bounds concurrent expiry proposals; raft batches them into few entries.
+// maxExpiring bounds the expiry proposals in flight (the replication batcher puts them
+// in few entries).
 const maxExpiring = 256
 
-// expiryLoop proposes Expire for every lease whose deadline has passed, until stop.
+// expiryLoop proposes Expire for every lease whose deadline has passed, until stop. It
+// proposes with Log.ApplyThen, so no goroutine waits for a commit: a slot of maxExpiring
+// is taken per proposal and given back by its callback, and the loop waits for a slot
+// only when that many are in flight.
 func (l *Leader) expiryLoop(stop, kick chan struct{}) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -113,10 +124,10 @@ func (l *Leader) expiryLoop(stop, kick chan struct{}) {
 			case <-stop:
 				return
 			}
-			go func(c *countdown) {
-				defer func() { <-sem }()
-				l.expire(stop, c)
-			}(c)
+			l.log.ApplyThen(core.Command{Op: core.OpExpire, Lease: c.id}, func(_ core.Result, err error) {
+				l.expired(stop, c, err)
+				<-sem
+			})
 		}
 		if len(due) == maxExpiring {
 			next = 0
@@ -131,16 +142,16 @@ func (l *Leader) expiryLoop(stop, kick chan struct{}) {
 	}
 }
 
-// expire proposes the expiry of c. If the outcome is unknown it retries shortly; if
-// this node is no longer leader it gives up (the new leader counts afresh).
-func (l *Leader) expire(stop chan struct{}, c *countdown) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err := l.log.Apply(ctx, core.Command{Op: core.OpExpire, Lease: c.id})
-	if err == nil || errors.Is(err, replication.ErrNotLeader) || errors.Is(err, ErrNotLeader) {
-		return // applied (OnEffects removed the countdown), or no longer leader
+// expired takes the outcome of c's expiry proposal. Applied, OnEffects has dropped the
+// countdown (for a lease that had already ended there is nothing to drop). Failed, this
+// node may have lost leadership (Demote then ends the term, and the next leader counts
+// afresh) or the outcome is unknown: while the term lasts the expiry is proposed again
+// shortly, and the lease stays expiring, refusing keepalives, since it may be gone
+// already. It runs on the log's goroutine that hands out results: it must not block.
+func (l *Leader) expired(stop chan struct{}, c *countdown, err error) {
+	if err == nil {
+		return
 	}
-	l.lg.Warn("expiry not confirmed, retrying", "lease", c.id, "err", err)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	select {
@@ -148,7 +159,10 @@ func (l *Leader) expire(stop chan struct{}, c *countdown) {
 		return
 	default:
 	}
-	if l.leases[c.id] == c {
-		l.queue.setDue(c, time.Now().Add(100*time.Millisecond))
+	if l.leases[c.id] != c {
+		return
 	}
+	l.lg.Warn("expiry not confirmed, retrying", "lease", c.id, "err", err)
+	l.queue.setDue(c, time.Now().Add(100*time.Millisecond))
+	l.kickIfFirstLocked(c)
 }

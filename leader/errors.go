@@ -10,14 +10,17 @@ import (
 // Errors returned by Leader. Errors from core (lease not found, not holder, class
 // conflict, limits) pass through wrapped.
 var (
-	// ErrNotLeader is returned when this node is not (or not yet) the serving leader.
-	// Nothing was changed; retry on the leader.
+	// ErrNotLeader is returned when this node is not (or not yet) the serving leader, or
+	// could not confirm with a quorum that it still is (KeepAlive, CheckToken; the error
+	// then wraps the log's). Nothing was changed that another leader would see; retry on
+	// the leader.
 	ErrNotLeader = errors.New("leader: not the serving leader")
 	// ErrWaitTimeout is returned by Acquire when the lock stayed held for the whole wait.
 	// The lease is no longer queued.
 	ErrWaitTimeout = errors.New("leader: lock stayed held for the whole wait")
-	// ErrEpochLost is returned to efficiency waiters when the leader's in-memory lock
-	// state was dropped (the node stopped being leader).
+	// ErrEpochLost is returned to an Acquire waiting in an efficiency lock's queue when
+	// this node stops being leader: the in-memory table that queued it is gone, and with
+	// it the place in the queue. Retry on the new leader (a new epoch).
 	ErrEpochLost = errors.New("leader: efficiency lock state was lost with the leader")
 )
 

@@ -32,7 +32,13 @@ type fakeLog struct {
 	applied  []core.Command
 	gates    map[core.Op]chan struct{}
 	holds    map[core.Op]chan struct{}
+	fails    map[core.Op]error // the next proposal of op fails with this, unapplied
 	observe  func([]core.Effect)
+	// deposed makes VerifyLeader fail, as on a leader that another has replaced.
+	deposed  bool
+	onVerify func() // if set, runs in VerifyLeader (without f.mu)
+	verifies int    // VerifyLeader calls
+	thens    int    // proposals made with ApplyThen
 }
 
 type proposal struct {
@@ -41,7 +47,7 @@ type proposal struct {
 }
 
 func newFakeLog(limits core.Limits) *fakeLog {
-	return &fakeLog{state: core.NewState(limits), gates: make(map[core.Op]chan struct{}), holds: make(map[core.Op]chan struct{})}
+	return &fakeLog{state: core.NewState(limits), gates: make(map[core.Op]chan struct{}), holds: make(map[core.Op]chan struct{}), fails: make(map[core.Op]error)}
 }
 
 func (f *fakeLog) Apply(ctx context.Context, cmd core.Command) (core.Result, error) {
@@ -57,13 +63,19 @@ func (f *fakeLog) Apply(ctx context.Context, cmd core.Command) (core.Result, err
 		}
 	}
 	f.mu.Lock()
+	if err := f.fails[cmd.Op]; err != nil {
+		delete(f.fails, cmd.Op)
+		f.mu.Unlock()
+		return core.Result{}, err
+	}
 	res := f.state.Apply(cmd)
 	f.applied = append(f.applied, cmd)
 	hold := f.holds[cmd.Op]
 	delete(f.holds, cmd.Op)
+	observe := f.observe
 	f.mu.Unlock()
-	if len(res.Effects) > 0 && f.observe != nil {
-		f.observe(res.Effects)
+	if len(res.Effects) > 0 && observe != nil {
+		observe(res.Effects)
 	}
 	if hold != nil {
 		<-hold // applied, but the proposer hears of it only later
@@ -73,7 +85,53 @@ func (f *fakeLog) Apply(ctx context.Context, cmd core.Command) (core.Result, err
 
 // ApplyThen applies like Apply, on a goroutine of its own (the proposer does not wait).
 func (f *fakeLog) ApplyThen(cmd core.Command, then func(core.Result, error)) {
+	f.mu.Lock()
+	f.thens++
+	f.mu.Unlock()
 	go func() { then(f.Apply(context.Background(), cmd)) }()
+}
+
+// errFakeDeposed is the fake log's answer to VerifyLeader on a deposed leader.
+var errFakeDeposed = errors.New("fake log: another leader was elected")
+
+func (f *fakeLog) VerifyLeader(ctx context.Context) error {
+	f.mu.Lock()
+	hook := f.onVerify
+	f.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.verifies++
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if f.deposed {
+		return errFakeDeposed
+	}
+	return nil
+}
+
+// setDeposed makes VerifyLeader fail (true) or succeed.
+func (f *fakeLog) setDeposed(d bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.deposed = d
+}
+
+// verifications returns how many times VerifyLeader was called.
+func (f *fakeLog) verifications() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.verifies
+}
+
+// failNext makes the next proposal of op fail with err without being applied.
+func (f *fakeLog) failNext(op core.Op, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fails[op] = err
 }
 
 func (f *fakeLog) Read(fn func(*core.State)) {
@@ -184,11 +242,21 @@ func (f *fakeLog) holder(name string) (core.LeaseID, uint64) {
 func newLeader(t testing.TB, cfg leader.Config) (*leader.Leader, *fakeLog) {
 	t.Helper()
 	fl := newFakeLog(cfg.Limits)
+	return newLeaderOn(t, fl, cfg), fl
+}
+
+// newLeaderOn returns a Leader on fl, which from now on tells it (and only it) the
+// effects of what it applies: as after a failover, when the runtime of another node
+// leads over the same replicated state.
+func newLeaderOn(t testing.TB, fl *fakeLog, cfg leader.Config) *leader.Leader {
+	t.Helper()
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	l := leader.New(fl, cfg)
+	fl.mu.Lock()
 	fl.observe = l.OnEffects
+	fl.mu.Unlock()
 	t.Cleanup(l.Demote)
-	return l, fl
+	return l
 }
 
 func promote(t *testing.T, l *leader.Leader) {
@@ -314,9 +382,9 @@ func TestNoEarlyExpiry(t *testing.T) {
 		id := grant(t, l, time.Second)
 
 		sleepUntil(start, 900*time.Millisecond)
-		ttl, epoch, lost, err := l.KeepAlive(id)
-		if err != nil || ttl != time.Second || epoch == "" || len(lost) != 0 {
-			t.Fatalf("KeepAlive at 0.9s = %v, %q, %v, %v; want 1s, the epoch, nothing lost", ttl, epoch, lost, err)
+		ka, err := l.KeepAlive(t.Context(), id)
+		if err != nil || ka.TTL != time.Second || ka.Epoch == "" || len(ka.Lost) != 0 {
+			t.Fatalf("KeepAlive at 0.9s = %+v, %v; want 1s, the epoch, nothing lost", ka, err)
 		}
 		// A neighbour that expires at 1.88s wakes the expiry loop just before id is due.
 		other := grant(t, l, 980*time.Millisecond)
@@ -346,7 +414,7 @@ func TestNoEarlyExpiry(t *testing.T) {
 		}
 		// The expiry is proposed but not applied: a keepalive now came too late and must
 		// not be acknowledged.
-		_, _, _, err = l.KeepAlive(id)
+		_, err = l.KeepAlive(t.Context(), id)
 		wantGone(t, err, core.EndExpired, "KeepAlive while the expiry is in flight")
 		if !fl.leaseAlive(id) {
 			t.Fatal("lease gone before the expiry was applied")
@@ -357,7 +425,7 @@ func TestNoEarlyExpiry(t *testing.T) {
 		if fl.leaseAlive(id) {
 			t.Fatal("lease still alive after the expiry was applied")
 		}
-		_, _, _, err = l.KeepAlive(id)
+		_, err = l.KeepAlive(t.Context(), id)
 		wantGone(t, err, core.EndExpired, "KeepAlive after the expiry")
 		if n := fl.proposals(core.OpExpire); n != 2 {
 			t.Fatalf("%d expiries proposed, want 2 (one per lease)", n)
@@ -376,13 +444,13 @@ func TestKeepAliveUnknownAndRevoked(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l, _ := newLeader(t, leader.Config{})
 		promote(t, l)
-		_, _, _, err := l.KeepAlive(core.LeaseID{1, 2, 3})
+		_, err := l.KeepAlive(t.Context(), core.LeaseID{1, 2, 3})
 		wantGone(t, err, core.EndUnknown, "KeepAlive(unknown)")
 		id := grant(t, l, time.Minute)
 		if err := l.Revoke(context.Background(), id); err != nil {
 			t.Fatalf("Revoke: %v", err)
 		}
-		_, _, _, err = l.KeepAlive(id)
+		_, err = l.KeepAlive(t.Context(), id)
 		wantGone(t, err, core.EndRevoked, "KeepAlive after Revoke")
 		wantGone(t, l.Revoke(context.Background(), id), core.EndRevoked, "second Revoke")
 	})
@@ -417,7 +485,7 @@ func TestPromoteRestartsCountdowns(t *testing.T) {
 		if l.Active() || l.Epoch() != "" {
 			t.Fatal("still active after Demote")
 		}
-		if _, _, _, err := l.KeepAlive(a); !errors.Is(err, leader.ErrNotLeader) {
+		if _, err := l.KeepAlive(t.Context(), a); !errors.Is(err, leader.ErrNotLeader) {
 			t.Fatalf("KeepAlive while demoted: %v, want ErrNotLeader", err)
 		}
 		if _, err := l.Grant(context.Background(), time.Second); !errors.Is(err, leader.ErrNotLeader) {
@@ -765,15 +833,24 @@ func TestEfficiency(t *testing.T) {
 			}
 		}
 
-		// A waiting efficiency acquire fails with ErrNotLeader when the leader is demoted.
+		// When the leader is demoted, a waiting efficiency acquire fails with
+		// ErrEpochLost (its queue is gone), a correctness one with ErrNotLeader (its place
+		// in the replicated queue stays for the next leader).
 		ch := acquireAsync(t.Context(), l, args(b, "eff/1", core.Efficiency, acquireOpts{waitFor: time.Minute}))
 		if n := queueLen(t, l, "eff/1"); n != 1 {
 			t.Fatalf("%d waiters, want 1", n)
 		}
+		chc := acquireAsync(t.Context(), l, args(a, "corr/2", core.Correctness, acquireOpts{waitFor: time.Minute}))
+		if w := fl.waiters("corr/2"); len(w) != 1 {
+			t.Fatalf("correctness waiters %v, want one", w)
+		}
 		l.Demote()
 		r := result(t, ch, "after Demote")
-		if !errors.Is(r.err, leader.ErrNotLeader) {
-			t.Fatalf("waiting efficiency acquire after Demote: %v, want ErrNotLeader", r.err)
+		if !errors.Is(r.err, leader.ErrEpochLost) || errors.Is(r.err, leader.ErrNotLeader) {
+			t.Fatalf("waiting efficiency acquire after Demote: %v, want ErrEpochLost", r.err)
+		}
+		if r := result(t, chc, "after Demote"); !errors.Is(r.err, leader.ErrNotLeader) {
+			t.Fatalf("waiting correctness acquire after Demote: %v, want ErrNotLeader", r.err)
 		}
 
 		promote(t, l)
@@ -781,8 +858,8 @@ func TestEfficiency(t *testing.T) {
 		if epoch2 == "" || epoch2 == epoch1 {
 			t.Fatalf("epoch after re-Promote %q, before %q: want a new one", epoch2, epoch1)
 		}
-		if _, ep, _, err := l.KeepAlive(a); err != nil || ep != epoch2 {
-			t.Fatalf("KeepAlive epoch %q, %v; want %q", ep, err, epoch2)
+		if ka, err := l.KeepAlive(t.Context(), a); err != nil || ka.Epoch != epoch2 {
+			t.Fatalf("KeepAlive epoch %q, %v; want %q", ka.Epoch, err, epoch2)
 		}
 		for _, name := range []string{"eff/1", "eff/2"} {
 			if v, err := l.Describe(name); err != nil || v.Held || v.Waiters != 0 {
@@ -907,16 +984,18 @@ func TestForceRelease(t *testing.T) {
 				if r.err != nil || r.g.Token <= fence {
 					t.Fatalf("next grant %+v, %v; want a token above the fence %d", r.g, r.err, fence)
 				}
-				_, _, lost, err := l.KeepAlive(h)
-				if err != nil {
-					t.Fatal(err)
+				want := []core.LostLock{{Name: name, Token: held, Reason: reason}}
+				for i := range 2 { // every answer repeats it, until the lease ends
+					ka, err := l.KeepAlive(t.Context(), h)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !slices.Equal(ka.Lost, want) {
+						t.Fatalf("KeepAlive %d: lost = %+v, want %+v", i+1, ka.Lost, want)
+					}
 				}
-				want := []leader.LostLock{{Name: name, Token: held, Reason: reason}}
-				if !slices.Equal(lost, want) {
-					t.Fatalf("KeepAlive lost = %+v, want %+v", lost, want)
-				}
-				if _, _, lost, _ := l.KeepAlive(h); len(lost) != 0 {
-					t.Fatalf("second KeepAlive repeats lost locks: %+v", lost)
+				if ka, _ := l.KeepAlive(t.Context(), w); len(ka.Lost) != 0 {
+					t.Fatalf("the new holder's KeepAlive reports lost locks: %+v", ka.Lost)
 				}
 				if err := l.Release(context.Background(), h, name, held); !errors.Is(err, core.ErrNotHolder) {
 					t.Fatalf("old holder's Release: %v, want ErrNotHolder", err)
@@ -1182,9 +1261,10 @@ func BenchmarkKeepAlive(b *testing.B) {
 		ids[i] = id
 	}
 	r := rand.New(rand.NewPCG(1, 2))
+	ctx := context.Background()
 	b.ResetTimer()
 	for b.Loop() {
-		if _, _, _, err := l.KeepAlive(ids[r.IntN(len(ids))]); err != nil {
+		if _, err := l.KeepAlive(ctx, ids[r.IntN(len(ids))]); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -20,6 +20,10 @@ type fsm struct {
 	limits  core.Limits
 	observe func([]core.Effect)
 	log     *slog.Logger
+	// clusterID is the state's cluster ID as last seen; when it changes, saveClusterID
+	// (if set) keeps it outside the state too (see presetClusterID).
+	clusterID     string
+	saveClusterID func(string)
 }
 
 // Apply applies one log entry: a command, answered with its core.Result, or a batch of
@@ -62,7 +66,9 @@ func (f *fsm) applyAll(index uint64, cmds [][]byte, res []core.Result) {
 		res[i] = f.state.Apply(cmd)
 	}
 	f.applied = index
+	named := f.namedLocked()
 	f.mu.Unlock()
+	f.save(named)
 	if f.observe != nil {
 		for _, r := range res {
 			if len(r.Effects) > 0 {
@@ -89,8 +95,44 @@ func (f *fsm) Restore(r io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	f.state = s
+	named := f.namedLocked()
 	f.mu.Unlock()
+	f.save(named)
 	return nil
+}
+
+// namedLocked returns the state's cluster ID if it is new since the last call, else "".
+func (f *fsm) namedLocked() string {
+	id := f.state.ClusterID()
+	if id == f.clusterID {
+		return ""
+	}
+	f.clusterID = id
+	return id
+}
+
+func (f *fsm) save(id string) {
+	if id != "" && f.saveClusterID != nil {
+		f.saveClusterID(id)
+	}
+}
+
+// presetClusterID gives the state the cluster ID this node applied before it last
+// stopped, when the state restored from the newest snapshot does not have it yet (the
+// entry that named the cluster comes after that snapshot, and a follower applies it
+// only once the leader tells it the commit index). It is the committed ID, so the log
+// entry that names it is a no-op when it is applied again; until then the node can
+// already tell which cluster it belongs to.
+func (f *fsm) presetClusterID(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.state.ClusterID() == "" {
+		if res := f.state.Apply(core.Command{Op: core.OpSetClusterID, ClusterID: id}); res.Err != nil {
+			f.log.Error("ignoring the saved cluster ID", "id", id, "err", res.Err)
+			return
+		}
+	}
+	f.clusterID = f.state.ClusterID()
 }
 
 // stateSnapshot streams a core.SnapshotView into raft's sink.

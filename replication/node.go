@@ -118,6 +118,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// clusterIDKey is where the stable store keeps the cluster ID this node has applied.
+var clusterIDKey = []byte("LeaseholdClusterID")
+
 // maxAppendEntries bounds the entries raft writes, and sends a follower, in one batch.
 const maxAppendEntries = 512
 
@@ -225,9 +228,17 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replication: log cache: %w", err)
 	}
+	n.fsm.saveClusterID = func(id string) {
+		if err := stable.Set(clusterIDKey, []byte(id)); err != nil {
+			cfg.Logger.Error("could not save the cluster ID", "err", err)
+		}
+	}
 	n.raft, err = raft.NewRaft(rc, n.fsm, cached, stable, snaps, n.transport)
 	if err != nil {
 		return nil, fmt.Errorf("replication: start raft: %w", err)
+	}
+	if id, err := stable.Get(clusterIDKey); err == nil && len(id) > 0 {
+		n.fsm.presetClusterID(string(id))
 	}
 	n.verifier.round = n.confirmRound
 	ok = true
@@ -443,6 +454,8 @@ type Status struct {
 	Term         uint64
 	CommitIndex  uint64
 	AppliedIndex uint64
+	// RaftAddr is this node's raft address as other nodes dial it.
+	RaftAddr string
 }
 
 // Status reports this node's raft state.
@@ -460,55 +473,7 @@ func (n *Node) Status() Status {
 		Term:         term,
 		CommitIndex:  commit,
 		AppliedIndex: n.raft.AppliedIndex(),
-	}
-}
-
-// Server is a member of the raft configuration.
-type Server struct {
-	ID       string
-	RaftAddr string
-	Voter    bool
-}
-
-// Configuration returns the latest raft configuration this node knows.
-func (n *Node) Configuration() ([]Server, error) {
-	f := n.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
-		return nil, fmt.Errorf("replication: configuration: %w", err)
-	}
-	var out []Server
-	for _, s := range f.Configuration().Servers {
-		out = append(out, Server{ID: string(s.ID), RaftAddr: string(s.Address), Voter: s.Suffrage == raft.Voter})
-	}
-	return out, nil
-}
-
-// AddVoter adds (or re-addresses) a voting member and waits until the change commits.
-// Only the leader can do it (ErrNotLeader otherwise).
-func (n *Node) AddVoter(ctx context.Context, id, raftAddr string) error {
-	return n.await(ctx, n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, 10*time.Second))
-}
-
-// RemoveServer removes a member and waits until the change commits.
-func (n *Node) RemoveServer(ctx context.Context, id string) error {
-	return n.await(ctx, n.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second))
-}
-
-func (n *Node) await(ctx context.Context, f raft.Future) error {
-	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
-	select {
-	case err := <-done:
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost):
-			return fmt.Errorf("%w: %w", ErrNotLeader, err)
-		default:
-			return fmt.Errorf("replication: membership change: %w", err)
-		}
-	case <-ctx.Done():
-		return ctx.Err()
+		RaftAddr:     n.RaftAddr(),
 	}
 }
 

@@ -23,6 +23,33 @@ type Config struct {
 	MaxLockDelay time.Duration
 	// MaxRequestBytes bounds an encoded request. Default 64 KiB.
 	MaxRequestBytes int
+
+	// Slow and idle clients (G6). The API port's HTTP server (service) and the fast lane
+	// apply these; zero takes the default.
+
+	// ReadHeaderTimeout bounds how long a request's headers may take to arrive (on a new
+	// HTTP/1.1 connection: from its start). Default 10s.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds how long a request's body may take to arrive after its
+	// headers, for every request but those of streaming RPCs (a server stream is not
+	// cut off for being long). Default 10s.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds how long an answer (not a stream's) may take to be written
+	// once it starts, and how long a write on a fast-lane connection may block. A
+	// client that stops reading loses its connection then. It does not bound how long
+	// an Acquire waits for its lock. Default 10s.
+	WriteTimeout time.Duration
+	// IdleTimeout is how long a connection may stay silent before the server closes
+	// it: an HTTP/1.1 keep-alive connection between requests, an HTTP/2 connection with
+	// no stream open, a fast-lane connection with no request in flight. It is longer
+	// than Go's HTTP client keeps idle connections (90s), so that the client, not the
+	// server, closes them. Default 2m.
+	IdleTimeout time.Duration
+	// MaxConnsPerClient bounds the connections one client IP address may hold open to
+	// the API port and the fast lane together; more are closed as soon as they are
+	// accepted. Clients behind one NAT or proxy share the bound. Default 512; negative:
+	// no bound.
+	MaxConnsPerClient int
 	// Version is reported by Status.
 	Version string
 	// NodeID names this node in Status.
@@ -49,6 +76,13 @@ func (c *Config) Validate() error {
 	if c.MaxRequestBytes == 0 {
 		c.MaxRequestBytes = 64 << 10
 	}
+	def(&c.ReadHeaderTimeout, 10*time.Second)
+	def(&c.ReadTimeout, 10*time.Second)
+	def(&c.WriteTimeout, 10*time.Second)
+	def(&c.IdleTimeout, 2*time.Minute)
+	if c.MaxConnsPerClient == 0 {
+		c.MaxConnsPerClient = 512
+	}
 	switch {
 	case c.MinTTL < time.Millisecond:
 		return errors.New("server: minimum TTL must be at least 1ms")
@@ -58,6 +92,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("server: default TTL %v is outside [%v, %v]", c.DefaultTTL, c.MinTTL, c.MaxTTL)
 	case c.MaxRequestBytes < 1024:
 		return errors.New("server: request size limit must be at least 1 KiB")
+	case c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0:
+		return errors.New("server: connection timeouts must not be negative")
 	}
 	return nil
 }

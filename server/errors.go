@@ -37,6 +37,11 @@ var errorCodes = []struct {
 	{replication.ErrOutcomeUnknown, connect.CodeUnavailable, "outcome_unknown"},
 	{leader.ErrEpochLost, connect.CodeUnavailable, "epoch_lost"},
 	{errNoSuchMember, connect.CodeNotFound, "no_such_member"},
+	{errMemberCheck, connect.CodeFailedPrecondition, "member_check"},
+	{errLastVoter, connect.CodeFailedPrecondition, "last_voter"},
+	{errNotCaughtUp, connect.CodeUnavailable, "not_caught_up"},
+	{errWrongCluster, connect.CodeFailedPrecondition, "wrong_cluster"},
+	{errNoClusterID, connect.CodeUnavailable, "no_cluster_id"},
 	{context.DeadlineExceeded, connect.CodeDeadlineExceeded, "deadline_exceeded"},
 	{context.Canceled, connect.CodeCanceled, "canceled"},
 }
@@ -92,8 +97,27 @@ func Classify(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
 	return code, detail
 }
 
-// errNoSuchMember is returned by RemoveMember for a node that is not in the cluster.
-var errNoSuchMember = errors.New("server: no such member")
+// Errors of the membership and cluster-identity checks (cluster.go).
+var (
+	// errNoSuchMember is returned by RemoveMember for a node that is not in the cluster.
+	errNoSuchMember = errors.New("server: no such member")
+	// errMemberCheck is returned by AddMember, having changed nothing, when the node to
+	// add does not answer as itself: no answer at its API address, another node id or
+	// raft address, or the data of another cluster.
+	errMemberCheck = errors.New("server: the node cannot be added")
+	// errLastVoter is returned by RemoveMember, having changed nothing, for the only
+	// voter.
+	errLastVoter = errors.New("server: cannot remove the last voter")
+	// errNotCaughtUp is returned by AddMember when the new member, added as a non-voter,
+	// did not catch up with the log in time; it stays a non-voter.
+	errNotCaughtUp = errors.New("server: the new member has not caught up")
+	// errWrongCluster is returned, before the request is served, when the caller expects
+	// another cluster than this node's.
+	errWrongCluster = errors.New("server: wrong cluster")
+	// errNoClusterID is returned, before the request is served, when the caller expects
+	// a cluster and this node does not know its own yet.
+	errNoClusterID = errors.New("server: this node does not know its cluster yet")
+)
 
 // limitError is a request that exceeds a size bound of the server (not a field rule).
 type limitError struct {

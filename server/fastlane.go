@@ -35,6 +35,7 @@ func (s *Server) ServeFastLane(ln net.Listener, log *slog.Logger) error {
 			}
 			return err
 		}
+		conn = newLaneConn(conn, s.cfg) // idle and write timeouts (G6)
 		wg.Add(1)
 		pool.Go(func() {
 			defer wg.Done()
@@ -52,7 +53,7 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	if err := fastlane.ServerHello(conn); err != nil {
+	if err := fastlane.ServerHello(conn, s.ClusterID()); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -60,6 +61,9 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 		s: s, pool: pool, r: fastlane.NewReader(conn), w: fastlane.NewWriter(conn),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}),
 		inflight: make(map[uint64]context.CancelFunc),
+	}
+	if lc, ok := conn.(*laneConn); ok {
+		lc.watch(c.busy)
 	}
 	c.read()
 	<-c.done
@@ -89,6 +93,13 @@ type fastConn struct {
 
 	mu       sync.Mutex
 	inflight map[uint64]context.CancelFunc
+}
+
+// busy reports whether requests are in flight on the connection.
+func (c *fastConn) busy() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.inflight) > 0
 }
 
 // end records why the connection ended and cancels every request in flight. Only the
@@ -183,9 +194,7 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 	var req proto.Message
 	if err == nil {
 		req = m.newRequest()
-		if uerr := proto.Unmarshal(f.Payload, req); uerr != nil {
-			err = connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request does not decode: "+uerr.Error()))
-		}
+		err = decodeProto(f.Payload, req) // InvalidArgument naming the field (G6)
 	}
 	if err != nil {
 		if m != nil {
@@ -200,7 +209,7 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 // serve answers one admitted request; one that may wait is in inflight with the
 // cancel function of its ctx.
 func (c *fastConn) serve(ctx context.Context, m *method, id uint64, req proto.Message) {
-	resp, err := c.s.call(ctx, m, req, false)
+	resp, err := c.s.call(ctx, m, req, caller{})
 	c.send(m.fast, id, resp, err, func(frame []byte, others bool) { c.w.Send(frame, others) })
 }
 

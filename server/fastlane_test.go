@@ -55,7 +55,7 @@ func FuzzFastLane(f *testing.F) {
 		}
 		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
 		if !skipHello {
-			if err := fastlane.ClientHello(conn); err != nil {
+			if _, err := fastlane.ClientHello(conn, ""); err != nil {
 				t.Fatalf("handshake: %v", err)
 			}
 		}
@@ -69,7 +69,7 @@ func FuzzFastLane(f *testing.F) {
 		}
 		defer ok.Close()
 		_ = ok.SetDeadline(time.Now().Add(5 * time.Second))
-		if err := fastlane.ClientHello(ok); err != nil {
+		if _, err := fastlane.ClientHello(ok, ""); err != nil {
 			t.Fatalf("handshake after garbage: %v", err)
 		}
 		if _, err := ok.Write(frame(fastlane.KindRequest, methodCheckToken, 7, []byte{0x0a, 0x01, 'x', 0x10, 0x01})); err != nil {
@@ -97,7 +97,7 @@ func TestFastLaneErrors(t *testing.T) {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	if err := fastlane.ClientHello(conn); err != nil {
+	if _, err := fastlane.ClientHello(conn, ""); err != nil {
 		t.Fatal(err)
 	}
 	send := func(kind fastlane.Kind, m fastlane.Method, id uint64, payload []byte) {
@@ -172,7 +172,7 @@ func waitKeepsConnectionServing(t *testing.T, addr string, class leaseholdv1.Loc
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := fastlane.ClientHello(conn); err != nil {
+	if _, err := fastlane.ClientHello(conn, ""); err != nil {
 		t.Fatal(err)
 	}
 	r := fastlane.NewReader(conn)
@@ -317,7 +317,7 @@ func dialLane(t *testing.T, addr string) *lane {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := fastlane.ClientHello(conn); err != nil {
+	if _, err := fastlane.ClientHello(conn, ""); err != nil {
 		t.Fatal(err)
 	}
 	return &lane{t: t, conn: conn, r: fastlane.NewReader(conn)}

@@ -112,8 +112,9 @@ type method struct {
 	newRequest func() proto.Message
 	// serve runs the handler on this node.
 	serve func(*Server, context.Context, proto.Message) (proto.Message, error)
-	// forward sends the request to the leader's node p.
-	forward func(p *peer, ctx context.Context, req proto.Message, from string) (proto.Message, error)
+	// forward sends the request to the leader's node p, with the headers that
+	// forwardHeaders sets.
+	forward func(p *peer, ctx context.Context, req proto.Message, headers func(http.Header)) (proto.Message, error)
 	// connectHandler serves the RPC over Connect (gRPC, gRPC-Web, Connect).
 	connectHandler func(*Server, ...connect.HandlerOption) http.Handler
 
@@ -155,9 +156,9 @@ func unary[Req, Res any, PReq interface {
 		}
 		return resp, nil
 	}
-	m.forward = func(p *peer, ctx context.Context, req proto.Message, from string) (proto.Message, error) {
+	m.forward = func(p *peer, ctx context.Context, req proto.Message, headers func(http.Header)) (proto.Message, error) {
 		r := connect.NewRequest((*Req)(req.(PReq)))
-		r.Header().Set(forwardedHeader, from)
+		headers(r.Header())
 		resp, err := peerClient[Req, Res](p, procedure).CallUnary(ctx, r)
 		if err != nil {
 			return nil, err
@@ -166,7 +167,7 @@ func unary[Req, Res any, PReq interface {
 	}
 	m.connectHandler = func(s *Server, opts ...connect.HandlerOption) http.Handler {
 		return connect.NewUnaryHandler(procedure, func(ctx context.Context, r *connect.Request[Req]) (*connect.Response[Res], error) {
-			resp, err := s.call(ctx, m, PReq(r.Msg), r.Header().Get(forwardedHeader) != "")
+			resp, err := s.call(ctx, m, PReq(r.Msg), callerOf(r.Header()))
 			if err != nil {
 				return nil, err
 			}
@@ -267,13 +268,40 @@ func newMethods(s *Server) methods {
 	return ms
 }
 
+// caller is what the transport knows of who sent a request, for the checks call makes
+// before serving it.
+type caller struct {
+	// forwarded: another node forwarded the request (it is never forwarded again).
+	forwarded bool
+	// clusterID is the cluster the caller expects to talk to; "" when it does not say
+	// (the fast lane checks it in its handshake).
+	clusterID string
+}
+
+// callerOf reads a Connect request's headers.
+func callerOf(h http.Header) caller {
+	return caller{forwarded: h.Get(forwardedHeader) != "", clusterID: h.Get(ClusterIDHeader)}
+}
+
 // call serves one request — on this node, or forwarded to the leader — and finishes it
 // (finish). Both transports serve every request through call or, for the fast lane's
-// shortcuts, through finish.
-func (s *Server) call(ctx context.Context, m *method, req proto.Message, forwarded bool) (proto.Message, error) {
+// shortcuts, through finish. A request for another cluster is refused before anything
+// else.
+func (s *Server) call(ctx context.Context, m *method, req proto.Message, from caller) (proto.Message, error) {
 	start := time.Now()
-	resp, err := s.serveOrForward(ctx, m, req, forwarded)
+	if err := s.checkClusterID(from.clusterID); err != nil {
+		return nil, s.finish(m, start, err)
+	}
+	resp, err := s.serveOrForward(ctx, m, req, from.forwarded)
 	return resp, s.finish(m, start, err)
+}
+
+// forwardHeaders sets the headers of a request this node forwards to the leader.
+func (s *Server) forwardHeaders(h http.Header) {
+	h.Set(forwardedHeader, sanitizeHeader(s.cfg.NodeID))
+	if id := s.ClusterID(); id != "" {
+		h.Set(ClusterIDHeader, id) // a leader address reused by another cluster refuses it
+	}
 }
 
 // finish maps a request's error to its code and details (the one table, errors.go) and
@@ -299,5 +327,5 @@ func (s *Server) serveOrForward(ctx context.Context, m *method, req proto.Messag
 	if addr == "" || addr == s.cfg.APIAddr {
 		return nil, leader.ErrNotLeader
 	}
-	return m.forward(s.peers.get(addr), ctx, req, sanitizeHeader(s.cfg.NodeID))
+	return m.forward(s.peers.get(addr), ctx, req, s.forwardHeaders)
 }

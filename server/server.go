@@ -2,9 +2,10 @@ package server
 
 import (
 	"context"
-	"errors"
+	"maps"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -22,9 +23,9 @@ type Raft interface {
 	Apply(ctx context.Context, cmd core.Command) (core.Result, error)
 	Read(fn func(*core.State))
 	ReadIndex(ctx context.Context) error
-	VerifyLeader(ctx context.Context) error
 	Configuration() ([]replication.Server, error)
 	AddVoter(ctx context.Context, id, raftAddr string) error
+	AddNonvoter(ctx context.Context, id, raftAddr string) error
 	RemoveServer(ctx context.Context, id string) error
 	SnapshotState() ([]byte, error)
 }
@@ -43,6 +44,8 @@ type Server struct {
 	metrics *metrics
 	methods methods
 	started time.Time
+	// clusterID caches ClusterID once the state has one.
+	clusterID atomic.Pointer[string]
 }
 
 // New returns a Server. cfg is validated (and defaulted).
@@ -57,31 +60,29 @@ func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 }
 
 // Handler returns the HTTP handler serving every RPC of the method table with Connect
-// (gRPC, gRPC-Web and Connect's JSON/binary protocol), plus /metrics, /healthz and
-// /admin/snapshot.
+// (gRPC, gRPC-Web and Connect's JSON/binary protocol), gRPC health (grpc.health.v1) and
+// server reflection, plus /metrics, /healthz (alive), /readyz (ready to serve) and
+// /admin/snapshot. Every request passes the guard (guard.go): deadlines for slow
+// clients, checked gRPC envelopes, bounded bodies.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
 		// Small messages are not worth compressing: gzip would be a third of the CPU.
 		connect.WithCompressMinBytes(4 << 10),
 	}
-	for _, c := range jsonCodecs {
-		opts = append(opts, connect.WithCodec(c)) // reject unknown JSON fields (G6)
+	for _, c := range codecs {
+		opts = append(opts, connect.WithCodec(c)) // decode errors name the field (G6)
 	}
 	mux := http.NewServeMux()
 	for _, m := range s.methods.list {
 		mux.Handle(m.procedure, m.connectHandler(s, opts...))
 	}
+	s.mountGRPCServices(mux, opts...)
 	mux.HandleFunc("GET /admin/snapshot", s.serveSnapshot)
 	mux.Handle("GET /metrics", s.metrics.handler())
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.leader.Active() {
-			http.Error(w, "not serving: no leader here", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	return mux
+	mux.HandleFunc("GET /healthz", s.serveHealthz)
+	mux.HandleFunc("GET /readyz", s.serveReadyz)
+	return s.withClusterID(newGuard(mux, s.cfg, routesOf(leaseholdv1.File_leasehold_v1_leasehold_proto, maps.Clone(grpcServiceRoutes))))
 }
 
 // serveSnapshot writes the whole state (leases, locks, token sequence, KV, members) as
@@ -133,27 +134,13 @@ func (s *Server) KeepAlive(ctx context.Context, req *leaseholdv1.KeepAliveReques
 	if err != nil {
 		return nil, err
 	}
-	ttl, epoch, lost, err := s.leader.KeepAlive(id)
-	if errors.Is(err, core.ErrLeaseNotFound) {
-		// A deposed leader that has not noticed may think the lease expired when the new
-		// leader still has it: only a confirmed leader may say a lease is gone.
-		if verr := s.raft.VerifyLeader(ctx); verr != nil {
-			return nil, verr
-		}
-	}
+	// leader.KeepAlive answers only once a quorum confirmed this node still leads (G4).
+	ka, err := s.leader.KeepAlive(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	// Acknowledge only once a quorum confirms this node still leads, after the keepalive
-	// arrived. A leader that was paused or cut off while another was elected would
-	// otherwise acknowledge keepalives the new leader never sees, and the new leader
-	// would expire the lease sooner than TTL after them (G4). Any newer leader was
-	// elected after this confirmation, so it restarts the countdown later still.
-	if err := s.raft.VerifyLeader(ctx); err != nil {
-		return nil, err
-	}
-	resp := &leaseholdv1.KeepAliveResponse{TtlMs: ttl.Milliseconds(), Epoch: epoch}
-	for _, l := range lost {
+	resp := &leaseholdv1.KeepAliveResponse{TtlMs: ka.TTL.Milliseconds(), Epoch: ka.Epoch}
+	for _, l := range ka.Lost {
 		resp.Lost = append(resp.Lost, &leaseholdv1.LostLock{Name: l.Name, Token: l.Token, Reason: l.Reason})
 	}
 	return resp, nil
@@ -309,11 +296,7 @@ func (s *Server) CheckToken(ctx context.Context, req *leaseholdv1.CheckTokenRequ
 	if req.GetToken() == 0 {
 		return nil, core.Invalid("token", "must be positive")
 	}
-	// A deposed leader must not vouch for a token that a newer leader has superseded.
-	if err := s.raft.VerifyLeader(ctx); err != nil {
-		return nil, err
-	}
-	holder, err := s.leader.CheckToken(req.GetName())
+	holder, err := s.leader.CheckToken(ctx, req.GetName()) // confirms leadership first
 	if err != nil {
 		return nil, err
 	}
@@ -341,6 +324,8 @@ func (s *Server) Status(context.Context, *leaseholdv1.StatusRequest) (*leasehold
 		LastToken:    st.LastToken,
 		ApiAddr:      s.cfg.APIAddr,
 		FastLaneAddr: s.cfg.FastLaneAddr,
+		ClusterId:    s.ClusterID(),
+		RaftAddr:     rs.RaftAddr,
 	}
 	resp.LeaderApiAddr = s.leaderAPIAddr()
 	return resp, nil

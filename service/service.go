@@ -14,6 +14,8 @@ import (
 	"net/http/pprof"
 	"time"
 
+	"connectrpc.com/connect"
+
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/leader"
@@ -36,15 +38,20 @@ type Config struct {
 	// Default: the address the listener got.
 	AdvertiseAddr string
 	// Join, if set, is the API address of a cluster member: the node asks it to add this
-	// node as a voter (retrying until it succeeds or the node closes). Set
+	// node (retrying until it succeeds or the node closes; see AddMember). A node that
+	// holds the data of another cluster than the member's does not ask. Set
 	// Raft.Bootstrap to false with it.
 	Join string
-	// FastLaneAddr is where the fast lane listens (docs/PROTOCOL.md). Default
-	// 127.0.0.1:7742; port 0 picks one; "off" disables it.
+	// FastLaneAddr is where the fast lane listens (docs/PROTOCOL.md). Default: the host
+	// of Addr with port 7742; port 0 picks one; "off" disables it.
 	FastLaneAddr string
-	// StaticPeers are registered (id → API address) by whichever node leads, for a
-	// cluster started with a static configuration (Raft.Peers).
-	StaticPeers map[string]string
+	// FastLaneAdvertise is the fast-lane address clients are told to dial (Status,
+	// Members). Default: the address the fast lane got, except that a fast lane bound to
+	// 0.0.0.0 or [::] advertises the host of AdvertiseAddr with its own port.
+	FastLaneAdvertise string
+	// StaticPeers are registered (id → API and fast-lane address) by whichever node
+	// leads, for a cluster started with a static configuration (Raft.Peers).
+	StaticPeers []core.Member
 	// Pprof serves Go's profiler (net/http/pprof) under /debug/pprof/ on the API
 	// address. Off by default: profiles expose internals and cost CPU while they run.
 	Pprof bool
@@ -82,7 +89,8 @@ func Start(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("service: listen on %s: %w", cfg.Addr, err)
 	}
 	if cfg.FastLaneAddr == "" {
-		cfg.FastLaneAddr = "127.0.0.1:7742"
+		host, _, _ := net.SplitHostPort(cfg.Addr)
+		cfg.FastLaneAddr = net.JoinHostPort(host, "7742")
 	}
 	var fastLn net.Listener
 	if cfg.FastLaneAddr != "off" {
@@ -96,13 +104,21 @@ func Start(cfg Config) (*Node, error) {
 	if rc.NodeID == "" {
 		rc.NodeID = "node1"
 	}
+	limit := newConnLimit(cfg.Server.MaxConnsPerClient, cfg.Logger) // both ports share it (G6)
 	n := &Node{addr: ln.Addr().String(), fastLn: fastLn, serveErr: make(chan error, 1)}
-	if fastLn != nil {
-		n.fastAddr = fastLn.Addr().String()
-		cfg.Server.FastLaneAddr = n.fastAddr
-	}
 	if cfg.AdvertiseAddr == "" {
 		cfg.AdvertiseAddr = n.addr
+	}
+	if fastLn != nil {
+		n.fastAddr = fastLn.Addr().String()
+		if cfg.FastLaneAdvertise == "" {
+			cfg.FastLaneAdvertise = advertised(n.fastAddr, cfg.AdvertiseAddr)
+		}
+		cfg.Server.FastLaneAddr = cfg.FastLaneAdvertise
+		if isLoopback(cfg.FastLaneAdvertise) && !isLoopback(cfg.AdvertiseAddr) {
+			cfg.Logger.Warn("the fast lane is advertised on loopback but the API is not: clients on other hosts will use Connect; set --fast-lane-addr (and --fast-lane-advertise)",
+				"fast_lane", cfg.FastLaneAdvertise, "api", cfg.AdvertiseAddr)
+		}
 	}
 	cfg.Server.APIAddr = cfg.AdvertiseAddr
 	if cfg.Server.NodeID == "" {
@@ -111,8 +127,9 @@ func Start(cfg Config) (*Node, error) {
 	rc.Logger = cfg.Logger
 	rc.Observe = func(e []core.Effect) { n.Leader.OnEffects(e) }
 	rc.LeaderChange = changes
+	self := core.Member{ID: rc.NodeID, APIAddr: cfg.AdvertiseAddr, FastLaneAddr: cfg.Server.FastLaneAddr}
 	n.Leader = leader.New(nil, leader.Config{Limits: rc.Limits, Logger: cfg.Logger, OnPromote: func(ctx context.Context) {
-		n.registerAll(ctx, rc.NodeID, cfg.AdvertiseAddr, cfg.StaticPeers, cfg.Logger)
+		n.onPromote(ctx, self, cfg.StaticPeers, cfg.Logger)
 	}})
 	n.Raft, err = replication.Open(rc)
 	if err != nil {
@@ -139,17 +156,21 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.Pprof {
 		handler = withPprof(handler)
 	}
+	// No ReadTimeout or WriteTimeout here: they would cut off waiting Acquires and
+	// streams. The server's handler sets them per request (server/guard.go).
 	n.http = &http.Server{
 		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+		IdleTimeout:       cfg.Server.IdleTimeout,
+		MaxHeaderBytes:    64 << 10,
 		Protocols:         new(http.Protocols),
 	}
 	n.http.Protocols.SetHTTP1(true)
 	n.http.Protocols.SetUnencryptedHTTP2(true)
-	go func() { n.serveErr <- n.http.Serve(ln) }()
+	go func() { n.serveErr <- n.http.Serve(limit.wrap(ln)) }()
 	if fastLn != nil {
 		go func() {
-			if err := n.Server.ServeFastLane(fastLn, cfg.Logger); err != nil {
+			if err := n.Server.ServeFastLane(limit.wrap(fastLn), cfg.Logger); err != nil {
 				cfg.Logger.Error("fast lane stopped", "err", err)
 			}
 		}()
@@ -160,37 +181,59 @@ func Start(cfg Config) (*Node, error) {
 	return n, nil
 }
 
-// registerAll records this node's (and static peers') API address in the replicated
-// state, retrying while this node leads.
-func (n *Node) registerAll(ctx context.Context, id, addr string, peers map[string]string, log *slog.Logger) {
-	want := map[string]string{id: addr}
-	for pid, paddr := range peers {
-		if pid != id {
-			want[pid] = paddr
+// onPromote records this node's (and static peers') addresses in the replicated state
+// and names a new cluster, each retried while this node leads.
+func (n *Node) onPromote(ctx context.Context, self core.Member, peers []core.Member, log *slog.Logger) {
+	want := []core.Member{self}
+	for _, p := range peers {
+		if p.ID != self.ID {
+			want = append(want, p)
 		}
 	}
-	for pid, paddr := range want {
-		for ctx.Err() == nil {
-			err := n.Server.Register(ctx, pid, paddr)
-			if err == nil {
-				break
-			}
-			log.Warn("could not register node address, retrying", "node", pid, "addr", paddr, "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(200 * time.Millisecond):
-			}
+	for _, m := range want {
+		retry(ctx, log, "register node "+m.ID+"'s addresses", func() error {
+			return n.Server.Register(ctx, m.ID, m.APIAddr, m.FastLaneAddr)
+		})
+	}
+	// Last, so that a node WaitReady returned for has its addresses registered too.
+	retry(ctx, log, "name the cluster", func() error { return n.Server.NameCluster(ctx) })
+}
+
+// retry calls fn until it succeeds or ctx ends, logging each failure.
+func retry(ctx context.Context, log *slog.Logger, what string, fn func() error) {
+	for ctx.Err() == nil {
+		err := fn()
+		if err == nil {
+			return
+		}
+		log.Warn("could not "+what+", retrying", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }
 
 // join asks the cluster member at seed to add this node, until it succeeds or ctx ends.
+// A node that holds the data of a cluster sends its ID with the request, so a seed of
+// another cluster refuses it; a Status answer naming another cluster stops the join.
 func (n *Node) join(ctx context.Context, seed, id, raftAddr, apiAddr string, log *slog.Logger) {
 	c := n.Server.PeerCluster(seed)
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err := c.AddMember(rctx, &leaseholdv1.AddMemberRequest{NodeId: id, RaftAddr: raftAddr, ApiAddr: apiAddr})
+		own := n.Server.ClusterID()
+		if st, err := c.Status(rctx, &leaseholdv1.StatusRequest{}); err == nil && own != "" && st.GetClusterId() != "" && st.GetClusterId() != own {
+			cancel()
+			log.Error("not joining: this node holds the data of another cluster than the seed's; give it an empty data dir to join",
+				"seed", seed, "seed_cluster", st.GetClusterId(), "own_cluster", own)
+			return
+		}
+		actx, info := connect.NewClientContext(rctx)
+		if own != "" {
+			info.RequestHeader().Set(server.ClusterIDHeader, own)
+		}
+		_, err := c.AddMember(actx, &leaseholdv1.AddMemberRequest{NodeId: id, RaftAddr: raftAddr, ApiAddr: apiAddr})
 		cancel()
 		if err == nil {
 			log.Info("joined the cluster", "seed", seed, "node_id", id)
@@ -205,17 +248,45 @@ func (n *Node) join(ctx context.Context, seed, id, raftAddr, apiAddr string, log
 	}
 }
 
+// isLoopback reports whether addr's host is a loopback IP or "localhost".
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
+	}
+	return host == "localhost"
+}
+
+// advertised is the address to advertise for a listener that got addr: addr itself,
+// or, for one bound to 0.0.0.0 or [::], the host of the API address others use
+// (apiAdvertise) with addr's port.
+func advertised(addr, apiAdvertise string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if apiHost, _, err := net.SplitHostPort(apiAdvertise); err == nil {
+			return net.JoinHostPort(apiHost, port)
+		}
+	}
+	return addr
+}
+
 // Addr returns the API address the node listens on.
 func (n *Node) Addr() string { return n.addr }
 
 // FastLaneAddr returns the fast lane's address ("" when disabled).
 func (n *Node) FastLaneAddr() string { return n.fastAddr }
 
-// WaitReady waits until the node serves as leader.
+// WaitReady waits until the node serves as leader and the cluster has its ID.
 func (n *Node) WaitReady(ctx context.Context) error {
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
-	for !n.Leader.Active() {
+	for !n.Leader.Active() || n.Server.ClusterID() == "" {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("service: not serving as leader: %w", ctx.Err())

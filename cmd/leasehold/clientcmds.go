@@ -138,11 +138,15 @@ func runStatus(args []string) int {
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "node\t%s\n", st.GetNodeId())
+	fmt.Fprintf(tw, "cluster\t%s\n", orNone(st.GetClusterId()))
 	fmt.Fprintf(tw, "role\t%s\n", st.GetRole())
 	fmt.Fprintf(tw, "leader\t%s\n", st.GetLeader())
 	fmt.Fprintf(tw, "term\t%d\n", st.GetTerm())
 	fmt.Fprintf(tw, "commit index\t%d\n", st.GetCommitIndex())
 	fmt.Fprintf(tw, "applied index\t%d\n", st.GetAppliedIndex())
+	fmt.Fprintf(tw, "api addr\t%s\n", st.GetApiAddr())
+	fmt.Fprintf(tw, "raft addr\t%s\n", st.GetRaftAddr())
+	fmt.Fprintf(tw, "fast lane\t%s\n", orNone(st.GetFastLaneAddr()))
 	fmt.Fprintf(tw, "leases\t%d\n", st.GetLeases())
 	fmt.Fprintf(tw, "locks\t%d\n", st.GetLocks())
 	fmt.Fprintf(tw, "last token\t%d\n", st.GetLastToken())
@@ -150,6 +154,14 @@ func runStatus(args []string) int {
 	fmt.Fprintf(tw, "uptime\t%v\n", time.Duration(st.GetUptimeMs())*time.Millisecond)
 	_ = tw.Flush()
 	return exitOK
+}
+
+// orNone shows an empty field as "-".
+func orNone(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func runForceRelease(args []string) int {

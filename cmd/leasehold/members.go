@@ -13,6 +13,8 @@ import (
 const membersUsage = `usage:
   leasehold members list
   leasehold members add NODE_ID RAFT_ADDR API_ADDR
+      the node must be running, with an empty data dir (--join, or --bootstrap=false);
+      it is added as a non-voter, and promoted to voter once it has caught up
   leasehold members remove NODE_ID`
 
 func runMembers(args []string) int {
@@ -55,13 +57,13 @@ func runMembers(args []string) int {
 		return exitFor("members "+args[0], err)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tRAFT ADDR\tAPI ADDR\tSUFFRAGE\tLEADER")
+	fmt.Fprintln(tw, "NODE\tRAFT ADDR\tAPI ADDR\tFAST LANE\tSUFFRAGE\tLEADER")
 	for _, m := range members {
 		lead := ""
 		if m.GetLeader() {
 			lead = "*"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.GetNodeId(), m.GetRaftAddr(), m.GetApiAddr(), m.GetSuffrage(), lead)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.GetNodeId(), m.GetRaftAddr(), orNone(m.GetApiAddr()), orNone(m.GetFastLaneAddr()), m.GetSuffrage(), lead)
 	}
 	_ = tw.Flush()
 	return exitOK

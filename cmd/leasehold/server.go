@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -22,7 +23,8 @@ func runServer(args []string) int {
 	addr := fs.String("addr", "127.0.0.1:7740", "API address (Connect: gRPC, gRPC-Web, JSON over HTTP)")
 	raftAddr := fs.String("raft-addr", "127.0.0.1:7741", "raft transport address")
 	logStore := fs.String("log-store", "auto", "raft log store: wal (one fsync per commit), bolt (raft-boltdb), or auto (bolt for a data dir that has raft.db, else wal)")
-	fastAddr := fs.String("fast-lane-addr", "127.0.0.1:7742", "fast-lane address (binary protocol for the hot calls), or off")
+	fastAddr := fs.String("fast-lane-addr", "", "fast-lane address (binary protocol for the hot calls), or off (default: the host of --addr, port 7742)")
+	fastAdvertise := fs.String("fast-lane-advertise", "", "fast-lane address clients dial (default: the fast lane's address; bound to 0.0.0.0 or [::], the host of --advertise-addr with the fast lane's port)")
 	dataDir := fs.String("data-dir", "./leasehold-data", "directory for the raft log and snapshots")
 	nodeID := fs.String("node-id", "node1", "this node's id in the cluster")
 	defTTL := fs.Duration("default-ttl", 10*time.Second, "lease TTL when a client asks for 0")
@@ -34,11 +36,13 @@ func runServer(args []string) int {
 	bootstrap := fs.Bool("bootstrap", true, "start a new cluster if the data dir is empty (off with --join)")
 	enablePprof := fs.Bool("pprof", false, "serve Go's profiler under /debug/pprof/ on the API address (for diagnosing CPU or memory use)")
 	join := fs.String("join", "", "API address of a cluster member to join through (implies --bootstrap=false)")
+	recoverFlag := fs.Bool("recover", false, "rewrite the raft configuration of this stopped node, whose cluster lost its quorum, to this node alone (or to --peers), then exit; see docs/OPERATIONS.md")
+	tokenGap := fs.Uint64("token-gap", 1<<32, "with --recover: continue the token sequence this far above the node's last token, so tokens the lost nodes issued are never issued again")
 	idemKeys := fs.Int("idempotency-keys", 0, "done idempotency keys kept (their retention, counted), also the most in progress; 0 means 100000; the same on every node")
 	idemBytes := fs.Int("idempotency-bytes", 0, "bytes of idempotency results kept at most; 0 means 64 MiB; the same on every node")
 	var peers peerFlags
-	fs.Var(&peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR (repeat for each node, including this one)")
-	fs.Var(peerList{&peers}, "peers", "static cluster members as one list: ID,RAFT_ADDR,API_ADDR;ID,RAFT_ADDR,API_ADDR;...")
+	fs.Var(&peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR] (repeat for each node, including this one)")
+	fs.Var(peerList{&peers}, "peers", "static cluster members as one list: ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR];ID,...;...")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -52,15 +56,19 @@ func runServer(args []string) int {
 		return exitUsage
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if *recoverFlag {
+		return recoverNode(replication.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise, LogStore: *logStore, Logger: log}, peers, *tokenGap)
+	}
 	cfg := service.Config{
-		Addr:          *addr,
-		Raft:          replication.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise, Bootstrap: *bootstrap && *join == "", LogStore: *logStore},
-		Server:        server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID},
-		Logger:        log,
-		AdvertiseAddr: *advertise,
-		Join:          *join,
-		FastLaneAddr:  *fastAddr,
-		Pprof:         *enablePprof,
+		Addr:              *addr,
+		Raft:              replication.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise, Bootstrap: *bootstrap && *join == "", LogStore: *logStore},
+		Server:            server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID},
+		Logger:            log,
+		AdvertiseAddr:     *advertise,
+		Join:              *join,
+		FastLaneAddr:      *fastAddr,
+		FastLaneAdvertise: *fastAdvertise,
+		Pprof:             *enablePprof,
 	}
 	cfg.Raft.Limits = core.Limits{IdempotencyKeys: *idemKeys, IdempotencyBytes: *idemBytes}
 	if len(peers) > 0 {
@@ -68,10 +76,9 @@ func runServer(args []string) int {
 			fmt.Fprintln(os.Stderr, "leasehold server: --peer and --join exclude each other")
 			return exitUsage
 		}
-		cfg.StaticPeers = map[string]string{}
 		for _, p := range peers {
 			cfg.Raft.Peers = append(cfg.Raft.Peers, replication.Peer{ID: p.id, RaftAddr: p.raft})
-			cfg.StaticPeers[p.id] = p.api
+			cfg.StaticPeers = append(cfg.StaticPeers, core.Member{ID: p.id, APIAddr: p.api, FastLaneAddr: p.fast})
 		}
 	}
 	if err := cfg.Server.Validate(); err != nil {
@@ -108,19 +115,48 @@ func serve(log *slog.Logger, cfg service.Config) error {
 	return err
 }
 
-type peer struct{ id, raft, api string }
+// recoverNode is `leasehold server --recover`: it rewrites the stopped node's raft
+// configuration to itself alone, or to the --peers list, and exits.
+func recoverNode(cfg replication.Config, peers peerFlags, tokenGap uint64) int {
+	var members []replication.Peer
+	for _, p := range peers {
+		members = append(members, replication.Peer{ID: p.id, RaftAddr: p.raft})
+	}
+	rec, err := replication.RecoverCluster(cfg, members, tokenGap)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "leasehold server --recover: %v\n", err)
+		return exitError
+	}
+	list := func(ss []replication.Server) string {
+		var out []string
+		for _, s := range ss {
+			out = append(out, s.ID+" "+s.RaftAddr)
+		}
+		return strings.Join(out, ", ")
+	}
+	fmt.Printf("recovered %s: the configuration was [%s], it is now [%s]\n", cfg.DataDir, list(rec.Before), list(rec.After))
+	fmt.Printf("the state holds the log up to index %d (term %d); the token sequence continues above %d\n", rec.LastIndex, rec.LastTerm, rec.LastToken)
+	fmt.Println("start the node again WITHOUT --recover; add new nodes with --join")
+	return exitOK
+}
 
-// peerFlags collects repeated --peer ID,RAFT_ADDR,API_ADDR flags.
+type peer struct{ id, raft, api, fast string }
+
+// peerFlags collects repeated --peer ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR] flags.
 type peerFlags []peer
 
 func (p *peerFlags) String() string { return fmt.Sprint(*p) }
 
 func (p *peerFlags) Set(v string) error {
 	parts := strings.Split(v, ",")
-	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
-		return fmt.Errorf("want ID,RAFT_ADDR,API_ADDR, got %q", v)
+	if len(parts) < 3 || len(parts) > 4 || slices.Contains(parts, "") {
+		return fmt.Errorf("want ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR], got %q", v)
 	}
-	*p = append(*p, peer{id: parts[0], raft: parts[1], api: parts[2]})
+	m := peer{id: parts[0], raft: parts[1], api: parts[2]}
+	if len(parts) == 4 {
+		m.fast = parts[3]
+	}
+	*p = append(*p, m)
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"testing"
 	"time"
 
@@ -33,4 +34,17 @@ func Start(tb testing.TB) *service.Node {
 		tb.Fatal(err)
 	}
 	return n
+}
+
+// FreeAddr returns a loopback address that was free a moment ago: for a node that must
+// be reopened on the address its raft configuration names, or for an address where
+// nothing listens.
+func FreeAddr(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }

@@ -466,9 +466,12 @@ type KeepAliveResponse struct {
 	// from the epoch an efficiency grant carried, that lock was lost (the leader restarted
 	// or changed) and the client must treat it as released.
 	Epoch string `protobuf:"bytes,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// Locks this lease lost while it stayed alive (an operator's ForceRelease) since the
-	// previous KeepAlive. Not durable: after a leader change the holder learns it from
-	// Release or CheckToken instead.
+	// Locks this lease lost while it stayed alive (an operator's ForceRelease), oldest
+	// first, at most 16 per class. Every answer repeats them until the lease ends, so
+	// match them to your grants by name and token. Correctness locks are kept in the
+	// replicated state: a holder force-released just before a leader change still hears
+	// it from the next leader. Efficiency locks are kept by the leader that served them;
+	// after a leader change the new epoch says they are lost.
 	Lost          []*LostLock `protobuf:"bytes,3,rep,name=lost,proto3" json:"lost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2501,7 +2504,10 @@ type Member struct {
 	// "voter" or "nonvoter".
 	Suffrage string `protobuf:"bytes,4,opt,name=suffrage,proto3" json:"suffrage,omitempty"`
 	// Whether this node is the leader.
-	Leader        bool `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	Leader bool `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	// Where the node's fast lane listens (host:port), as the node advertises it; empty
+	// when it has none or has not registered it.
+	FastLaneAddr  string `protobuf:"bytes,6,opt,name=fast_lane_addr,json=fastLaneAddr,proto3" json:"fast_lane_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2569,6 +2575,13 @@ func (x *Member) GetLeader() bool {
 		return x.Leader
 	}
 	return false
+}
+
+func (x *Member) GetFastLaneAddr() string {
+	if x != nil {
+		return x.FastLaneAddr
+	}
+	return ""
 }
 
 type MembersRequest struct {
@@ -2900,8 +2913,15 @@ type StatusResponse struct {
 	LeaderApiAddr string `protobuf:"bytes,13,opt,name=leader_api_addr,json=leaderApiAddr,proto3" json:"leader_api_addr,omitempty"`
 	// This node's API address as registered in the cluster.
 	ApiAddr string `protobuf:"bytes,14,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
-	// This node's fast-lane address (docs/PROTOCOL.md), empty when it has none.
-	FastLaneAddr  string `protobuf:"bytes,15,opt,name=fast_lane_addr,json=fastLaneAddr,proto3" json:"fast_lane_addr,omitempty"`
+	// This node's fast-lane address (docs/PROTOCOL.md) as it advertises it, empty when it
+	// has none.
+	FastLaneAddr string `protobuf:"bytes,15,opt,name=fast_lane_addr,json=fastLaneAddr,proto3" json:"fast_lane_addr,omitempty"`
+	// The ID of the cluster this node belongs to: 32 hex characters, made when the
+	// cluster was bootstrapped and kept in its replicated state. Empty on a node that has
+	// not joined a cluster yet (or has not yet applied the entry that names it).
+	ClusterId string `protobuf:"bytes,16,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// This node's raft address as other nodes dial it (--raft-advertise or --raft-addr).
+	RaftAddr      string `protobuf:"bytes,17,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3037,6 +3057,20 @@ func (x *StatusResponse) GetApiAddr() string {
 func (x *StatusResponse) GetFastLaneAddr() string {
 	if x != nil {
 		return x.FastLaneAddr
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetRaftAddr() string {
+	if x != nil {
+		return x.RaftAddr
 	}
 	return ""
 }
@@ -3275,13 +3309,14 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06status\x18\x01 \x01(\x0e2\x17.leasehold.v1.KeyStatusR\x06status\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12,\n" +
 	"\x06holder\x18\x03 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12\x16\n" +
-	"\x06result\x18\x04 \x01(\fR\x06result\"\x8d\x01\n" +
+	"\x06result\x18\x04 \x01(\fR\x06result\"\xb3\x01\n" +
 	"\x06Member\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +
 	"\bapi_addr\x18\x03 \x01(\tR\aapiAddr\x12\x1a\n" +
 	"\bsuffrage\x18\x04 \x01(\tR\bsuffrage\x12\x16\n" +
-	"\x06leader\x18\x05 \x01(\bR\x06leader\"\x10\n" +
+	"\x06leader\x18\x05 \x01(\bR\x06leader\x12$\n" +
+	"\x0efast_lane_addr\x18\x06 \x01(\tR\ffastLaneAddr\"\x10\n" +
 	"\x0eMembersRequest\"A\n" +
 	"\x0fMembersResponse\x12.\n" +
 	"\amembers\x18\x01 \x03(\v2\x14.leasehold.v1.MemberR\amembers\"c\n" +
@@ -3295,7 +3330,7 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"F\n" +
 	"\x14RemoveMemberResponse\x12.\n" +
 	"\amembers\x18\x01 \x03(\v2\x14.leasehold.v1.MemberR\amembers\"\x0f\n" +
-	"\rStatusRequest\"\xb4\x03\n" +
+	"\rStatusRequest\"\xf0\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12\x16\n" +
@@ -3313,7 +3348,10 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x05epoch\x18\f \x01(\tR\x05epoch\x12&\n" +
 	"\x0fleader_api_addr\x18\r \x01(\tR\rleaderApiAddr\x12\x19\n" +
 	"\bapi_addr\x18\x0e \x01(\tR\aapiAddr\x12$\n" +
-	"\x0efast_lane_addr\x18\x0f \x01(\tR\ffastLaneAddr\"p\n" +
+	"\x0efast_lane_addr\x18\x0f \x01(\tR\ffastLaneAddr\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x10 \x01(\tR\tclusterId\x12\x1b\n" +
+	"\traft_addr\x18\x11 \x01(\tR\braftAddr\"p\n" +
 	"\rFastLaneError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x121\n" +

@@ -899,12 +899,19 @@ type ClusterServiceClient interface {
 	Status(context.Context, *v1.StatusRequest) (*v1.StatusResponse, error)
 	// Members lists the cluster's nodes as the leader's raft configuration has them.
 	Members(context.Context, *v1.MembersRequest) (*v1.MembersResponse, error)
-	// AddMember adds a node as a voter. The node must already be running (started with
-	// --join, or without --bootstrap) and reachable at raft_addr. Adding a node that is
-	// already a member with the same addresses succeeds and changes nothing.
+	// AddMember adds a node: first as a non-voter, which cannot cost the cluster its
+	// quorum, then, once it has caught up with the leader's log, as a voter. The node must
+	// already be running (started with --join, or with --bootstrap=false) and answer
+	// Status at api_addr with node_id, raft_addr and a cluster ID that is empty or this
+	// cluster's; otherwise the answer is FailedPrecondition (reason "member_check")
+	// saying what did not match, and nothing changes. A node that does not catch up in
+	// time stays a non-voter and the answer is Unavailable (reason "not_caught_up"):
+	// call AddMember again to promote it, or RemoveMember. Adding a node that is already
+	// a voter with the same addresses succeeds and changes nothing.
 	AddMember(context.Context, *v1.AddMemberRequest) (*v1.AddMemberResponse, error)
 	// RemoveMember removes a node from the cluster. Removing the leader makes it step
-	// down after the change commits.
+	// down after the change commits. Removing the last voter is FailedPrecondition
+	// (reason "last_voter") and changes nothing.
 	RemoveMember(context.Context, *v1.RemoveMemberRequest) (*v1.RemoveMemberResponse, error)
 }
 
@@ -997,12 +1004,19 @@ type ClusterServiceHandler interface {
 	Status(context.Context, *v1.StatusRequest) (*v1.StatusResponse, error)
 	// Members lists the cluster's nodes as the leader's raft configuration has them.
 	Members(context.Context, *v1.MembersRequest) (*v1.MembersResponse, error)
-	// AddMember adds a node as a voter. The node must already be running (started with
-	// --join, or without --bootstrap) and reachable at raft_addr. Adding a node that is
-	// already a member with the same addresses succeeds and changes nothing.
+	// AddMember adds a node: first as a non-voter, which cannot cost the cluster its
+	// quorum, then, once it has caught up with the leader's log, as a voter. The node must
+	// already be running (started with --join, or with --bootstrap=false) and answer
+	// Status at api_addr with node_id, raft_addr and a cluster ID that is empty or this
+	// cluster's; otherwise the answer is FailedPrecondition (reason "member_check")
+	// saying what did not match, and nothing changes. A node that does not catch up in
+	// time stays a non-voter and the answer is Unavailable (reason "not_caught_up"):
+	// call AddMember again to promote it, or RemoveMember. Adding a node that is already
+	// a voter with the same addresses succeeds and changes nothing.
 	AddMember(context.Context, *v1.AddMemberRequest) (*v1.AddMemberResponse, error)
 	// RemoveMember removes a node from the cluster. Removing the leader makes it step
-	// down after the change commits.
+	// down after the change commits. Removing the last voter is FailedPrecondition
+	// (reason "last_voter") and changes nothing.
 	RemoveMember(context.Context, *v1.RemoveMemberRequest) (*v1.RemoveMemberResponse, error)
 }
 

@@ -1,0 +1,129 @@
+package leader
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/leasehold/leasehold/core"
+)
+
+// Grant is a lock grant.
+type Grant struct {
+	Token uint64
+	Class core.Class
+	// Epoch is set for efficiency grants: the in-memory state that holds them.
+	Epoch string
+}
+
+// AcquireArgs are the arguments of Acquire.
+type AcquireArgs struct {
+	core.AcquireArgs
+	// WaitFor is how long to wait in the queue; 0 tries once. Ignored when Forever.
+	WaitFor time.Duration
+	Forever bool
+}
+
+// Acquire takes a lock for a lease, or queues and waits for it. See the API's
+// LockService.Acquire for the contract. Errors: *LeaseGoneError (lease unknown),
+// *LockHeldError (held; after a wait it also matches ErrWaitTimeout),
+// core.ErrClassConflict, core limits, ErrNotLeader, and for correctness locks the
+// replication errors (outcome unknown) and ctx's error.
+func (l *Leader) Acquire(ctx context.Context, a AcquireArgs) (Grant, error) {
+	a.Wait = a.Forever || a.WaitFor > 0
+	if a.Class == core.Efficiency {
+		return l.acquireEfficiency(ctx, a)
+	}
+	return l.acquireCorrectness(ctx, a)
+}
+
+func (l *Leader) acquireCorrectness(ctx context.Context, a AcquireArgs) (Grant, error) {
+	ch, err := l.beginCorrectness(a)
+	if err != nil {
+		return Grant{}, err
+	}
+	res, err := l.log.Apply(ctx, acquireCommand(a))
+	if g, err, done := l.endCorrectness(a, ch, res, err); done {
+		return g, err
+	}
+	return l.await(ctx, a, ch, res)
+}
+
+// AcquireThen is Acquire without waiting for a correctness lock's commit: it proposes
+// the acquire and returns at once; then gets what Acquire would have returned. then runs
+// once, on the goroutine that hands out commit results (Log.ApplyThen), so it must not
+// block. An acquire that the commit queues waits for its grant on a goroutine of its
+// own, ended by ctx as Acquire's wait is; ctx does not cancel the commit itself. An
+// efficiency acquire runs as Acquire on a goroutine of its own.
+func (l *Leader) AcquireThen(ctx context.Context, a AcquireArgs, then func(Grant, error)) {
+	a.Wait = a.Forever || a.WaitFor > 0
+	if a.Class == core.Efficiency {
+		go func() { then(l.acquireEfficiency(ctx, a)) }()
+		return
+	}
+	ch, err := l.beginCorrectness(a)
+	if err != nil {
+		then(Grant{}, err)
+		return
+	}
+	l.log.ApplyThen(acquireCommand(a), func(res core.Result, err error) {
+		if g, err, done := l.endCorrectness(a, ch, res, err); done {
+			then(g, err)
+			return
+		}
+		go func() { then(l.await(ctx, a, ch, res)) }()
+	})
+}
+
+// beginCorrectness checks that a correctness acquire may be proposed, claims the name
+// for it (class.go) and registers for the grant of a queued one.
+func (l *Leader) beginCorrectness(a AcquireArgs) (chan outcome, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.active {
+		return nil, ErrNotLeader
+	}
+	if err := l.names.claimLocked(a.Name, core.Correctness); err != nil {
+		return nil, err
+	}
+	return l.waits.add(a.Lease, a.Name), nil
+}
+
+func acquireCommand(a AcquireArgs) core.Command {
+	return core.Command{
+		Op: core.OpAcquire, Lease: a.Lease, Name: a.Name, Class: core.Correctness,
+		Holder: a.Holder, Wait: a.Wait, DelayMillis: a.DelayMillis,
+	}
+}
+
+// endCorrectness takes the commit's outcome of a correctness acquire. It reports done
+// with the grant or error unless the acquire was queued, which then awaits its grant on
+// ch.
+func (l *Leader) endCorrectness(a AcquireArgs, ch chan outcome, res core.Result, err error) (Grant, error, bool) {
+	l.mu.Lock()
+	l.names.settleLocked(a.Name)
+	l.mu.Unlock()
+	if err == nil {
+		err = l.acquireErr(a, res)
+	}
+	if err != nil || !res.Queued {
+		l.waits.remove(a.Lease, a.Name, ch)
+		return Grant{Token: res.Token, Class: core.Correctness}, err, true
+	}
+	return Grant{}, nil, false
+}
+
+// acquireErr is the error of an acquire's result. It takes Leader.mu only for a lease
+// not found, which the efficiency table (knowing no leases) never reports.
+func (l *Leader) acquireErr(a AcquireArgs, res core.Result) error {
+	switch {
+	case res.Err == nil:
+		return nil
+	case errors.Is(res.Err, core.ErrLockHeld):
+		return &LockHeldError{Name: a.Name, HolderToken: res.HolderToken, Holder: res.Holder}
+	case errors.Is(res.Err, core.ErrLeaseNotFound):
+		return l.gone(a.Lease)
+	default:
+		return res.Err
+	}
+}

@@ -1,0 +1,50 @@
+package leader
+
+import (
+	"container/heap"
+	"time"
+
+	"github.com/leasehold/leasehold/core"
+)
+
+// OnEffects acts on the effects of an applied command. replication calls it from its
+// apply goroutine on every node, in log order.
+func (l *Leader) OnEffects(effects []core.Effect) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range effects {
+		switch e.Kind {
+		case core.EffectGranted:
+			l.waits.notify(e.Lease, e.Name, outcome{token: e.Token})
+		case core.EffectWaitEnded:
+			// Nothing to do here: EffectLeaseEnded follows in the same batch and tells
+			// the waiter, with the reason its lease ended (expired or revoked).
+		case core.EffectLeaseGranted:
+			if l.active {
+				l.addCountdownLocked(e.Lease, e.TTLMillis, time.Now())
+			}
+		case core.EffectLeaseEnded:
+			if c := l.leases[e.Lease]; c != nil {
+				heap.Remove(&l.queue, c.index)
+				delete(l.leases, e.Lease)
+			}
+			if l.active {
+				var r core.Result
+				l.eff.DropLease(e.Lease, e.Reason == core.EndExpired, &l.effSeq, &r)
+				l.effEffectsLocked(r.Effects)
+			}
+			l.waits.failLease(e.Lease, &LeaseGoneError{Lease: e.Lease, Reason: e.Reason})
+		case core.EffectDelayed:
+			if l.active {
+				l.startDelayLocked(e.Name, core.Correctness, e.DelayMillis)
+			}
+		case core.EffectRevokedHold:
+			// The replicated state keeps the lost lock for the holder's keepalives
+			// (core.Locks.Lost), so that any later leader reports it too; a new leader
+			// sets the flag from the state (Promote).
+			if c := l.leases[e.Lease]; c != nil {
+				c.lost = true
+			}
+		}
+	}
+}

@@ -1,0 +1,168 @@
+package leader
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/leasehold/leasehold/core"
+)
+
+// outcome is what a queued acquire learns: its grant's token, or why it will not be
+// granted.
+type outcome struct {
+	token uint64
+	err   error
+}
+
+// waits registers the acquires waiting in a queue for their grant, by lease and name. An
+// acquire registers (add) before its place in the queue can be granted; the effect that
+// grants it, or that ends its lease, wakes it (notify, failLease); it unregisters
+// (remove) when it stops waiting. Its mutex is a leaf: it may be taken with Leader.mu
+// held, and nothing is taken under it.
+type waits struct {
+	mu sync.Mutex
+	m  map[core.LeaseID]map[string][]chan outcome
+}
+
+// add registers a wait of lease for name and returns the channel its outcome comes on.
+func (w *waits) add(lease core.LeaseID, name string) chan outcome {
+	ch := make(chan outcome, 1)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	m := w.m[lease]
+	if m == nil {
+		m = make(map[string][]chan outcome)
+		w.m[lease] = m
+	}
+	m[name] = append(m[name], ch)
+	return ch
+}
+
+// remove unregisters the wait whose channel is ch.
+func (w *waits) remove(lease core.LeaseID, name string, ch chan outcome) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	m := w.m[lease]
+	chans := m[name]
+	for i, c := range chans {
+		if c == ch {
+			chans = append(chans[:i], chans[i+1:]...)
+			break
+		}
+	}
+	if len(chans) == 0 {
+		delete(m, name)
+	} else {
+		m[name] = chans
+	}
+	if len(m) == 0 {
+		delete(w.m, lease)
+	}
+}
+
+// notify hands o to every wait of lease for name. It never blocks: a channel holds one
+// outcome, and a wait takes only the first.
+func (w *waits) notify(lease core.LeaseID, name string, o outcome) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.notifyLocked(lease, name, o)
+}
+
+func (w *waits) notifyLocked(lease core.LeaseID, name string, o outcome) {
+	for _, ch := range w.m[lease][name] {
+		select {
+		case ch <- o:
+		default:
+		}
+	}
+}
+
+// failLease ends every wait of lease with err.
+func (w *waits) failLease(lease core.LeaseID, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for name := range w.m[lease] {
+		w.notifyLocked(lease, name, outcome{err: err})
+	}
+}
+
+// failAll ends every wait, each with errFor(its name). errFor must take no lock.
+func (w *waits) failAll(errFor func(name string) error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for lease, m := range w.m {
+		for name := range m {
+			w.notifyLocked(lease, name, outcome{err: errFor(name)})
+		}
+	}
+}
+
+// await waits for a queued acquire's grant, the end of its wait, or ctx.
+func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queued core.Result) (Grant, error) {
+	defer l.waits.remove(a.Lease, a.Name, ch)
+	g := Grant{Class: a.Class}
+	if a.Class == core.Efficiency {
+		g.Epoch = l.Epoch()
+	}
+	var timeout <-chan time.Time
+	if !a.Forever {
+		t := time.NewTimer(a.WaitFor)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case o := <-ch:
+		g.Token = o.token
+		return g, o.err
+	case <-timeout:
+		tok, err := l.cancelWait(context.WithoutCancel(ctx), a, ch)
+		if err != nil || tok != 0 {
+			g.Token = tok
+			return g, err
+		}
+		return g, &LockHeldError{Name: a.Name, HolderToken: queued.HolderToken, Holder: queued.Holder, Waited: true}
+	case <-ctx.Done():
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		// The caller is gone: leave the queue, and give back a grant that raced us.
+		if tok, err := l.cancelWait(cctx, a, ch); err == nil && tok != 0 {
+			_ = l.Release(cctx, a.Lease, a.Name, tok)
+		}
+		return g, ctx.Err()
+	}
+}
+
+// cancelWait takes the lease out of the queue. It returns the token when the grant won
+// the race.
+func (l *Leader) cancelWait(ctx context.Context, a AcquireArgs, ch chan outcome) (uint64, error) {
+	var res core.Result
+	if a.Class == core.Efficiency {
+		l.mu.Lock()
+		if !l.active {
+			l.mu.Unlock()
+			return 0, ErrEpochLost // the table it waited in went with the leadership
+		}
+		res = l.eff.CancelWait(a.Lease, a.Name)
+		l.mu.Unlock()
+	} else {
+		var err error
+		res, err = l.log.Apply(ctx, core.Command{Op: core.OpCancelWait, Lease: a.Lease, Name: a.Name})
+		if err != nil {
+			return 0, err
+		}
+	}
+	if res.Err != nil {
+		select {
+		case o := <-ch: // the outcome arrived meanwhile
+			return o.token, o.err
+		default:
+		}
+		if errors.Is(res.Err, core.ErrLeaseNotFound) {
+			return 0, l.gone(a.Lease)
+		}
+		return 0, nil // not waiting any more: report the timeout
+	}
+	return res.Token, nil
+}
