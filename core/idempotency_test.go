@@ -497,11 +497,3 @@ func total(model map[string]*mKey, order []string) int {
 	}
 	return n
 }
-
-func mustSnapshotErr(s *State) []byte {
-	b, err := s.MarshalSnapshot()
-	if err != nil {
-		panic(err)
-	}
-	return b
-}

@@ -55,7 +55,7 @@ type Log interface {
 	VerifyLeader(ctx context.Context) error
 }
 
-// Config configures a Leader.
+// Config configures a Leader. Every zero field stands for its default (DefaultConfig).
 type Config struct {
 	// Limits bound the efficiency lock table (same meaning as in core).
 	Limits core.Limits
@@ -68,6 +68,23 @@ type Config struct {
 	// OnPromote, if set, runs in its own goroutine each time this node starts serving as
 	// leader (e.g. to register the node's API address).
 	OnPromote func(ctx context.Context)
+}
+
+// DefaultConfig returns the configuration that a zero Config stands for.
+func DefaultConfig() Config {
+	return Config{ReserveBlock: 1 << 20, Logger: slog.Default()}
+}
+
+// WithDefaults returns c with every zero field that has a default set to it.
+func (c Config) WithDefaults() Config {
+	d := DefaultConfig()
+	if c.ReserveBlock == 0 {
+		c.ReserveBlock = d.ReserveBlock
+	}
+	if c.Logger == nil {
+		c.Logger = d.Logger
+	}
+	return c
 }
 
 // Leader is the leader-side runtime. Its methods fail with ErrNotLeader unless Promote
@@ -104,12 +121,7 @@ func (l *Leader) SetLog(log Log) { l.log = log }
 // New returns a Leader that is not serving until Promote. log may be nil if SetLog is
 // called before Run.
 func New(log Log, cfg Config) *Leader {
-	if cfg.ReserveBlock == 0 {
-		cfg.ReserveBlock = 1 << 20
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg = cfg.WithDefaults()
 	l := &Leader{
 		log:    log,
 		cfg:    cfg,

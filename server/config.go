@@ -11,7 +11,8 @@ import (
 	"time"
 )
 
-// Config bounds what clients may ask for. The zero value takes the defaults.
+// Config bounds what clients may ask for. The zero value is a valid configuration: each
+// zero field stands for its default (DefaultConfig).
 type Config struct {
 	// DefaultTTL is used when a Grant asks for 0. Default 10s.
 	DefaultTTL time.Duration
@@ -61,28 +62,56 @@ type Config struct {
 	FastLaneAddr string
 }
 
-// Validate fills defaults and checks rules that span fields.
-func (c *Config) Validate() error {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
+// DefaultConfig returns the configuration that a zero Config stands for: every field
+// that has a default, set to it. Version, NodeID, APIAddr and FastLaneAddr have none.
+func DefaultConfig() Config {
+	return Config{
+		DefaultTTL:        10 * time.Second,
+		MinTTL:            100 * time.Millisecond,
+		MaxTTL:            time.Hour,
+		MaxWait:           time.Hour,
+		MaxLockDelay:      time.Minute,
+		MaxRequestBytes:   64 << 10,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxConnsPerClient: 512,
+	}
+}
+
+// WithDefaults returns c with every zero field that has a default set to it
+// (DefaultConfig). It changes nothing else: a value out of range stays, for Validate to
+// refuse.
+func (c Config) WithDefaults() Config {
+	d := DefaultConfig()
+	def := func(v *time.Duration, dv time.Duration) {
+		if *v == 0 {
+			*v = dv
 		}
 	}
-	def(&c.DefaultTTL, 10*time.Second)
-	def(&c.MinTTL, 100*time.Millisecond)
-	def(&c.MaxTTL, time.Hour)
-	def(&c.MaxWait, time.Hour)
-	def(&c.MaxLockDelay, time.Minute)
+	def(&c.DefaultTTL, d.DefaultTTL)
+	def(&c.MinTTL, d.MinTTL)
+	def(&c.MaxTTL, d.MaxTTL)
+	def(&c.MaxWait, d.MaxWait)
+	def(&c.MaxLockDelay, d.MaxLockDelay)
+	def(&c.ReadHeaderTimeout, d.ReadHeaderTimeout)
+	def(&c.ReadTimeout, d.ReadTimeout)
+	def(&c.WriteTimeout, d.WriteTimeout)
+	def(&c.IdleTimeout, d.IdleTimeout)
 	if c.MaxRequestBytes == 0 {
-		c.MaxRequestBytes = 64 << 10
+		c.MaxRequestBytes = d.MaxRequestBytes
 	}
-	def(&c.ReadHeaderTimeout, 10*time.Second)
-	def(&c.ReadTimeout, 10*time.Second)
-	def(&c.WriteTimeout, 10*time.Second)
-	def(&c.IdleTimeout, 2*time.Minute)
 	if c.MaxConnsPerClient == 0 {
-		c.MaxConnsPerClient = 512
+		c.MaxConnsPerClient = d.MaxConnsPerClient
 	}
+	return c
+}
+
+// Validate checks c, with its defaults (WithDefaults), against the rules that span
+// fields. It does not change c. Errors name the setting.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
 	switch {
 	case c.MinTTL < time.Millisecond:
 		return errors.New("server: minimum TTL must be at least 1ms")
@@ -90,6 +119,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("server: minimum TTL %v exceeds maximum %v", c.MinTTL, c.MaxTTL)
 	case c.DefaultTTL < c.MinTTL || c.DefaultTTL > c.MaxTTL:
 		return fmt.Errorf("server: default TTL %v is outside [%v, %v]", c.DefaultTTL, c.MinTTL, c.MaxTTL)
+	case c.MaxWait < 0 || c.MaxLockDelay < 0:
+		return errors.New("server: maximum wait and lock-delay must not be negative")
 	case c.MaxRequestBytes < 1024:
 		return errors.New("server: request size limit must be at least 1 KiB")
 	case c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0:

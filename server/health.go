@@ -17,11 +17,15 @@ import (
 // replaying its log after a restart trails by far more.
 const readyLag = 1000
 
-// Ready reports whether this node can serve requests now — it leads and its leader
-// runtime is active, or it follows a leader whose API address it knows (so it can
-// forward) and has applied its log to within readyLag entries of the commit index —
-// and, when it cannot, why. It is what /readyz and grpc.health.v1 answer.
+// Ready reports whether this node can serve requests now — it knows its cluster's ID
+// (a client checks it on every answer), and it leads with its leader runtime active, or
+// it follows a leader whose API address it knows (so it can forward) and has applied
+// its log to within readyLag entries of the commit index — and, when it cannot, why. It
+// is what /readyz and grpc.health.v1 answer.
 func (s *Server) Ready() (bool, string) {
+	if s.ClusterID() == "" {
+		return false, "the cluster has no ID yet (its first leader names it)"
+	}
 	if s.leader.Active() {
 		return true, "leader"
 	}

@@ -142,6 +142,12 @@ func startStack(t testing.TB, o stackOpts) *stack {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// service names the cluster when its first leader takes over; so does the stack.
+	nctx, ncancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer ncancel()
+	if err := srv.NameCluster(nctx); err != nil {
+		t.Fatalf("name the cluster: %v", err)
+	}
 	return s
 }
 
@@ -391,6 +397,15 @@ func acq(fields map[string]any) string {
 	return string(b)
 }
 
+// manyNames returns n distinct valid lock names.
+func manyNames(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("set/%03d", i)
+	}
+	return out
+}
+
 type badCase struct {
 	name string
 	path string
@@ -478,6 +493,21 @@ func badCases() []badCase {
 				_, err := c.locks.ForceRelease(ctx, &leaseholdv1.ForceReleaseRequest{Name: "orders/42", Reason: strings.Repeat("r", 1025)})
 				return err
 			}},
+		{name: "mode 9", path: pAcquire, body: acq(map[string]any{"mode": 9}), code: connect.CodeInvalidArgument, field: "mode",
+			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Mode = 9 })},
+		{name: "limit without a semaphore", path: pAcquire, body: acq(map[string]any{"mode": "LOCK_MODE_SHARED", "limit": 3}), code: connect.CodeInvalidArgument, field: "limit",
+			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Limit = 3 })},
+		{name: "semaphore of 0", path: pAcquire, body: acq(map[string]any{"mode": "LOCK_MODE_SEMAPHORE"}), code: connect.CodeInvalidArgument, field: "limit",
+			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Mode = leaseholdv1.LockMode_LOCK_MODE_SEMAPHORE })},
+		{name: "semaphore of 10001", path: pAcquire, body: acq(map[string]any{"mode": "LOCK_MODE_SEMAPHORE", "limit": 10001}), code: connect.CodeInvalidArgument, field: "limit"},
+		{name: "name and names", path: pAcquire, body: acq(map[string]any{"names": []string{"a", "b"}}), code: connect.CodeInvalidArgument, field: "names",
+			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Names = []string{"a", "b"} })},
+		{name: "65 names", path: pAcquire, body: acq(map[string]any{"name": nil, "names": manyNames(65)}), code: connect.CodeInvalidArgument, field: "names",
+			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Name, r.Names = "", manyNames(65) })},
+		{name: "a name twice", path: pAcquire, body: acq(map[string]any{"name": nil, "names": []string{"a", "b", "a"}}), code: connect.CodeInvalidArgument, field: "names"},
+		{name: "an empty name in names", path: pAcquire, body: acq(map[string]any{"name": nil, "names": []string{"a", ""}}), code: connect.CodeInvalidArgument, field: "names"},
+		{name: "a bad name in names", path: pAcquire, body: acq(map[string]any{"name": nil, "names": []string{"a", "b//c"}}), code: connect.CodeInvalidArgument, field: "names",
+			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Name, r.Names = "", []string{"a", "b//c"} })},
 		{name: "70 KiB body", path: pAcquire, body: acq(map[string]any{"holder": map[string]any{"note": strings.Repeat("x", 70<<10)}}), code: connect.CodeResourceExhausted,
 			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Holder = &leaseholdv1.Holder{Note: strings.Repeat("x", 70<<10)} })},
 	}

@@ -9,16 +9,20 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/leasehold/leasehold/client"
 )
 
-// runLock implements `leasehold lock NAME [flags] -- CMD [ARG...]`.
+// runLock implements `leasehold lock NAME... [flags] -- CMD [ARG...]`.
 //
-// CMD runs in its own process group with LEASEHOLD_LOCK and LEASEHOLD_TOKEN in its
-// environment. Signals leasehold receives (INT, TERM, HUP, QUIT, USR1, USR2) are
+// Several names are one lock set (client.LockSet): all granted at once under one
+// token, or none. --shared takes the lock(s) shared, --limit N as a semaphore of N.
+//
+// CMD runs in its own process group with LEASEHOLD_LOCK (the name; for a lock set the
+// names, sorted, separated by commas) and LEASEHOLD_TOKEN in its environment. Signals leasehold receives (INT, TERM, HUP, QUIT, USR1, USR2) are
 // forwarded to that group. If the lock is lost while CMD runs — the lease expired or was
 // revoked, an operator force-released it, or keepalives went unanswered until the
 // cautious local deadline, which comes before the server can expire the lease — the
@@ -33,11 +37,26 @@ func runLock(args []string) int {
 	wait := fs.String("wait", "forever", "how long to wait for the lock: a duration, 0 to try once, or forever")
 	note := fs.String("note", "", "free text shown to others in 'leasehold locks'")
 	delay := fs.Duration("lock-delay", 0, "after an expiry (not a clean release), keep the lock free of new holders this long")
-	name, argv, ok := nameAndCommand(fs, args, "lock NAME [--class correctness|efficiency] [--ttl 10s] [--wait forever|0|DURATION]", "lock NAME")
+	shared := fs.Bool("shared", false, "hold the lock shared (a reader): with other shared holders, never with an exclusive one")
+	limit := fs.Int("limit", 0, "hold one of N slots of a semaphore of N (1 to 10000); every holder must give the same N")
+	names, argv, ok := namesAndCommand(fs, args, "lock NAME... [--class correctness|efficiency] [--ttl 10s] [--wait forever|0|DURATION] [--shared | --limit N]")
 	if !ok {
 		return exitUsage
 	}
+	if len(names) == 0 {
+		fmt.Fprintln(os.Stderr, "leasehold lock: give at least one lock NAME before --")
+		return exitUsage
+	}
 	opts := []client.LockOption{client.LockTTL(*ttl), client.WithNote(*note), client.LockDelay(*delay)}
+	switch {
+	case *shared && *limit != 0:
+		fmt.Fprintln(os.Stderr, "leasehold lock: --shared and --limit exclude each other")
+		return exitUsage
+	case *shared:
+		opts = append(opts, client.Shared)
+	case *limit != 0:
+		opts = append(opts, client.Semaphore(*limit))
+	}
 	switch *class {
 	case "correctness":
 		opts = append(opts, client.Correctness)
@@ -67,7 +86,13 @@ func runLock(args []string) int {
 		return code
 	}
 	defer func() { _ = c.Close(context.Background()) }()
-	l, err := c.Lock(ctx, name, opts...)
+	var l *client.Lock
+	var err error
+	if len(names) == 1 {
+		l, err = c.Lock(ctx, names[0], opts...)
+	} else {
+		l, err = c.LockSet(ctx, names, opts...)
+	}
 	interrupted := ctx.Err() != nil
 	stop() // from here on, signals go to CMD
 	if err != nil {
@@ -80,11 +105,10 @@ func runLock(args []string) int {
 	return runHolding(l, argv)
 }
 
-// nameAndCommand parses `NAME [flags] -- CMD [ARG...]` (flags may also come before
-// NAME) with fs, and reports false, having printed the usage or what is wrong, when the
-// arguments do not fit. usage is the command line to show before "-- CMD [ARG...]", what
-// the name the error asks for ("lock NAME").
-func nameAndCommand(fs *flag.FlagSet, args []string, usage, what string) (name string, argv []string, ok bool) {
+// namesAndCommand parses `NAME... [flags] -- CMD [ARG...]` (flags may also come before
+// the names) with fs, and reports false, having printed the usage or what is wrong, when
+// the arguments do not fit. usage is the command line to show before "-- CMD [ARG...]".
+func namesAndCommand(fs *flag.FlagSet, args []string, usage string) (names, argv []string, ok bool) {
 	sep := -1
 	for i, a := range args {
 		if a == "--" {
@@ -93,28 +117,21 @@ func nameAndCommand(fs *flag.FlagSet, args []string, usage, what string) (name s
 		}
 	}
 	if sep < 0 || sep == len(args)-1 {
-		fmt.Fprintf(os.Stderr, "usage: leasehold %s -- CMD [ARG...] (flags may also come before the name)\n", usage)
-		return "", nil, false
+		fmt.Fprintf(os.Stderr, "usage: leasehold %s -- CMD [ARG...] (flags may also come before the names)\n", usage)
+		return nil, nil, false
 	}
-	name, rest := splitName(args[:sep])
+	names, rest := splitNames(args[:sep])
 	if err := fs.Parse(rest); err != nil {
-		return "", nil, false
+		return nil, nil, false
 	}
-	if name == "" && fs.NArg() == 1 { // flags first: leasehold lock --class efficiency NAME -- CMD
-		name = fs.Arg(0)
-	} else if fs.NArg() > 0 {
-		name = ""
-	}
-	if name == "" {
-		fmt.Fprintf(os.Stderr, "leasehold %s: give exactly one %s before --\n", fs.Name(), what)
-		return "", nil, false
-	}
-	return name, args[sep+1:], true
+	names = append(names, fs.Args()...) // flags first: leasehold lock --class efficiency A B -- CMD
+	return names, args[sep+1:], true
 }
 
 // runHolding runs argv while l is held and returns the exit code.
 func runHolding(l *client.Lock, argv []string) int {
-	env := []string{"LEASEHOLD_LOCK=" + l.Name(), "LEASEHOLD_TOKEN=" + strconv.FormatUint(l.Token(), 10)}
+	name := strings.Join(l.Names(), ",")
+	env := []string{"LEASEHOLD_LOCK=" + name, "LEASEHOLD_TOKEN=" + strconv.FormatUint(l.Token(), 10)}
 	o := runGroup(l.Context(), argv, env, os.Stdout)
 	switch {
 	case o.startErr != nil:
@@ -127,7 +144,7 @@ func runHolding(l *client.Lock, argv []string) int {
 			fmt.Fprintln(os.Stderr, "leasehold lock: CMD exited 0 as the lock was lost")
 		}
 		fmt.Fprintf(os.Stderr, "leasehold lock: lost %s (token %d): %v; killed process group %d\n",
-			l.Name(), l.Token(), context.Cause(l.Context()), o.pgid)
+			name, l.Token(), context.Cause(l.Context()), o.pgid)
 		return exitLockLost
 	}
 	uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -1,7 +1,7 @@
 // Command leasehold is the leasehold lock service and its command-line client.
 //
 //	leasehold server                 run a node (single node, data in ./leasehold-data)
-//	leasehold lock NAME -- CMD...    run CMD while holding lock NAME
+//	leasehold lock NAME... -- CMD... run CMD while holding lock NAME (several: a lock set)
 //	leasehold once KEY -- CMD...     run CMD at most once per KEY
 //	leasehold locks [PREFIX]         list locks
 //	leasehold kv get|put|del|ls      the fenced key-value store
@@ -88,9 +88,11 @@ func usage() {
 Usage:
   leasehold server [flags]                  run a node (defaults: API 127.0.0.1:7740,
                                             raft 127.0.0.1:7741, data ./leasehold-data)
-  leasehold lock NAME [flags] -- CMD [ARG...]
+  leasehold lock NAME... [flags] -- CMD [ARG...]
                                             run CMD while holding lock NAME; CMD gets
-                                            LEASEHOLD_TOKEN and LEASEHOLD_LOCK
+                                            LEASEHOLD_TOKEN and LEASEHOLD_LOCK; several
+                                            names are one lock set (all at once, one
+                                            token); --shared, --limit N (semaphore)
   leasehold once KEY [flags] -- CMD [ARG...]
                                             run CMD at most once per KEY; later calls
                                             print its stored outcome and exit with its code

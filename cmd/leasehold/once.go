@@ -57,10 +57,15 @@ func runOnce(args []string) int {
 	addr := addrFlag(fs)
 	ttl := fs.Duration("ttl", 10*time.Second, "lease TTL: if this leasehold dies or stalls, the key is free again this long after its last keepalive")
 	note := fs.String("note", "", "free text shown to others while CMD runs")
-	key, argv, ok := nameAndCommand(fs, args, "once KEY [--ttl 10s] [--note TEXT]", "KEY")
+	keys, argv, ok := namesAndCommand(fs, args, "once KEY [--ttl 10s] [--note TEXT]")
 	if !ok {
 		return exitUsage
 	}
+	if len(keys) != 1 {
+		fmt.Fprintln(os.Stderr, "leasehold once: give exactly one KEY before --")
+		return exitUsage
+	}
+	key := keys[0]
 
 	// Until CMD starts, SIGINT and SIGTERM interrupt the claim; from then on they go to
 	// CMD (runGroup forwards them), which must not end the key's context.
