@@ -84,6 +84,7 @@ type Client struct {
 	locks   leaseholdv1connect.LockServiceClient
 	cluster leaseholdv1connect.ClusterServiceClient
 	kv      leaseholdv1connect.KVServiceClient
+	keys    leaseholdv1connect.IdempotencyServiceClient
 	fast    *fastLanes
 	id      *clusterID // the cluster every answer must come from (cluster.go)
 
@@ -132,6 +133,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		locks:    leaseholdv1connect.NewLockServiceClient(hc, base, copts...),
 		cluster:  leaseholdv1connect.NewClusterServiceClient(hc, base, copts...),
 		kv:       leaseholdv1connect.NewKVServiceClient(hc, base, copts...),
+		keys:     leaseholdv1connect.NewIdempotencyServiceClient(hc, base, copts...),
 		id:       id,
 		sessions: make(map[*Session]struct{}),
 	}
@@ -210,6 +212,7 @@ func (c *Client) Close(ctx context.Context) error {
 type leaseSet struct {
 	mu     sync.Mutex
 	byTTL  map[time.Duration]*lease
+	keys   map[string]uint64 // idempotency keys a Once of this holder runs, with their tokens (once.go)
 	closed bool
 }
 

@@ -76,14 +76,7 @@ type HeldError struct {
 }
 
 func (e *HeldError) Error() string {
-	who := ""
-	if e.Holder != (Holder{}) {
-		who = fmt.Sprintf(" by %s pid %d", e.Holder.Host, e.Holder.PID)
-		if e.Holder.Note != "" {
-			who += fmt.Sprintf(" (%s)", e.Holder.Note)
-		}
-	}
-	return fmt.Sprintf("client: lock %q not acquired: held%s under token %d", e.Name, who, e.HolderToken)
+	return fmt.Sprintf("client: lock %q not acquired: held%s under token %d", e.Name, e.Holder.describe(), e.HolderToken)
 }
 
 // Is makes HeldError match ErrNotAcquired.

@@ -38,8 +38,13 @@ var (
 	ErrTooManyLocks = errors.New("core: too many locks for one lease")
 	// ErrTooManyWaiters is returned by Acquire when the lock's queue is full.
 	ErrTooManyWaiters = errors.New("core: too many waiters for the lock")
+	// ErrTooManyKeys is returned by OpBegin when Limits.IdempotencyKeys keys are in
+	// progress already.
+	ErrTooManyKeys = errors.New("core: too many idempotency keys in progress")
 	// ErrStaleToken is returned by a fenced OpPut or OpDelete whose token is lower than
-	// the highest token the key has accepted. The error is a *StaleTokenError.
+	// the highest token the key has accepted (the error is then a *StaleTokenError), and
+	// by OpComplete whose token is not that of the Begin the idempotency key is in
+	// progress under.
 	ErrStaleToken = errors.New("core: stale fencing token")
 	// ErrVersionMismatch is returned by a compare-and-set whose expected version is not
 	// the key's. The error is a *VersionMismatchError.

@@ -16,11 +16,13 @@ import (
 // Snapshot encoding versions; the first byte of a snapshot names its format.
 //
 // Version 1 is that byte followed by one JSON object (and a newline) with, in this order:
-// "seq", "leases", "locks", "tombstones", then "kvRev", "kv", "members" and "clusterId"
-// when they are not empty. Leases are in id order, locks in name order, KV entries in key
+// "seq", "leases", "locks", "tombstones", then "kvRev", "kv", "members", "clusterId" and
+// "idempotency" when they are not empty. Leases are in id order, locks in name order, KV entries in key
 // order, members in id order and tombstones oldest first, so equal states encode to equal
-// bytes. A member's "fastLaneAddr" and the "clusterId" came later: snapshots written
-// before them have neither, and restore with no fast-lane addresses and no cluster ID.
+// bytes. Idempotency keys in progress come in key order before the done keys, oldest
+// first. A member's "fastLaneAddr", the "clusterId" and "idempotency" came later:
+// snapshots written before them have none, and restore with no fast-lane addresses, no
+// cluster ID and no idempotency keys.
 //
 // Version 2, written since lost locks are part of the replicated state, is version 1
 // with one more field at the end, "lost" when not empty: every lease's lost locks
@@ -33,7 +35,7 @@ const (
 
 // snapshotFields are the keys of a version-2 snapshot, in the order they are written;
 // a version-1 snapshot has all but the last.
-var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "lost"}
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
@@ -65,6 +67,8 @@ type SnapshotView struct {
 	members    []Member
 	clusterID  string
 	lost       []leaseLost
+	keys       []keyRecord // in progress (unsorted), then done oldest first
+	inProgress int         // how many of keys are in progress
 }
 
 // SnapshotView copies what a snapshot of s needs. It is meant to run where applies must
@@ -86,6 +90,7 @@ func (s *State) SnapshotView() *SnapshotView {
 	for id, lost := range s.locks.lost {
 		v.lost = append(v.lost, leaseLost{lease: id, lost: lost})
 	}
+	v.keys, v.inProgress = s.keys.records()
 	for _, l := range s.leases {
 		v.leases = append(v.leases, *l)
 	}
@@ -105,6 +110,7 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	slices.SortFunc(v.leases, func(a, b Lease) int { return compareIDs(a.ID, b.ID) })
 	slices.SortFunc(v.locks, func(a, b lock) int { return strings.Compare(a.name, b.name) })
 	slices.SortFunc(v.kv, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
+	slices.SortFunc(v.keys[:v.inProgress], func(a, b keyRecord) int { return strings.Compare(a.Key, b.Key) })
 	slices.SortFunc(v.lost, func(a, b leaseLost) int { return compareIDs(a.lease, b.lease) })
 
 	cw := &countingWriter{w: w}
@@ -143,6 +149,10 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	if v.clusterID != "" {
 		e.raw(`,"clusterId":`)
 		e.elem(0, v.clusterID)
+	}
+	if len(v.keys) > 0 {
+		e.raw(`,"idempotency":`)
+		writeArray(e, v.keys)
 	}
 	if len(v.lost) > 0 {
 		e.raw(`,"lost":[`)
@@ -377,6 +387,8 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 			if err = dec.Decode(&s.clusterID); err == nil && ValidateClusterID("clusterId", s.clusterID) != nil {
 				err = fmt.Errorf("%w: bad cluster ID in snapshot", ErrCorrupt)
 			}
+		case "idempotency":
+			err = eachElement(dec, s.restoreKey)
 		case "lost":
 			err = eachElement(dec, s.restoreLost)
 		}

@@ -27,9 +27,17 @@ func oneShotSnapshot(t testing.TB, s *State) []byte {
 		KV         []*Entry     `json:"kv,omitempty"`
 		Members    []Member     `json:"members,omitempty"`
 		ClusterID  string       `json:"clusterId,omitempty"`
+		Keys       []keyRecord  `json:"idempotency,omitempty"`
 		Lost       []lostRecord `json:"lost,omitempty"`
 	}
 	snap := oneShot{Seq: s.seq, Leases: []*Lease{}, Locks: []*Lock{}, KVRev: s.kv.rev, Members: s.Members(), ClusterID: s.clusterID}
+	snap.Keys, _ = s.keys.records()
+	slices.SortStableFunc(snap.Keys, func(a, b keyRecord) int { // in progress by key, then done as they were
+		if a.Done || b.Done {
+			return boolCompare(a.Done, b.Done)
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
 	s.Leases(func(l *Lease) {
 		snap.Leases = append(snap.Leases, l)
 		for _, lk := range s.locks.Lost(l.ID) {
@@ -213,4 +221,14 @@ func TestLockRecordSize(t *testing.T) {
 	if unsafe.Sizeof(uintptr(0)) == 8 && unsafe.Sizeof(lock{}) > 64 {
 		t.Errorf("lock record is %d bytes, want at most 64", unsafe.Sizeof(lock{}))
 	}
+}
+
+func boolCompare(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }

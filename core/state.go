@@ -29,6 +29,7 @@ type State struct {
 	kv         kvStore
 	members    map[string]memberAddrs // by node id
 	clusterID  string                 // "" until OpSetClusterID
+	keys       keyStore               // idempotency keys (idempotency.go)
 }
 
 // NewState returns an empty state with the given limits. Every replica must use the same
@@ -42,6 +43,7 @@ func NewState(limits Limits) *State {
 		tombstones: make(map[LeaseID]EndReason),
 		kv:         kvStore{entries: make(map[string]*Entry)},
 		members:    make(map[string]memberAddrs),
+		keys:       newKeyStore(),
 	}
 }
 
@@ -106,6 +108,7 @@ func (s *State) Apply(c Command) Result {
 		var r Result
 		s.locks.DropLease(c.Lease, reason == EndExpired, s, &r)
 		delete(s.leases, c.Lease)
+		s.keys.dropLease(c.Lease)
 		s.remember(c.Lease, reason)
 		r.Effects = append(r.Effects, Effect{Kind: EffectLeaseEnded, Lease: c.Lease, Reason: reason})
 		return r
@@ -137,6 +140,8 @@ func (s *State) Apply(c Command) Result {
 		return r
 	case OpPut, OpDelete:
 		return s.applyWrite(c)
+	case OpBegin, OpComplete, OpAbandon:
+		return s.applyKey(c)
 	case OpSetMember:
 		s.members[c.Node] = memberAddrs{api: c.Addr, fastLane: c.FastLane}
 		return Result{}

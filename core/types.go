@@ -146,6 +146,9 @@ func (o Op) String() string {
 	if int(o) < len(names) && o != 0 {
 		return names[o]
 	}
+	if n, ok := keyOpNames[o]; ok {
+		return n
+	}
 	return fmt.Sprintf("op(%d)", o)
 }
 
@@ -241,6 +244,8 @@ type Result struct {
 	Blocker string
 	// Effects, in deterministic order.
 	Effects []Effect
+	// Key is where an idempotency key stands after OpBegin or OpComplete.
+	Key *KeyView
 	// Err is the command's error; the state is unchanged when it is not nil.
 	Err error
 }
@@ -250,10 +255,16 @@ type Limits struct {
 	MaxLeases         int `json:"maxLeases,omitempty"`
 	MaxLocksPerLease  int `json:"maxLocksPerLease,omitempty"`
 	MaxWaitersPerLock int `json:"maxWaitersPerLock,omitempty"`
+	// IdempotencyKeys is how many done idempotency keys are kept (their retention, see
+	// idempotency.go) and how many may be in progress at once; IdempotencyBytes bounds
+	// the total size of the kept results (at least MaxResultLen).
+	IdempotencyKeys  int `json:"idempotencyKeys,omitempty"`
+	IdempotencyBytes int `json:"idempotencyBytes,omitempty"`
 }
 
 // DefaultLimits are the limits used for zero fields of Limits.
-var DefaultLimits = Limits{MaxLeases: 1 << 20, MaxLocksPerLease: 10000, MaxWaitersPerLock: 10000}
+var DefaultLimits = Limits{MaxLeases: 1 << 20, MaxLocksPerLease: 10000, MaxWaitersPerLock: 10000,
+	IdempotencyKeys: 100_000, IdempotencyBytes: 64 << 20}
 
 func (l Limits) withDefaults() Limits {
 	if l.MaxLeases <= 0 {
@@ -265,5 +276,12 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxWaitersPerLock <= 0 {
 		l.MaxWaitersPerLock = DefaultLimits.MaxWaitersPerLock
 	}
+	if l.IdempotencyKeys <= 0 {
+		l.IdempotencyKeys = DefaultLimits.IdempotencyKeys
+	}
+	if l.IdempotencyBytes <= 0 {
+		l.IdempotencyBytes = DefaultLimits.IdempotencyBytes
+	}
+	l.IdempotencyBytes = max(l.IdempotencyBytes, MaxResultLen) // the newest result always fits
 	return l
 }

@@ -145,6 +145,8 @@ func (c *Command) validate() error {
 			return Invalid("fence.require_holder", "needs a fence token")
 		}
 		return nil
+	case OpBegin, OpComplete, OpAbandon:
+		return c.validateKeyOp()
 	case OpSetMember:
 		if err := ValidateNodeID("node_id", c.Node); err != nil {
 			return err

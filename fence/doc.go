@@ -51,6 +51,17 @@
 // an expiry nobody else gets the lock until the old holder has had time to notice its lost
 // lease and stop. Both narrow the window; neither closes it.
 //
+// # Idempotency
+//
+// A fence orders writers; it does not stop a task from running twice across an
+// ownership hand-off (the newer owner runs it again, legitimately). SQLKeys records an
+// idempotency key with the owner's token in the transaction that does the work, so the
+// effect and the record commit together and a second Claim finds the key done.
+// Idempotency is HTTP middleware for the Idempotency-Key header (the IETF httpapi
+// draft) over an IdempotencyStore, which *client.Client implements with leasehold's
+// IdempotencyService: a retry gets the stored response, a request while the first runs
+// 409, a different request with the same key 422.
+//
 // # Wire format
 //
 // A token travels as "<lock>=<token>" (for example "orders/42=34") in the HTTP header

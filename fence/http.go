@@ -38,6 +38,7 @@ type problem struct {
 	Resource string `json:"resource,omitempty"`
 	Token    uint64 `json:"token,omitempty"`
 	Highest  uint64 `json:"highest,omitempty"`
+	Key      string `json:"key,omitempty"` // an Idempotency-Key
 }
 
 // Middleware returns HTTP middleware that admits a request through g before it reaches

@@ -15,10 +15,11 @@ type options struct {
 	httpResource    func(r *http.Request, lock string) (string, error)
 	connectResource func(spec connect.Spec, header http.Header, lock string) (string, error)
 	logger          *slog.Logger
+	idem            idemOptions // Idempotency's (idempotency.go)
 }
 
 func newOptions(opts []Option) *options {
-	o := &options{logger: slog.Default()}
+	o := &options{logger: slog.Default(), idem: defaultIdemOptions()}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(o)

@@ -267,11 +267,8 @@ type scanner interface{ Scan(dest ...any) error }
 type queryRowFunc func(ctx context.Context, query string, args ...any) scanner
 
 func (s *SQL) admitWith(ctx context.Context, queryRow queryRowFunc, resource string, token uint64) error {
-	if err := checkToken(token); err != nil {
+	if err := checkSQLToken(token); err != nil {
 		return err
-	}
-	if token > MaxSQLToken {
-		return fmt.Errorf("%w: token %d is above %d, the largest the SQL guard can store (BIGINT)", ErrMalformedToken, token, int64(MaxSQLToken))
 	}
 	var got int64
 	err := queryRow(ctx, s.admit, resource, int64(token)).Scan(&got)
@@ -293,6 +290,17 @@ func (s *SQL) admitWith(ctx context.Context, queryRow queryRowFunc, resource str
 		return fmt.Errorf("fence: token %d for %q was not admitted, yet the highest stored is %d; is the table written outside the guard?", token, resource, highest)
 	}
 	return &StaleError{Resource: resource, Token: token, Highest: uint64(highest)}
+}
+
+// checkSQLToken rejects token 0 and tokens a BIGINT column cannot hold.
+func checkSQLToken(token uint64) error {
+	if err := checkToken(token); err != nil {
+		return err
+	}
+	if token > MaxSQLToken {
+		return fmt.Errorf("%w: token %d is above %d, the largest the SQL guard can store (BIGINT)", ErrMalformedToken, token, int64(MaxSQLToken))
+	}
+	return nil
 }
 
 // passContext returns context errors unchanged and wraps every other error with msg.

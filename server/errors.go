@@ -33,6 +33,7 @@ var errorCodes = []struct {
 	{core.ErrTooManyLeases, connect.CodeResourceExhausted, "limit_leases"},
 	{core.ErrTooManyLocks, connect.CodeResourceExhausted, "limit_locks_per_lease"},
 	{core.ErrTooManyWaiters, connect.CodeResourceExhausted, "limit_waiters"},
+	{core.ErrTooManyKeys, connect.CodeResourceExhausted, "limit_idempotency_keys"},
 	{core.ErrLeaseExists, connect.CodeAlreadyExists, "lease_exists"},
 	{leader.ErrNotLeader, connect.CodeUnavailable, "not_leader"},
 	{replication.ErrNotLeader, connect.CodeUnavailable, "not_leader"},

@@ -47,6 +47,11 @@ func methodTable() []*method {
 		unary(leaseholdv1connect.KVServiceDeleteProcedure, (*Server).Delete, needsOn(permKVWrite, (*leaseholdv1.DeleteRequest).GetKey)),
 		unary(leaseholdv1connect.KVServiceListProcedure, (*Server).ListKV,
 			needsOn(permRead, (*leaseholdv1.KVServiceListRequest).GetPrefix), servedHereWhen((*leaseholdv1.KVServiceListRequest).GetStale)),
+		// IdempotencyService
+		unary(leaseholdv1connect.IdempotencyServiceBeginProcedure, (*Server).Begin, needsOn(permLock, (*leaseholdv1.BeginRequest).GetKey)),
+		unary(leaseholdv1connect.IdempotencyServiceCompleteProcedure, (*Server).Complete, needsOn(permLock, (*leaseholdv1.CompleteRequest).GetKey)),
+		unary(leaseholdv1connect.IdempotencyServiceAbandonProcedure, (*Server).Abandon, needsOn(permLock, (*leaseholdv1.AbandonRequest).GetKey)),
+		unary(leaseholdv1connect.IdempotencyServiceGetProcedure, (*Server).GetKey, needsOn(permRead, (*leaseholdv1.IdempotencyServiceGetRequest).GetKey)),
 		// ClusterService
 		unary(leaseholdv1connect.ClusterServiceStatusProcedure, (*Server).Status, needs(permRead), anyNode()),
 		unary(leaseholdv1connect.ClusterServiceMembersProcedure, (*Server).Members, needs(permRead), anyNode()),
@@ -63,7 +68,7 @@ type permission = auth.Permission
 
 const (
 	permRead    = auth.Read    // Describe, List, Get, CheckToken, Status, Members
-	permLock    = auth.Lock    // leases, Acquire, Release
+	permLock    = auth.Lock    // leases, Acquire, Release, idempotency keys
 	permKVWrite = auth.KVWrite // Put, Delete
 	permAdmin   = auth.Admin   // ForceRelease, membership, snapshots, profiling
 )

@@ -39,22 +39,10 @@ func runLock(args []string) int {
 	delay := fs.Duration("lock-delay", 0, "after an expiry (not a clean release), keep the lock free of new holders this long")
 	shared := fs.Bool("shared", false, "hold the lock shared (a reader): with other shared holders, never with an exclusive one")
 	limit := fs.Int("limit", 0, "hold one of N slots of a semaphore of N (1 to 10000); every holder must give the same N")
-	sep := -1
-	for i, a := range args {
-		if a == "--" {
-			sep = i
-			break
-		}
-	}
-	if sep < 0 || sep == len(args)-1 {
-		fmt.Fprintln(os.Stderr, "usage: leasehold lock NAME... [--class correctness|efficiency] [--ttl 10s] [--wait forever|0|DURATION] [--shared | --limit N] -- CMD [ARG...] (flags may also come before the names)")
+	names, argv, ok := namesAndCommand(fs, args, "lock NAME... [--class correctness|efficiency] [--ttl 10s] [--wait forever|0|DURATION] [--shared | --limit N]")
+	if !ok {
 		return exitUsage
 	}
-	names, rest := splitNames(args[:sep])
-	if err := fs.Parse(rest); err != nil {
-		return exitUsage
-	}
-	names = append(names, fs.Args()...) // flags first: leasehold lock --class efficiency A B -- CMD
 	if len(names) == 0 {
 		fmt.Fprintln(os.Stderr, "leasehold lock: give at least one lock NAME before --")
 		return exitUsage
@@ -114,14 +102,78 @@ func runLock(args []string) int {
 		}
 		return exitFor("lock", err)
 	}
-	return runHolding(l, args[sep+1:])
+	return runHolding(l, argv)
+}
+
+// namesAndCommand parses `NAME... [flags] -- CMD [ARG...]` (flags may also come before
+// the names) with fs, and reports false, having printed the usage or what is wrong, when
+// the arguments do not fit. usage is the command line to show before "-- CMD [ARG...]".
+func namesAndCommand(fs *flag.FlagSet, args []string, usage string) (names, argv []string, ok bool) {
+	sep := -1
+	for i, a := range args {
+		if a == "--" {
+			sep = i
+			break
+		}
+	}
+	if sep < 0 || sep == len(args)-1 {
+		fmt.Fprintf(os.Stderr, "usage: leasehold %s -- CMD [ARG...] (flags may also come before the names)\n", usage)
+		return nil, nil, false
+	}
+	names, rest := splitNames(args[:sep])
+	if err := fs.Parse(rest); err != nil {
+		return nil, nil, false
+	}
+	names = append(names, fs.Args()...) // flags first: leasehold lock --class efficiency A B -- CMD
+	return names, args[sep+1:], true
 }
 
 // runHolding runs argv while l is held and returns the exit code.
 func runHolding(l *client.Lock, argv []string) int {
+	name := strings.Join(l.Names(), ",")
+	env := []string{"LEASEHOLD_LOCK=" + name, "LEASEHOLD_TOKEN=" + strconv.FormatUint(l.Token(), 10)}
+	o := runGroup(l.Context(), argv, env, os.Stdout)
+	switch {
+	case o.startErr != nil:
+		fmt.Fprintf(os.Stderr, "leasehold lock: start %s: %v\n", argv[0], o.startErr)
+		_ = l.Unlock(context.Background())
+		return 127
+	case o.lost:
+		if o.waitErr == nil {
+			// CMD finished its work just as the lock was lost; report the loss anyway.
+			fmt.Fprintln(os.Stderr, "leasehold lock: CMD exited 0 as the lock was lost")
+		}
+		fmt.Fprintf(os.Stderr, "leasehold lock: lost %s (token %d): %v; killed process group %d\n",
+			name, l.Token(), context.Cause(l.Context()), o.pgid)
+		return exitLockLost
+	}
+	uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	uerr := l.Unlock(uctx)
+	cancel()
+	if errors.Is(uerr, client.ErrLockLost) {
+		fmt.Fprintf(os.Stderr, "leasehold lock: %v\n", uerr)
+		return exitLockLost
+	}
+	return exitCode(o.waitErr)
+}
+
+// groupRun is how a CMD run by runGroup ended.
+type groupRun struct {
+	startErr error // CMD could not be started (nothing ran)
+	waitErr  error // CMD's wait error: nil for exit 0
+	lost     bool  // held ended first, and the group was killed
+	pgid     int
+}
+
+// runGroup runs argv in its own process group, with env added to leasehold's, stdin
+// and stderr leasehold's and stdout the given file, while held lasts. Signals leasehold
+// receives (INT, TERM, HUP, QUIT, USR1, USR2) are forwarded to the group. When held
+// ends first, the whole group is killed with SIGKILL at once (lost); when CMD exits,
+// the rest of its group is killed too: nothing may outlive the claim it ran under.
+func runGroup(held context.Context, argv, env []string, stdout *os.File) groupRun {
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), "LEASEHOLD_LOCK="+strings.Join(l.Names(), ","), "LEASEHOLD_TOKEN="+strconv.FormatUint(l.Token(), 10))
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, os.Stderr
+	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 
 	sigs := make(chan os.Signal, 8)
@@ -129,38 +181,22 @@ func runHolding(l *client.Lock, argv []string) int {
 	defer signal.Stop(sigs)
 
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(os.Stderr, "leasehold lock: start %s: %v\n", argv[0], err)
-		_ = l.Unlock(context.Background())
-		return 127
+		return groupRun{startErr: err}
 	}
-	pgid := cmd.Process.Pid
+	r := groupRun{pgid: cmd.Process.Pid}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-
 	for {
 		select {
 		case s := <-sigs:
-			_ = syscall.Kill(-pgid, s.(syscall.Signal))
-		case <-l.Context().Done():
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			if werr := <-done; werr == nil {
-				// CMD finished its work just as the lock was lost; report the loss anyway.
-				fmt.Fprintln(os.Stderr, "leasehold lock: CMD exited 0 as the lock was lost")
-			}
-			fmt.Fprintf(os.Stderr, "leasehold lock: lost %s (token %d): %v; killed process group %d\n",
-				strings.Join(l.Names(), ","), l.Token(), context.Cause(l.Context()), pgid)
-			return exitLockLost
-		case err := <-done:
-			// Take the rest of the group down too: nothing may outlive the lock.
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			uerr := l.Unlock(uctx)
-			cancel()
-			if errors.Is(uerr, client.ErrLockLost) {
-				fmt.Fprintf(os.Stderr, "leasehold lock: %v\n", uerr)
-				return exitLockLost
-			}
-			return exitCode(err)
+			_ = syscall.Kill(-r.pgid, s.(syscall.Signal))
+		case <-held.Done():
+			_ = syscall.Kill(-r.pgid, syscall.SIGKILL)
+			r.waitErr, r.lost = <-done, true
+			return r
+		case r.waitErr = <-done:
+			_ = syscall.Kill(-r.pgid, syscall.SIGKILL)
+			return r
 		}
 	}
 }

@@ -2,6 +2,7 @@
 //
 //	leasehold server                 run a node (single node, data in ./leasehold-data)
 //	leasehold lock NAME... -- CMD... run CMD while holding lock NAME (several: a lock set)
+//	leasehold once KEY -- CMD...     run CMD at most once per KEY
 //	leasehold locks [PREFIX]         list locks
 //	leasehold kv get|put|del|ls      the fenced key-value store
 //	leasehold status                 show the node's status
@@ -24,8 +25,8 @@ const (
 	exitError       = 1  // the service answered with an error, or an internal failure
 	exitUsage       = 64 // bad flags or arguments (EX_USAGE)
 	exitUnavailable = 69 // no server could be reached (EX_UNAVAILABLE)
-	exitNotAcquired = 75 // the lock was held for the whole wait (EX_TEMPFAIL)
-	exitLockLost    = 76 // the lock was lost while CMD ran; CMD's process group was killed
+	exitNotAcquired = 75 // the lock was held for the whole wait, or the key's CMD runs elsewhere (EX_TEMPFAIL)
+	exitLockLost    = 76 // the lock (or key) was lost while CMD ran; CMD's process group was killed
 )
 
 var version = "dev"
@@ -44,6 +45,8 @@ func run(args []string) int {
 		return runServer(args[1:])
 	case "lock":
 		return runLock(args[1:])
+	case "once":
+		return runOnce(args[1:])
 	case "locks":
 		return runLocks(args[1:])
 	case "status":
@@ -90,6 +93,9 @@ Usage:
                                             LEASEHOLD_TOKEN and LEASEHOLD_LOCK; several
                                             names are one lock set (all at once, one
                                             token); --shared, --limit N (semaphore)
+  leasehold once KEY [flags] -- CMD [ARG...]
+                                            run CMD at most once per KEY; later calls
+                                            print its stored outcome and exit with its code
   leasehold locks [PREFIX]                  list locks: name, class, holder, token, TTL left
   leasehold unlock NAME --force --reason R  operator release: fences the old holder out
   leasehold kv get|put|del|ls ...           the fenced key-value store (put --fence LOCK=TOKEN)
@@ -105,7 +111,8 @@ Usage:
 Clients reach the server with --addr HOST:PORT or LEASEHOLD_ADDR.
 Run 'leasehold COMMAND -h' for the flags of a command.
 
-Exit codes: CMD's own code from 'lock'; 1 error; 64 usage; 69 server unreachable;
-75 lock not obtained; 76 lock lost while CMD ran (CMD's process group was killed).
+Exit codes: CMD's own code from 'lock' and 'once' (for a done key: the stored one);
+1 error; 64 usage; 69 server unreachable; 75 lock not obtained, or the key's CMD runs
+elsewhere; 76 lock or key lost while CMD ran (CMD's process group was killed).
 `)
 }

@@ -39,6 +39,8 @@ func runServer(args []string) int {
 	join := fs.String("join", "", "API address of a cluster member to join through (implies --bootstrap=false)")
 	recoverFlag := fs.Bool("recover", false, "rewrite the raft configuration of this stopped node, whose cluster lost its quorum, to this node alone (or to --peers), then exit; see docs/OPERATIONS.md")
 	tokenGap := fs.Uint64("token-gap", 1<<32, "with --recover: continue the token sequence this far above the node's last token, so tokens the lost nodes issued are never issued again")
+	idemKeys := fs.Int("idempotency-keys", 0, "done idempotency keys kept (their retention, counted), also the most in progress; 0 means 100000; the same on every node")
+	idemBytes := fs.Int("idempotency-bytes", 0, "bytes of idempotency results kept at most; 0 means 64 MiB; the same on every node")
 	var peers peerFlags
 	fs.Var(&peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR] (repeat for each node, including this one)")
 	fs.Var(peerList{&peers}, "peers", "static cluster members as one list: ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR];ID,...;...")
@@ -70,6 +72,7 @@ func runServer(args []string) int {
 		FastLaneAdvertise: *fastAdvertise,
 		Pprof:             *enablePprof,
 	}
+	cfg.Raft.Limits = core.Limits{IdempotencyKeys: *idemKeys, IdempotencyBytes: *idemBytes}
 	if len(peers) > 0 {
 		if *join != "" {
 			fmt.Fprintln(os.Stderr, "leasehold server: --peer and --join exclude each other")

@@ -157,6 +157,63 @@ func (LockMode) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{1}
 }
 
+// KeyStatus is where an idempotency key stands.
+type KeyStatus int32
+
+const (
+	// Get: nobody has begun the key, or its retention ended.
+	KeyStatus_KEY_STATUS_UNSPECIFIED KeyStatus = 0
+	// Begin: the key is now the caller's.
+	KeyStatus_KEY_STATUS_NEW KeyStatus = 1
+	// Another lease works on the key.
+	KeyStatus_KEY_STATUS_IN_PROGRESS KeyStatus = 2
+	// The work was done; the result is stored.
+	KeyStatus_KEY_STATUS_DONE KeyStatus = 3
+)
+
+// Enum value maps for KeyStatus.
+var (
+	KeyStatus_name = map[int32]string{
+		0: "KEY_STATUS_UNSPECIFIED",
+		1: "KEY_STATUS_NEW",
+		2: "KEY_STATUS_IN_PROGRESS",
+		3: "KEY_STATUS_DONE",
+	}
+	KeyStatus_value = map[string]int32{
+		"KEY_STATUS_UNSPECIFIED": 0,
+		"KEY_STATUS_NEW":         1,
+		"KEY_STATUS_IN_PROGRESS": 2,
+		"KEY_STATUS_DONE":        3,
+	}
+)
+
+func (x KeyStatus) Enum() *KeyStatus {
+	p := new(KeyStatus)
+	*p = x
+	return p
+}
+
+func (x KeyStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeyStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_leasehold_proto_enumTypes[2].Descriptor()
+}
+
+func (KeyStatus) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_leasehold_proto_enumTypes[2]
+}
+
+func (x KeyStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeyStatus.Descriptor instead.
+func (KeyStatus) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+}
+
 // Holder describes who holds or waits for a lock, so operators can see it in listings.
 // All fields are optional and informative only: leasehold never trusts them.
 type Holder struct {
@@ -2221,6 +2278,440 @@ func (x *KeyValue) GetFenceToken() uint64 {
 	return 0
 }
 
+type BeginRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The key: 1 to 256 bytes of ASCII letters, digits and . _ - / : @ + (like lock names).
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// The lease the work runs under (from LeaseService.Grant). When it ends the key is free.
+	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// Who works on the key, shown to others while it is in progress. Optional.
+	Holder        *Holder `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BeginRequest) Reset() {
+	*x = BeginRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BeginRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BeginRequest) ProtoMessage() {}
+
+func (x *BeginRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BeginRequest.ProtoReflect.Descriptor instead.
+func (*BeginRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *BeginRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *BeginRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *BeginRequest) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+type BeginResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Status KeyStatus              `protobuf:"varint,1,opt,name=status,proto3,enum=leasehold.v1.KeyStatus" json:"status,omitempty"`
+	// NEW: the caller's token, to pass to Complete (and to fence the work's writes with).
+	// IN_PROGRESS, DONE: the token of the Begin that has, or had, the key.
+	Token uint64 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	// IN_PROGRESS: who works on it. DONE: who did it.
+	Holder *Holder `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
+	// DONE: the stored result.
+	Result        []byte `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BeginResponse) Reset() {
+	*x = BeginResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BeginResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BeginResponse) ProtoMessage() {}
+
+func (x *BeginResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BeginResponse.ProtoReflect.Descriptor instead.
+func (*BeginResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *BeginResponse) GetStatus() KeyStatus {
+	if x != nil {
+		return x.Status
+	}
+	return KeyStatus_KEY_STATUS_UNSPECIFIED
+}
+
+func (x *BeginResponse) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *BeginResponse) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *BeginResponse) GetResult() []byte {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+type CompleteRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// The token Begin answered NEW with.
+	Token uint64 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	// The result every later Begin of the key answers. At most 32 KiB.
+	Result        []byte `protobuf:"bytes,3,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteRequest) Reset() {
+	*x = CompleteRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteRequest) ProtoMessage() {}
+
+func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
+func (*CompleteRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *CompleteRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CompleteRequest) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *CompleteRequest) GetResult() []byte {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+type CompleteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteResponse) Reset() {
+	*x = CompleteResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteResponse) ProtoMessage() {}
+
+func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
+func (*CompleteResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
+}
+
+type AbandonRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Token         uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AbandonRequest) Reset() {
+	*x = AbandonRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AbandonRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AbandonRequest) ProtoMessage() {}
+
+func (x *AbandonRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AbandonRequest.ProtoReflect.Descriptor instead.
+func (*AbandonRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *AbandonRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *AbandonRequest) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+type AbandonResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AbandonResponse) Reset() {
+	*x = AbandonResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AbandonResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AbandonResponse) ProtoMessage() {}
+
+func (x *AbandonResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AbandonResponse.ProtoReflect.Descriptor instead.
+func (*AbandonResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
+}
+
+type IdempotencyServiceGetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IdempotencyServiceGetRequest) Reset() {
+	*x = IdempotencyServiceGetRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IdempotencyServiceGetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IdempotencyServiceGetRequest) ProtoMessage() {}
+
+func (x *IdempotencyServiceGetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IdempotencyServiceGetRequest.ProtoReflect.Descriptor instead.
+func (*IdempotencyServiceGetRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *IdempotencyServiceGetRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type IdempotencyServiceGetResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// UNSPECIFIED when the key is absent; otherwise IN_PROGRESS or DONE.
+	Status        KeyStatus `protobuf:"varint,1,opt,name=status,proto3,enum=leasehold.v1.KeyStatus" json:"status,omitempty"`
+	Token         uint64    `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	Holder        *Holder   `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
+	Result        []byte    `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IdempotencyServiceGetResponse) Reset() {
+	*x = IdempotencyServiceGetResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IdempotencyServiceGetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IdempotencyServiceGetResponse) ProtoMessage() {}
+
+func (x *IdempotencyServiceGetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IdempotencyServiceGetResponse.ProtoReflect.Descriptor instead.
+func (*IdempotencyServiceGetResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *IdempotencyServiceGetResponse) GetStatus() KeyStatus {
+	if x != nil {
+		return x.Status
+	}
+	return KeyStatus_KEY_STATUS_UNSPECIFIED
+}
+
+func (x *IdempotencyServiceGetResponse) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *IdempotencyServiceGetResponse) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *IdempotencyServiceGetResponse) GetResult() []byte {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
 type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node's id (--node-id): 1 to 64 letters, digits, '.', '_' or '-'.
@@ -2242,7 +2733,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2254,7 +2745,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2267,7 +2758,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Member) GetNodeId() string {
@@ -2320,7 +2811,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2332,7 +2823,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2345,7 +2836,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
 }
 
 type MembersResponse struct {
@@ -2357,7 +2848,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2369,7 +2860,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2382,7 +2873,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -2403,7 +2894,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2906,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2919,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AddMemberRequest) GetNodeId() string {
@@ -2461,7 +2952,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2473,7 +2964,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2486,7 +2977,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AddMemberResponse) GetMembers() []*Member {
@@ -2505,7 +2996,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2517,7 +3008,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2530,7 +3021,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RemoveMemberRequest) GetNodeId() string {
@@ -2549,7 +3040,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2561,7 +3052,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2574,7 +3065,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RemoveMemberResponse) GetMembers() []*Member {
@@ -2592,7 +3083,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2604,7 +3095,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2617,7 +3108,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
 }
 
 type StatusResponse struct {
@@ -2656,7 +3147,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2668,7 +3159,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2681,7 +3172,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -2817,7 +3308,7 @@ type FastLaneError struct {
 
 func (x *FastLaneError) Reset() {
 	*x = FastLaneError{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2829,7 +3320,7 @@ func (x *FastLaneError) String() string {
 func (*FastLaneError) ProtoMessage() {}
 
 func (x *FastLaneError) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2842,7 +3333,7 @@ func (x *FastLaneError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastLaneError.ProtoReflect.Descriptor instead.
 func (*FastLaneError) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *FastLaneError) GetCode() uint32 {
@@ -3026,7 +3517,32 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x1f\n" +
 	"\vfence_token\x18\x04 \x01(\x04R\n" +
-	"fenceToken\"\xb3\x01\n" +
+	"fenceToken\"i\n" +
+	"\fBeginRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12,\n" +
+	"\x06holder\x18\x03 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\"\x9c\x01\n" +
+	"\rBeginResponse\x12/\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x17.leasehold.v1.KeyStatusR\x06status\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\x12,\n" +
+	"\x06holder\x18\x03 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12\x16\n" +
+	"\x06result\x18\x04 \x01(\fR\x06result\"Q\n" +
+	"\x0fCompleteRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
+	"\x06result\x18\x03 \x01(\fR\x06result\"\x12\n" +
+	"\x10CompleteResponse\"8\n" +
+	"\x0eAbandonRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\"\x11\n" +
+	"\x0fAbandonResponse\"0\n" +
+	"\x1cIdempotencyServiceGetRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"\xac\x01\n" +
+	"\x1dIdempotencyServiceGetResponse\x12/\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x17.leasehold.v1.KeyStatusR\x06status\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\x12,\n" +
+	"\x06holder\x18\x03 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12\x16\n" +
+	"\x06result\x18\x04 \x01(\fR\x06result\"\xb3\x01\n" +
 	"\x06Member\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +
@@ -3081,7 +3597,12 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x15LOCK_MODE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13LOCK_MODE_EXCLUSIVE\x10\x01\x12\x14\n" +
 	"\x10LOCK_MODE_SHARED\x10\x02\x12\x17\n" +
-	"\x13LOCK_MODE_SEMAPHORE\x10\x032\xf5\x01\n" +
+	"\x13LOCK_MODE_SEMAPHORE\x10\x03*l\n" +
+	"\tKeyStatus\x12\x1a\n" +
+	"\x16KEY_STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eKEY_STATUS_NEW\x10\x01\x12\x1a\n" +
+	"\x16KEY_STATUS_IN_PROGRESS\x10\x02\x12\x13\n" +
+	"\x0fKEY_STATUS_DONE\x10\x032\xf5\x01\n" +
 	"\fLeaseService\x12F\n" +
 	"\x05Grant\x12\x1a.leasehold.v1.GrantRequest\x1a\x1b.leasehold.v1.GrantResponse\"\x04\xb0\xe3\x18\x01\x12R\n" +
 	"\tKeepAlive\x12\x1e.leasehold.v1.KeepAliveRequest\x1a\x1f.leasehold.v1.KeepAliveResponse\"\x04\xb0\xe3\x18\x02\x12I\n" +
@@ -3098,7 +3619,13 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x03Get\x12\x18.leasehold.v1.GetRequest\x1a\x19.leasehold.v1.GetResponse\"\x04\xb0\xe3\x18\b\x12@\n" +
 	"\x03Put\x12\x18.leasehold.v1.PutRequest\x1a\x19.leasehold.v1.PutResponse\"\x04\xb0\xe3\x18\a\x12I\n" +
 	"\x06Delete\x12\x1b.leasehold.v1.DeleteRequest\x1a\x1c.leasehold.v1.DeleteResponse\"\x04\xb0\xe3\x18\t\x12O\n" +
-	"\x04List\x12\".leasehold.v1.KVServiceListRequest\x1a#.leasehold.v1.KVServiceListResponse2\xc2\x02\n" +
+	"\x04List\x12\".leasehold.v1.KVServiceListRequest\x1a#.leasehold.v1.KVServiceListResponse2\xd5\x02\n" +
+	"\x12IdempotencyService\x12F\n" +
+	"\x05Begin\x12\x1a.leasehold.v1.BeginRequest\x1a\x1b.leasehold.v1.BeginResponse\"\x04\xb0\xe3\x18\n" +
+	"\x12O\n" +
+	"\bComplete\x12\x1d.leasehold.v1.CompleteRequest\x1a\x1e.leasehold.v1.CompleteResponse\"\x04\xb0\xe3\x18\v\x12F\n" +
+	"\aAbandon\x12\x1c.leasehold.v1.AbandonRequest\x1a\x1d.leasehold.v1.AbandonResponse\x12^\n" +
+	"\x03Get\x12*.leasehold.v1.IdempotencyServiceGetRequest\x1a+.leasehold.v1.IdempotencyServiceGetResponse2\xc2\x02\n" +
 	"\x0eClusterService\x12C\n" +
 	"\x06Status\x12\x1b.leasehold.v1.StatusRequest\x1a\x1c.leasehold.v1.StatusResponse\x12F\n" +
 	"\aMembers\x12\x1c.leasehold.v1.MembersRequest\x1a\x1d.leasehold.v1.MembersResponse\x12L\n" +
@@ -3118,117 +3645,139 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 	return file_leasehold_v1_leasehold_proto_rawDescData
 }
 
-var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
-	(LockClass)(0),                     // 0: leasehold.v1.LockClass
-	(LockMode)(0),                      // 1: leasehold.v1.LockMode
-	(*Holder)(nil),                     // 2: leasehold.v1.Holder
-	(*ErrorDetail)(nil),                // 3: leasehold.v1.ErrorDetail
-	(*GrantRequest)(nil),               // 4: leasehold.v1.GrantRequest
-	(*GrantResponse)(nil),              // 5: leasehold.v1.GrantResponse
-	(*KeepAliveRequest)(nil),           // 6: leasehold.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),          // 7: leasehold.v1.KeepAliveResponse
-	(*LostLock)(nil),                   // 8: leasehold.v1.LostLock
-	(*RevokeRequest)(nil),              // 9: leasehold.v1.RevokeRequest
-	(*RevokeResponse)(nil),             // 10: leasehold.v1.RevokeResponse
-	(*AcquireRequest)(nil),             // 11: leasehold.v1.AcquireRequest
-	(*AcquireResponse)(nil),            // 12: leasehold.v1.AcquireResponse
-	(*ReleaseRequest)(nil),             // 13: leasehold.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),            // 14: leasehold.v1.ReleaseResponse
-	(*DescribeRequest)(nil),            // 15: leasehold.v1.DescribeRequest
-	(*DescribeResponse)(nil),           // 16: leasehold.v1.DescribeResponse
-	(*ListRequest)(nil),                // 17: leasehold.v1.ListRequest
-	(*ListResponse)(nil),               // 18: leasehold.v1.ListResponse
-	(*LockInfo)(nil),                   // 19: leasehold.v1.LockInfo
-	(*LockHolder)(nil),                 // 20: leasehold.v1.LockHolder
-	(*ForceReleaseRequest)(nil),        // 21: leasehold.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil),       // 22: leasehold.v1.ForceReleaseResponse
-	(*CheckTokenRequest)(nil),          // 23: leasehold.v1.CheckTokenRequest
-	(*CheckTokenResponse)(nil),         // 24: leasehold.v1.CheckTokenResponse
-	(*Fence)(nil),                      // 25: leasehold.v1.Fence
-	(*GetRequest)(nil),                 // 26: leasehold.v1.GetRequest
-	(*GetResponse)(nil),                // 27: leasehold.v1.GetResponse
-	(*PutRequest)(nil),                 // 28: leasehold.v1.PutRequest
-	(*PutResponse)(nil),                // 29: leasehold.v1.PutResponse
-	(*DeleteRequest)(nil),              // 30: leasehold.v1.DeleteRequest
-	(*DeleteResponse)(nil),             // 31: leasehold.v1.DeleteResponse
-	(*KVServiceListRequest)(nil),       // 32: leasehold.v1.KVServiceListRequest
-	(*KVServiceListResponse)(nil),      // 33: leasehold.v1.KVServiceListResponse
-	(*KeyValue)(nil),                   // 34: leasehold.v1.KeyValue
-	(*Member)(nil),                     // 35: leasehold.v1.Member
-	(*MembersRequest)(nil),             // 36: leasehold.v1.MembersRequest
-	(*MembersResponse)(nil),            // 37: leasehold.v1.MembersResponse
-	(*AddMemberRequest)(nil),           // 38: leasehold.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),          // 39: leasehold.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),        // 40: leasehold.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),       // 41: leasehold.v1.RemoveMemberResponse
-	(*StatusRequest)(nil),              // 42: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),             // 43: leasehold.v1.StatusResponse
-	(*FastLaneError)(nil),              // 44: leasehold.v1.FastLaneError
-	(*descriptorpb.MethodOptions)(nil), // 45: google.protobuf.MethodOptions
+	(LockClass)(0),                        // 0: leasehold.v1.LockClass
+	(LockMode)(0),                         // 1: leasehold.v1.LockMode
+	(KeyStatus)(0),                        // 2: leasehold.v1.KeyStatus
+	(*Holder)(nil),                        // 3: leasehold.v1.Holder
+	(*ErrorDetail)(nil),                   // 4: leasehold.v1.ErrorDetail
+	(*GrantRequest)(nil),                  // 5: leasehold.v1.GrantRequest
+	(*GrantResponse)(nil),                 // 6: leasehold.v1.GrantResponse
+	(*KeepAliveRequest)(nil),              // 7: leasehold.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),             // 8: leasehold.v1.KeepAliveResponse
+	(*LostLock)(nil),                      // 9: leasehold.v1.LostLock
+	(*RevokeRequest)(nil),                 // 10: leasehold.v1.RevokeRequest
+	(*RevokeResponse)(nil),                // 11: leasehold.v1.RevokeResponse
+	(*AcquireRequest)(nil),                // 12: leasehold.v1.AcquireRequest
+	(*AcquireResponse)(nil),               // 13: leasehold.v1.AcquireResponse
+	(*ReleaseRequest)(nil),                // 14: leasehold.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),               // 15: leasehold.v1.ReleaseResponse
+	(*DescribeRequest)(nil),               // 16: leasehold.v1.DescribeRequest
+	(*DescribeResponse)(nil),              // 17: leasehold.v1.DescribeResponse
+	(*ListRequest)(nil),                   // 18: leasehold.v1.ListRequest
+	(*ListResponse)(nil),                  // 19: leasehold.v1.ListResponse
+	(*LockInfo)(nil),                      // 20: leasehold.v1.LockInfo
+	(*LockHolder)(nil),                    // 21: leasehold.v1.LockHolder
+	(*ForceReleaseRequest)(nil),           // 22: leasehold.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),          // 23: leasehold.v1.ForceReleaseResponse
+	(*CheckTokenRequest)(nil),             // 24: leasehold.v1.CheckTokenRequest
+	(*CheckTokenResponse)(nil),            // 25: leasehold.v1.CheckTokenResponse
+	(*Fence)(nil),                         // 26: leasehold.v1.Fence
+	(*GetRequest)(nil),                    // 27: leasehold.v1.GetRequest
+	(*GetResponse)(nil),                   // 28: leasehold.v1.GetResponse
+	(*PutRequest)(nil),                    // 29: leasehold.v1.PutRequest
+	(*PutResponse)(nil),                   // 30: leasehold.v1.PutResponse
+	(*DeleteRequest)(nil),                 // 31: leasehold.v1.DeleteRequest
+	(*DeleteResponse)(nil),                // 32: leasehold.v1.DeleteResponse
+	(*KVServiceListRequest)(nil),          // 33: leasehold.v1.KVServiceListRequest
+	(*KVServiceListResponse)(nil),         // 34: leasehold.v1.KVServiceListResponse
+	(*KeyValue)(nil),                      // 35: leasehold.v1.KeyValue
+	(*BeginRequest)(nil),                  // 36: leasehold.v1.BeginRequest
+	(*BeginResponse)(nil),                 // 37: leasehold.v1.BeginResponse
+	(*CompleteRequest)(nil),               // 38: leasehold.v1.CompleteRequest
+	(*CompleteResponse)(nil),              // 39: leasehold.v1.CompleteResponse
+	(*AbandonRequest)(nil),                // 40: leasehold.v1.AbandonRequest
+	(*AbandonResponse)(nil),               // 41: leasehold.v1.AbandonResponse
+	(*IdempotencyServiceGetRequest)(nil),  // 42: leasehold.v1.IdempotencyServiceGetRequest
+	(*IdempotencyServiceGetResponse)(nil), // 43: leasehold.v1.IdempotencyServiceGetResponse
+	(*Member)(nil),                        // 44: leasehold.v1.Member
+	(*MembersRequest)(nil),                // 45: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),               // 46: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),              // 47: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),             // 48: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),           // 49: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),          // 50: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),                 // 51: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),                // 52: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),                 // 53: leasehold.v1.FastLaneError
+	(*descriptorpb.MethodOptions)(nil),    // 54: google.protobuf.MethodOptions
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
-	2,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
-	8,  // 1: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
+	3,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
+	9,  // 1: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
 	0,  // 2: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
-	2,  // 3: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
+	3,  // 3: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
 	1,  // 4: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
 	0,  // 5: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
-	19, // 6: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
-	19, // 7: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
+	20, // 6: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
+	20, // 7: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
 	0,  // 8: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
-	2,  // 9: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
+	3,  // 9: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
 	1,  // 10: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
-	20, // 11: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
-	2,  // 12: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
-	25, // 13: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
-	25, // 14: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
-	34, // 15: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
-	35, // 16: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	35, // 17: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	35, // 18: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	3,  // 19: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	45, // 20: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	4,  // 21: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	6,  // 22: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	9,  // 23: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	11, // 24: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	13, // 25: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	15, // 26: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	17, // 27: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	21, // 28: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	23, // 29: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	26, // 30: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	28, // 31: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	30, // 32: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	32, // 33: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	42, // 34: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	36, // 35: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	38, // 36: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	40, // 37: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	5,  // 38: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	7,  // 39: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	10, // 40: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	12, // 41: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	14, // 42: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	16, // 43: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	18, // 44: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	22, // 45: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	24, // 46: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	27, // 47: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	29, // 48: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	31, // 49: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	33, // 50: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	43, // 51: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	37, // 52: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	39, // 53: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	41, // 54: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	38, // [38:55] is the sub-list for method output_type
-	21, // [21:38] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	20, // [20:21] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	21, // 11: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
+	3,  // 12: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
+	26, // 13: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
+	26, // 14: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
+	35, // 15: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
+	3,  // 16: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
+	2,  // 17: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
+	3,  // 18: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
+	2,  // 19: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
+	3,  // 20: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
+	44, // 21: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	44, // 22: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	44, // 23: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	4,  // 24: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	54, // 25: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	5,  // 26: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	7,  // 27: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	10, // 28: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	12, // 29: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	14, // 30: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	16, // 31: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	18, // 32: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	22, // 33: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	24, // 34: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	27, // 35: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	29, // 36: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	31, // 37: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	33, // 38: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	36, // 39: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
+	38, // 40: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
+	40, // 41: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
+	42, // 42: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
+	51, // 43: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	45, // 44: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	47, // 45: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	49, // 46: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	6,  // 47: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	8,  // 48: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	11, // 49: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	13, // 50: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	15, // 51: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	17, // 52: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	19, // 53: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	23, // 54: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	25, // 55: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	28, // 56: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	30, // 57: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	32, // 58: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	34, // 59: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	37, // 60: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	39, // 61: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	41, // 62: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	43, // 63: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	52, // 64: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	46, // 65: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	48, // 66: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	50, // 67: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	47, // [47:68] is the sub-list for method output_type
+	26, // [26:47] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	25, // [25:26] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -3243,10 +3792,10 @@ func file_leasehold_v1_leasehold_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   43,
+			NumEnums:      3,
+			NumMessages:   51,
 			NumExtensions: 1,
-			NumServices:   4,
+			NumServices:   5,
 		},
 		GoTypes:           file_leasehold_v1_leasehold_proto_goTypes,
 		DependencyIndexes: file_leasehold_v1_leasehold_proto_depIdxs,

@@ -45,6 +45,8 @@ const (
 	LockServiceName = "leasehold.v1.LockService"
 	// KVServiceName is the fully-qualified name of the KVService service.
 	KVServiceName = "leasehold.v1.KVService"
+	// IdempotencyServiceName is the fully-qualified name of the IdempotencyService service.
+	IdempotencyServiceName = "leasehold.v1.IdempotencyService"
 	// ClusterServiceName is the fully-qualified name of the ClusterService service.
 	ClusterServiceName = "leasehold.v1.ClusterService"
 )
@@ -84,6 +86,17 @@ const (
 	KVServiceDeleteProcedure = "/leasehold.v1.KVService/Delete"
 	// KVServiceListProcedure is the fully-qualified name of the KVService's List RPC.
 	KVServiceListProcedure = "/leasehold.v1.KVService/List"
+	// IdempotencyServiceBeginProcedure is the fully-qualified name of the IdempotencyService's Begin
+	// RPC.
+	IdempotencyServiceBeginProcedure = "/leasehold.v1.IdempotencyService/Begin"
+	// IdempotencyServiceCompleteProcedure is the fully-qualified name of the IdempotencyService's
+	// Complete RPC.
+	IdempotencyServiceCompleteProcedure = "/leasehold.v1.IdempotencyService/Complete"
+	// IdempotencyServiceAbandonProcedure is the fully-qualified name of the IdempotencyService's
+	// Abandon RPC.
+	IdempotencyServiceAbandonProcedure = "/leasehold.v1.IdempotencyService/Abandon"
+	// IdempotencyServiceGetProcedure is the fully-qualified name of the IdempotencyService's Get RPC.
+	IdempotencyServiceGetProcedure = "/leasehold.v1.IdempotencyService/Get"
 	// ClusterServiceStatusProcedure is the fully-qualified name of the ClusterService's Status RPC.
 	ClusterServiceStatusProcedure = "/leasehold.v1.ClusterService/Status"
 	// ClusterServiceMembersProcedure is the fully-qualified name of the ClusterService's Members RPC.
@@ -694,6 +707,202 @@ func (UnimplementedKVServiceHandler) Delete(context.Context, *v1.DeleteRequest) 
 
 func (UnimplementedKVServiceHandler) List(context.Context, *v1.KVServiceListRequest) (*v1.KVServiceListResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.KVService.List is not implemented"))
+}
+
+// IdempotencyServiceClient is a client for the leasehold.v1.IdempotencyService service.
+type IdempotencyServiceClient interface {
+	// Begin claims key for the lease. status NEW: the key is now the caller's, under
+	// token; do the work, then Complete. A Begin repeated by the same lease while the key
+	// is in progress answers NEW with the same token, so a retry after a lost reply is
+	// safe. IN_PROGRESS: another lease has it (holder, token). DONE: the work was done
+	// (token, holder, result). NotFound when the lease is gone; ResourceExhausted
+	// ("limit_idempotency_keys") when too many keys are in progress.
+	Begin(context.Context, *v1.BeginRequest) (*v1.BeginResponse, error)
+	// Complete marks key done with result. token must be the one Begin gave this
+	// caller, and the key still in progress under it: otherwise FailedPrecondition
+	// ("stale_token") and nothing changes — the lease ended (the key may have been begun
+	// again), the key was given back, or another Begin completed it. Repeating a Complete
+	// that succeeded succeeds again and keeps the first result.
+	Complete(context.Context, *v1.CompleteRequest) (*v1.CompleteResponse, error)
+	// Abandon gives a key in progress under token back without a result (the work
+	// failed and may be retried): the next Begin gets a new token. A key that is not in
+	// progress under token is left as it is, and the call succeeds.
+	Abandon(context.Context, *v1.AbandonRequest) (*v1.AbandonResponse, error)
+	// Get reads a key, linearizably: absent, in progress (token, holder), or done (token,
+	// holder, result).
+	Get(context.Context, *v1.IdempotencyServiceGetRequest) (*v1.IdempotencyServiceGetResponse, error)
+}
+
+// NewIdempotencyServiceClient constructs a client for the leasehold.v1.IdempotencyService service.
+// By default, it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped
+// responses, and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the
+// connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewIdempotencyServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) IdempotencyServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	idempotencyServiceMethods := v1.File_leasehold_v1_leasehold_proto.Services().ByName("IdempotencyService").Methods()
+	return &idempotencyServiceClient{
+		begin: connect.NewClient[v1.BeginRequest, v1.BeginResponse](
+			httpClient,
+			baseURL+IdempotencyServiceBeginProcedure,
+			connect.WithSchema(idempotencyServiceMethods.ByName("Begin")),
+			connect.WithClientOptions(opts...),
+		),
+		complete: connect.NewClient[v1.CompleteRequest, v1.CompleteResponse](
+			httpClient,
+			baseURL+IdempotencyServiceCompleteProcedure,
+			connect.WithSchema(idempotencyServiceMethods.ByName("Complete")),
+			connect.WithClientOptions(opts...),
+		),
+		abandon: connect.NewClient[v1.AbandonRequest, v1.AbandonResponse](
+			httpClient,
+			baseURL+IdempotencyServiceAbandonProcedure,
+			connect.WithSchema(idempotencyServiceMethods.ByName("Abandon")),
+			connect.WithClientOptions(opts...),
+		),
+		get: connect.NewClient[v1.IdempotencyServiceGetRequest, v1.IdempotencyServiceGetResponse](
+			httpClient,
+			baseURL+IdempotencyServiceGetProcedure,
+			connect.WithSchema(idempotencyServiceMethods.ByName("Get")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// idempotencyServiceClient implements IdempotencyServiceClient.
+type idempotencyServiceClient struct {
+	begin    *connect.Client[v1.BeginRequest, v1.BeginResponse]
+	complete *connect.Client[v1.CompleteRequest, v1.CompleteResponse]
+	abandon  *connect.Client[v1.AbandonRequest, v1.AbandonResponse]
+	get      *connect.Client[v1.IdempotencyServiceGetRequest, v1.IdempotencyServiceGetResponse]
+}
+
+// Begin calls leasehold.v1.IdempotencyService.Begin.
+func (c *idempotencyServiceClient) Begin(ctx context.Context, req *v1.BeginRequest) (*v1.BeginResponse, error) {
+	response, err := c.begin.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Complete calls leasehold.v1.IdempotencyService.Complete.
+func (c *idempotencyServiceClient) Complete(ctx context.Context, req *v1.CompleteRequest) (*v1.CompleteResponse, error) {
+	response, err := c.complete.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Abandon calls leasehold.v1.IdempotencyService.Abandon.
+func (c *idempotencyServiceClient) Abandon(ctx context.Context, req *v1.AbandonRequest) (*v1.AbandonResponse, error) {
+	response, err := c.abandon.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Get calls leasehold.v1.IdempotencyService.Get.
+func (c *idempotencyServiceClient) Get(ctx context.Context, req *v1.IdempotencyServiceGetRequest) (*v1.IdempotencyServiceGetResponse, error) {
+	response, err := c.get.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// IdempotencyServiceHandler is an implementation of the leasehold.v1.IdempotencyService service.
+type IdempotencyServiceHandler interface {
+	// Begin claims key for the lease. status NEW: the key is now the caller's, under
+	// token; do the work, then Complete. A Begin repeated by the same lease while the key
+	// is in progress answers NEW with the same token, so a retry after a lost reply is
+	// safe. IN_PROGRESS: another lease has it (holder, token). DONE: the work was done
+	// (token, holder, result). NotFound when the lease is gone; ResourceExhausted
+	// ("limit_idempotency_keys") when too many keys are in progress.
+	Begin(context.Context, *v1.BeginRequest) (*v1.BeginResponse, error)
+	// Complete marks key done with result. token must be the one Begin gave this
+	// caller, and the key still in progress under it: otherwise FailedPrecondition
+	// ("stale_token") and nothing changes — the lease ended (the key may have been begun
+	// again), the key was given back, or another Begin completed it. Repeating a Complete
+	// that succeeded succeeds again and keeps the first result.
+	Complete(context.Context, *v1.CompleteRequest) (*v1.CompleteResponse, error)
+	// Abandon gives a key in progress under token back without a result (the work
+	// failed and may be retried): the next Begin gets a new token. A key that is not in
+	// progress under token is left as it is, and the call succeeds.
+	Abandon(context.Context, *v1.AbandonRequest) (*v1.AbandonResponse, error)
+	// Get reads a key, linearizably: absent, in progress (token, holder), or done (token,
+	// holder, result).
+	Get(context.Context, *v1.IdempotencyServiceGetRequest) (*v1.IdempotencyServiceGetResponse, error)
+}
+
+// NewIdempotencyServiceHandler builds an HTTP handler from the service implementation. It returns
+// the path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewIdempotencyServiceHandler(svc IdempotencyServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	idempotencyServiceMethods := v1.File_leasehold_v1_leasehold_proto.Services().ByName("IdempotencyService").Methods()
+	idempotencyServiceBeginHandler := connect.NewUnaryHandlerSimple(
+		IdempotencyServiceBeginProcedure,
+		svc.Begin,
+		connect.WithSchema(idempotencyServiceMethods.ByName("Begin")),
+		connect.WithHandlerOptions(opts...),
+	)
+	idempotencyServiceCompleteHandler := connect.NewUnaryHandlerSimple(
+		IdempotencyServiceCompleteProcedure,
+		svc.Complete,
+		connect.WithSchema(idempotencyServiceMethods.ByName("Complete")),
+		connect.WithHandlerOptions(opts...),
+	)
+	idempotencyServiceAbandonHandler := connect.NewUnaryHandlerSimple(
+		IdempotencyServiceAbandonProcedure,
+		svc.Abandon,
+		connect.WithSchema(idempotencyServiceMethods.ByName("Abandon")),
+		connect.WithHandlerOptions(opts...),
+	)
+	idempotencyServiceGetHandler := connect.NewUnaryHandlerSimple(
+		IdempotencyServiceGetProcedure,
+		svc.Get,
+		connect.WithSchema(idempotencyServiceMethods.ByName("Get")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/leasehold.v1.IdempotencyService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case IdempotencyServiceBeginProcedure:
+			idempotencyServiceBeginHandler.ServeHTTP(w, r)
+		case IdempotencyServiceCompleteProcedure:
+			idempotencyServiceCompleteHandler.ServeHTTP(w, r)
+		case IdempotencyServiceAbandonProcedure:
+			idempotencyServiceAbandonHandler.ServeHTTP(w, r)
+		case IdempotencyServiceGetProcedure:
+			idempotencyServiceGetHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedIdempotencyServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedIdempotencyServiceHandler struct{}
+
+func (UnimplementedIdempotencyServiceHandler) Begin(context.Context, *v1.BeginRequest) (*v1.BeginResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.IdempotencyService.Begin is not implemented"))
+}
+
+func (UnimplementedIdempotencyServiceHandler) Complete(context.Context, *v1.CompleteRequest) (*v1.CompleteResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.IdempotencyService.Complete is not implemented"))
+}
+
+func (UnimplementedIdempotencyServiceHandler) Abandon(context.Context, *v1.AbandonRequest) (*v1.AbandonResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.IdempotencyService.Abandon is not implemented"))
+}
+
+func (UnimplementedIdempotencyServiceHandler) Get(context.Context, *v1.IdempotencyServiceGetRequest) (*v1.IdempotencyServiceGetResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.IdempotencyService.Get is not implemented"))
 }
 
 // ClusterServiceClient is a client for the leasehold.v1.ClusterService service.
