@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Config bounds what clients may ask for. The zero value takes the defaults.
@@ -32,6 +34,10 @@ type Config struct {
 	APIAddr string
 	// FastLaneAddr is reported by Status so clients can find the fast lane.
 	FastLaneAddr string
+	// Registry is where the server registers its metrics and what /metrics serves: the
+	// node's (package metrics), which holds the leader's and the log's series too. Nil
+	// means a registry of the server's own.
+	Registry *prometheus.Registry
 }
 
 // Validate fills defaults and checks rules that span fields.

@@ -19,6 +19,7 @@ import (
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/leader"
+	"github.com/leasehold/leasehold/metrics"
 	"github.com/leasehold/leasehold/replication"
 	"github.com/leasehold/leasehold/server"
 )
@@ -126,8 +127,10 @@ func Start(cfg Config) (*Node, error) {
 	rc.Logger = cfg.Logger
 	rc.Observe = func(e []core.Effect) { n.Leader.OnEffects(e) }
 	rc.LeaderChange = changes
+	m := metrics.New()
+	rc.ObserveCommit, rc.ObserveSync, cfg.Server.Registry = m.Commit, m.Fsync, m.Registry()
 	self := core.Member{ID: rc.NodeID, APIAddr: cfg.AdvertiseAddr, FastLaneAddr: cfg.Server.FastLaneAddr}
-	n.Leader = leader.New(nil, leader.Config{Limits: rc.Limits, Logger: cfg.Logger, OnPromote: func(ctx context.Context) {
+	n.Leader = leader.New(nil, leader.Config{Limits: rc.Limits, Logger: cfg.Logger, Observer: m, OnPromote: func(ctx context.Context) {
 		n.onPromote(ctx, self, cfg.StaticPeers, cfg.Logger)
 	}})
 	n.Raft, err = replication.Open(rc)
