@@ -21,6 +21,15 @@ var (
 	ErrNotAcquired = errors.New("client: lock not acquired: held by another holder")
 	// ErrClassConflict is returned by Lock when the name is in use with the other class.
 	ErrClassConflict = errors.New("client: lock name is in use with the other class")
+	// ErrModeConflict is returned by Lock when the name is in use as another kind — a
+	// readers-writer lock (exclusive or Shared), or a Semaphore of another size — or
+	// when the holder already holds or waits for it in the other mode (no upgrades).
+	ErrModeConflict = errors.New("client: lock name is in use in another mode")
+	// ErrSetConflict is returned by LockSet (and Lock) when the holder already holds
+	// or waits for one of the names under another Lock or LockSet.
+	ErrSetConflict = errors.New("client: the holder already has one of the names under another lock")
+	// ErrNoNames is returned by LockSet when it is given no name.
+	ErrNoNames = errors.New("client: LockSet needs at least one name")
 	// ErrUnavailable wraps failures to reach a server that can serve the request. For
 	// Lock and Unlock the outcome on the server is then unknown; Lock retries for you
 	// until its context ends.

@@ -179,7 +179,7 @@ func (s *lease) deliver(resp *leaseholdv1.KeepAliveResponse) {
 			continue
 		}
 		for _, ll := range resp.GetLost() {
-			if ll.GetName() == l.name && ll.GetToken() == l.token {
+			if l.holds(ll.GetName()) && ll.GetToken() == l.token {
 				lost = append(lost, l)
 				causes = append(causes, fmt.Errorf("%w: %s", ErrReleasedByOperator, ll.GetReason()))
 			}

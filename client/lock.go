@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 )
@@ -17,6 +19,8 @@ type LockOption func(*lockOptions)
 
 type lockOptions struct {
 	class   leaseholdv1.LockClass
+	mode    leaseholdv1.LockMode
+	limit   uint32
 	ttl     time.Duration
 	waitMs  int64 // -1 forever (bounded by ctx), 0 try once
 	holder  *Holder
@@ -31,6 +35,24 @@ func Correctness(o *lockOptions) { o.class = leaseholdv1.LockClass_LOCK_CLASS_CO
 // leader's memory (one round trip, no disk write) and are lost, with notice, when the
 // leader restarts or changes.
 func Efficiency(o *lockOptions) { o.class = leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY }
+
+// Shared takes the lock shared: any number of Shared holders at once (the readers of a
+// readers-writer lock), while nobody holds it exclusively (the default, the writer).
+// Queues are FIFO: an exclusive Lock waiting behind readers holds back the Shared
+// Locks that come after it, so a writer is never starved. Each reader gets a token of
+// its own; see FENCING.md for what it means at a resource. A name held or waited for
+// as a semaphore refuses Shared with ErrModeConflict.
+func Shared(o *lockOptions) { o.mode, o.limit = leaseholdv1.LockMode_LOCK_MODE_SHARED, 0 }
+
+// Semaphore takes one of n slots of a semaphore (n from 1 to 10,000): up to n holders
+// at once, each with its own token, FIFO behind them. Every holder must ask for the
+// same n: while the name is held or waited for, another n (or an exclusive or Shared
+// Lock of it) fails with ErrModeConflict.
+func Semaphore(n int) LockOption {
+	return func(o *lockOptions) {
+		o.mode, o.limit = leaseholdv1.LockMode_LOCK_MODE_SEMAPHORE, uint32(min(max(n, 0), 1<<31))
+	}
+}
 
 // TryOnce makes Lock fail at once with ErrNotAcquired when the lock is held.
 func TryOnce(o *lockOptions) { o.waitMs = 0 }
@@ -67,6 +89,7 @@ type Lock struct {
 	c     *Client
 	s     *lease
 	name  string
+	names []string // a lock set's names, sorted; nil for one lock
 	token uint64
 	class leaseholdv1.LockClass
 	epoch string
@@ -92,15 +115,36 @@ const maxRetryBackoff = 250 * time.Millisecond
 // same request. Lock itself retries while no server is available, until ctx ends.
 //
 // Errors: ErrNoClass; *HeldError (matches ErrNotAcquired) when the lock stayed held;
-// ErrClassConflict; ErrUnavailable wrapping the last failure when ctx ended while no
+// ErrClassConflict; ErrModeConflict (the name is in use as another mode, see Shared and
+// Semaphore); ErrSetConflict (the holder has the name under a LockSet); ErrUnavailable wrapping the last failure when ctx ended while no
 // server could be reached; the server's InvalidArgument for a bad name (as a
 // *connect.Error); ctx's error.
 func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Lock, error) {
-	return c.lock(ctx, &c.own, name, opts)
+	return c.lock(ctx, &c.own, []string{name}, opts)
 }
 
-// lock is Lock for the holder whose leases are set.
-func (c *Client) lock(ctx context.Context, set *leaseSet, name string, opts []LockOption) (*Lock, error) {
+// LockSet acquires the locks names all at once, under one fencing token, or none of
+// them: a lock set. The set waits in the FIFO queue of every name at once and holds
+// none of them until it can have all, so two LockSets never deadlock, whatever the
+// order of their names; that makes it the way to take several locks, rather than one
+// Lock after another. Options are Lock's and apply to every name (Shared takes them
+// all shared). The returned Lock stands for the whole set: Names lists the names,
+// Token is the set's, Unlock releases every name, and its Context ends when any of
+// them is lost (an operator's force release of one name takes the whole set).
+//
+// LockSet is safe to retry as Lock is. It fails with ErrSetConflict when the holder
+// (this Client, or the Session) already holds or waits for one of the names under
+// another Lock or LockSet; a set of one name is the same as Lock. Other errors are
+// Lock's; *HeldError names the first name that was held.
+func (c *Client) LockSet(ctx context.Context, names []string, opts ...LockOption) (*Lock, error) {
+	return c.lock(ctx, &c.own, names, opts)
+}
+
+// lock is Lock (one name) and LockSet (several) for the holder whose leases are set.
+func (c *Client) lock(ctx context.Context, set *leaseSet, names []string, opts []LockOption) (*Lock, error) {
+	if len(names) == 0 {
+		return nil, ErrNoNames
+	}
 	o := lockOptions{ttl: c.opts.ttl, waitMs: -1}
 	for _, opt := range opts {
 		opt(&o)
@@ -112,6 +156,19 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, name string, opts []Lo
 	if o.holder != nil {
 		h.Note = o.holder.Note
 	}
+	req := &leaseholdv1.AcquireRequest{
+		Class:       o.class,
+		Mode:        o.mode,
+		Limit:       o.limit,
+		Holder:      &leaseholdv1.Holder{Host: h.Host, Pid: h.PID, Note: h.Note},
+		WaitMs:      o.waitMs,
+		LockDelayMs: o.delayMs,
+	}
+	if len(names) == 1 {
+		req.Name = names[0]
+	} else {
+		req.Names = names
+	}
 	backoff := 20 * time.Millisecond
 	var lastErr error
 	var tried *lease
@@ -120,7 +177,8 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, name string, opts []Lo
 		if err == nil {
 			var l *Lock
 			tried = s
-			l, err = c.acquire(ctx, s, name, o, h)
+			req.LeaseId = s.id
+			l, err = c.acquire(ctx, s, req)
 			if err == nil {
 				return l, nil
 			}
@@ -131,7 +189,7 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, name string, opts []Lo
 		}
 		if !retryable(ctx, err) {
 			if tried != nil && ctx.Err() != nil {
-				go c.abandon(tried, name, o.class)
+				go c.abandon(tried, req)
 			}
 			return nil, err
 		}
@@ -140,7 +198,7 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, name string, opts []Lo
 		select {
 		case <-ctx.Done():
 			if tried != nil {
-				go c.abandon(tried, name, o.class)
+				go c.abandon(tried, req)
 			}
 			return nil, fmt.Errorf("%w: %w (last error: %w)", ErrUnavailable, ctx.Err(), lastErr)
 		case <-time.After(jitter(backoff)):
@@ -149,28 +207,38 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, name string, opts []Lo
 	}
 }
 
-func (c *Client) acquire(ctx context.Context, s *lease, name string, o lockOptions, h Holder) (*Lock, error) {
-	resp, err := rpc(ctx, c, c.locks.Acquire, &leaseholdv1.AcquireRequest{
-		Name:        name,
-		Class:       o.class,
-		LeaseId:     s.id,
-		Holder:      &leaseholdv1.Holder{Host: h.Host, Pid: h.PID, Note: h.Note},
-		WaitMs:      o.waitMs,
-		LockDelayMs: o.delayMs,
-	})
+func (c *Client) acquire(ctx context.Context, s *lease, req *leaseholdv1.AcquireRequest) (*Lock, error) {
+	name, names := req.GetName(), req.GetNames()
+	if len(names) > 0 {
+		names = slices.Clone(names)
+		slices.Sort(names)
+		name = names[0] // the server releases and cancels a set by any of its names
+	}
+	resp, err := rpc(ctx, c, c.locks.Acquire, req)
 	if err != nil {
 		code, d := detail(err)
 		switch {
 		case code == connect.CodeDeadlineExceeded && d.GetReason() == "lock_held":
-			return nil, &HeldError{Name: name, HolderToken: d.GetHolderToken(), Holder: Holder{Host: d.GetHolder().GetHost(), PID: d.GetHolder().GetPid(), Note: d.GetHolder().GetNote()}}
+			held := name
+			if d.GetHeldLock() != "" {
+				held = d.GetHeldLock()
+			}
+			return nil, &HeldError{Name: held, HolderToken: d.GetHolderToken(), Holder: Holder{Host: d.GetHolder().GetHost(), PID: d.GetHolder().GetPid(), Note: d.GetHolder().GetNote()}}
 		case d.GetReason() == "class_conflict":
 			return nil, fmt.Errorf("%w: %w", ErrClassConflict, err)
+		case d.GetReason() == "mode_conflict":
+			return nil, fmt.Errorf("%w: %w", ErrModeConflict, err)
+		case d.GetReason() == "set_conflict":
+			return nil, fmt.Errorf("%w: %w", ErrSetConflict, err)
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
 		}
 		return nil, err
 	}
 	l := &Lock{c: c, s: s, name: name, token: resp.GetToken(), class: resp.GetClass(), epoch: resp.GetEpoch()}
+	if len(names) > 1 {
+		l.names = names
+	}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	if err := s.add(l); err != nil {
 		// The lease ended while we acquired: the lease is gone or about to be.
@@ -179,11 +247,26 @@ func (c *Client) acquire(ctx context.Context, s *lease, name string, o lockOptio
 	return l, nil
 }
 
-// Name returns the lock's name.
+// Name returns the lock's name; for a lock set, the first of its names in sorted order.
 func (l *Lock) Name() string { return l.name }
 
-// Token returns the fencing token of this grant. Pass it to the resource with every
-// write; the resource rejects tokens lower than one it has already accepted.
+// Names returns the names the Lock holds, sorted: the names of a lock set, or the one
+// name of a Lock. The caller must not change the slice.
+func (l *Lock) Names() []string {
+	if l.names == nil {
+		return []string{l.name}
+	}
+	return l.names
+}
+
+// holds reports whether the Lock holds the lock name.
+func (l *Lock) holds(name string) bool {
+	return name == l.name || slices.Contains(l.names, name)
+}
+
+// Token returns the fencing token of this grant (of a lock set, shared by its names).
+// Pass it to the resource with every write; the resource rejects tokens lower than one
+// it has already accepted.
 func (l *Lock) Token() uint64 { return l.token }
 
 // Context returns a context that is cancelled the moment the lock is known lost, or at
@@ -267,14 +350,21 @@ func (c lockContext) Err() error {
 	return c.l.ctx.Err()
 }
 
-// abandon takes lease s out of name's queue, or releases the grant it got, after a Lock
-// whose outcome was unknown gave up. An Acquire with wait 0 on the same lease returns
-// the lease's grant (idempotent) or cancels its place in the queue.
-func (c *Client) abandon(s *lease, name string, class leaseholdv1.LockClass) {
+// abandon takes lease s out of the queue (every queue of a lock set) that the acquire
+// req put it in, or releases the grant it got, after a Lock whose outcome was unknown
+// gave up. The same Acquire with wait 0 on the same lease returns the lease's grant
+// (idempotent) or cancels its place in the queue.
+func (c *Client) abandon(s *lease, req *leaseholdv1.AcquireRequest) {
+	try := proto.CloneOf(req)
+	try.LeaseId, try.WaitMs = s.id, 0
+	name := req.GetName()
+	if len(req.GetNames()) > 0 {
+		name = req.GetNames()[0]
+	}
 	backoff := 50 * time.Millisecond
 	for s.alive() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := rpc(ctx, c, c.locks.Acquire, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: s.id, WaitMs: 0})
+		resp, err := rpc(ctx, c, c.locks.Acquire, try)
 		if err == nil {
 			_, err = rpc(ctx, c, c.locks.Release, &leaseholdv1.ReleaseRequest{Name: name, LeaseId: s.id, Token: resp.GetToken()})
 		}

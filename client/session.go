@@ -41,7 +41,12 @@ func (c *Client) NewSession() *Session {
 // Lock acquires the lock name on the Session's own lease. Options, waiting, retries and
 // errors are those of Client.Lock.
 func (s *Session) Lock(ctx context.Context, name string, opts ...LockOption) (*Lock, error) {
-	return s.c.lock(ctx, &s.set, name, opts)
+	return s.c.lock(ctx, &s.set, []string{name}, opts)
+}
+
+// LockSet acquires the lock set names on the Session's own lease, as Client.LockSet.
+func (s *Session) LockSet(ctx context.Context, names []string, opts ...LockOption) (*Lock, error) {
+	return s.c.lock(ctx, &s.set, names, opts)
 }
 
 // Close revokes the Session's leases, which releases every lock taken through it, and

@@ -32,18 +32,25 @@ func EncodeCommand(c Command) ([]byte, error) {
 // (binary) or version 1 (JSON, written before version 2 existed). Any malformed input
 // yields an error wrapping ErrCorrupt, never a panic.
 func DecodeCommand(b []byte) (Command, error) {
-	var c Command
 	if len(b) == 0 || len(b) > MaxCommandSize {
-		return c, fmt.Errorf("%w: command of %d bytes", ErrCorrupt, len(b))
+		return Command{}, fmt.Errorf("%w: command of %d bytes", ErrCorrupt, len(b))
 	}
 	switch b[0] {
 	case commandV2:
 		return decodeCommandV2(b[1:])
 	case commandV1:
+		return decodeCommandV1(b[1:])
 	default:
-		return c, fmt.Errorf("%w: command version %d", ErrCorrupt, b[0])
+		return Command{}, fmt.Errorf("%w: command version %d", ErrCorrupt, b[0])
 	}
-	dec := json.NewDecoder(bytes.NewReader(b[1:]))
+}
+
+// decodeCommandV1 decodes the body of a version-1 (JSON) command. It is a function of
+// its own so that the command JSON decodes into, which escapes, is not the one
+// DecodeCommand returns for version 2: that one stays on the caller's stack.
+func decodeCommandV1(b []byte) (Command, error) {
+	var c Command
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		return Command{}, fmt.Errorf("%w: %w", ErrCorrupt, err)

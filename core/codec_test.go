@@ -27,6 +27,9 @@ func sampleCommands() []Command {
 		{Op: OpSetMember, Node: "node-1", Addr: "10.0.0.1:7740", FastLane: "10.0.0.1:7742"},
 		{Op: OpRemoveMember, Node: "node-1"},
 		{Op: OpSetClusterID, ClusterID: testClusterID},
+		{Op: OpAcquire, Lease: leaseA, Name: "readers", Class: Correctness, Mode: Shared, Wait: true},
+		{Op: OpAcquire, Lease: leaseB, Name: "pool", Class: Correctness, Mode: Semaphore, Limit: 8},
+		{Op: OpAcquire, Lease: leaseC, Names: []string{"a", "b/c", "z"}, Class: Correctness, Mode: Shared, Wait: true, DelayMillis: 100},
 	}
 }
 

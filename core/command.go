@@ -40,8 +40,19 @@ const (
 	fAddr                 // string
 	fFastLane             // string
 	fClusterID            // string
+)
+
+// The fields of lock modes and lock sets. They take bits 24 to 31 (bits 21 to 23 belong
+// to other fields); a bit that names no field is rejected.
+const (
+	fMode  = 24 + iota // 1 byte
+	fLimit             // uvarint
+	fNames             // uvarint count (at least 1), then each name as a string
 	numFields
 )
+
+// knownFields has the bits of every field.
+const knownFields = (1<<(fClusterID+1) - 1) | (1<<numFields-1)&^(1<<fMode-1)
 
 const commandV2 = 2
 
@@ -74,6 +85,9 @@ func appendCommand(b []byte, c Command) []byte {
 	set(fAddr, c.Addr != "")
 	set(fFastLane, c.FastLane != "")
 	set(fClusterID, c.ClusterID != "")
+	set(fMode, c.Mode != 0)
+	set(fLimit, c.Limit != 0)
+	set(fNames, len(c.Names) != 0)
 
 	b = append(b, commandV2, byte(c.Op))
 	b = binary.AppendUvarint(b, mask)
@@ -123,6 +137,15 @@ func appendCommand(b []byte, c Command) []byte {
 			str(c.FastLane)
 		case fClusterID:
 			str(c.ClusterID)
+		case fMode:
+			b = append(b, byte(c.Mode))
+		case fLimit:
+			b = binary.AppendUvarint(b, uint64(c.Limit))
+		case fNames:
+			b = binary.AppendUvarint(b, uint64(len(c.Names)))
+			for _, n := range c.Names {
+				str(n)
+			}
 		}
 	}
 	return b
@@ -131,7 +154,14 @@ func appendCommand(b []byte, c Command) []byte {
 // commandSize is an upper bound of c's encoded size, to allocate once.
 func commandSize(c Command) int {
 	n := 2 + 3 + 16 + 5*binary.MaxVarintLen64 + 1 + 7*binary.MaxVarintLen64
-	return n + len(c.Name) + len(c.Holder.Host) + len(c.Holder.Note) + len(c.Reason) + len(c.Key) + len(c.Value) + len(c.Node) + len(c.Addr) + len(c.FastLane) + len(c.ClusterID)
+	n += len(c.Name) + len(c.Holder.Host) + len(c.Holder.Note) + len(c.Reason) + len(c.Key) + len(c.Value) + len(c.Node) + len(c.Addr) + len(c.FastLane) + len(c.ClusterID)
+	if c.Mode != 0 || c.Limit != 0 || len(c.Names) != 0 {
+		n += 1 + 1 + binary.MaxVarintLen32 + binary.MaxVarintLen64 // mask growth, mode, limit, count
+	}
+	for _, name := range c.Names {
+		n += binary.MaxVarintLen64 + len(name)
+	}
+	return n
 }
 
 // decodeCommandV2 decodes the body of a version-2 command (b without its version byte).
@@ -140,8 +170,8 @@ func decodeCommandV2(b []byte) (Command, error) {
 	var c Command
 	c.Op = Op(d.u8("op"))
 	mask := d.uvarint("field mask")
-	if d.err == nil && mask>>numFields != 0 {
-		d.fail(fmt.Sprintf("unknown field %d", bits.Len64(mask)-1))
+	if unknown := mask &^ knownFields; d.err == nil && unknown != 0 {
+		d.fail(fmt.Sprintf("unknown field %d", bits.TrailingZeros64(unknown)))
 	}
 	for f := range numFields {
 		if d.err != nil {
@@ -207,6 +237,29 @@ func decodeCommandV2(b []byte) (Command, error) {
 			c.FastLane = d.str("fast lane")
 		case fClusterID:
 			c.ClusterID = d.str("cluster id")
+		case fMode:
+			c.Mode = Mode(d.u8("mode"))
+			d.nonZero("mode", c.Mode != 0)
+		case fLimit:
+			limit := d.uvarint("limit")
+			if limit > 1<<32-1 {
+				d.fail("limit out of range")
+			}
+			c.Limit = uint32(limit)
+			d.nonZero("limit", limit != 0)
+		case fNames:
+			// Each name takes at least two bytes, which bounds the count by the input.
+			n := d.uvarint("names count")
+			if n > uint64(len(d.b))/2 {
+				d.fail("names truncated")
+			}
+			d.nonZero("names", n != 0)
+			for range n {
+				if d.err != nil {
+					break
+				}
+				c.Names = append(c.Names, d.str("names"))
+			}
 		}
 	}
 	if d.err == nil && len(d.b) != 0 {

@@ -19,6 +19,15 @@ var (
 	// ErrClassConflict is returned by Acquire when the lock is held or waited for in the
 	// other class.
 	ErrClassConflict = errors.New("core: lock is in use with the other class")
+	// ErrModeConflict is returned by Acquire when the lock is held, waited for or
+	// delayed as another kind (a readers-writer lock, or a semaphore of another limit),
+	// or when the lease already holds or waits for it in the other mode of a
+	// readers-writer lock (an upgrade or downgrade, which leasehold does not do).
+	ErrModeConflict = errors.New("core: lock is in use in another mode")
+	// ErrSetConflict is returned by Acquire when the lease already holds or waits for
+	// one of the names under another acquire: a lock set that overlaps its own holds,
+	// or one name of a set asked for on its own.
+	ErrSetConflict = errors.New("core: the lease holds or waits for the lock under another acquire")
 	// ErrLockHeld is returned by a try-once Acquire when another lease holds the lock (or
 	// the lock is in its lock-delay).
 	ErrLockHeld = errors.New("core: lock is held")

@@ -82,6 +82,9 @@ func normalize(c Command) Command {
 	if len(c.Value) == 0 {
 		c.Value = nil
 	}
+	if len(c.Names) == 0 {
+		c.Names = nil
+	}
 	return c
 }
 
@@ -98,6 +101,14 @@ func snapshotSeeds(t testing.TB) [][]byte {
 			c := g.next()
 			m.apply(c)
 			s.Apply(c)
+		}
+		out = append(out, mustSnapshot(t, s))
+	}
+	for seed := range uint64(3) { // shared locks, semaphores, held and waiting lock sets
+		s := NewState(Limits{})
+		g := &modeGen{ch: newRandChooser(seed), s: s, slots: []LeaseID{lid(1), lid(2), lid(3), lid(4)}, nextID: 4}
+		for range 150 {
+			s.Apply(g.next())
 		}
 		out = append(out, mustSnapshot(t, s))
 	}

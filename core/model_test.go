@@ -381,9 +381,12 @@ func (m *model) compareState(s *State) error {
 // ---- invariants, independent of the model ----
 
 // checkTable checks the structural invariants of a lock table: the index agrees with the
-// locks, a held lock's holder and every waiter are live leases, nobody waits twice or
-// waits for a lock it holds, held tokens are distinct and not above last, a lock that is
-// neither held nor delayed does not exist, and the limits hold.
+// locks, holders and waiters are live leases, nobody waits twice or waits for a lock it
+// holds, G2 (one exclusive holder, or readers only, or at most a semaphore's limit),
+// tokens are not above last and distinct except that the locks of one lock set share
+// theirs, lock sets are consistent across their locks, no waiter could be granted (the
+// head of every queue is blocked), a lock that is neither held, waited for nor delayed
+// does not exist, and the limits hold.
 func checkTable(t *Locks, live func(LeaseID) bool, last uint64) error {
 	seen := make(map[LeaseID]map[string]struct{})
 	note := func(id LeaseID, name string) {
@@ -392,14 +395,18 @@ func checkTable(t *Locks, live func(LeaseID) bool, last uint64) error {
 		}
 		seen[id][name] = struct{}{}
 	}
-	tokens := make(map[uint64]string)
+	type grant struct {
+		lease LeaseID
+		names []string
+	}
+	tokens := make(map[uint64]*grant)
 	waiting := 0
 	for name, rec := range t.locks {
 		if rec.name != name {
 			return fmt.Errorf("lock stored under %q is named %q", name, rec.name)
 		}
-		if q := rec.queue; q != nil && len(q.waiters) == 0 && q.delay == 0 {
-			return fmt.Errorf("lock %q keeps an empty queue", name)
+		if m := rec.more; m != nil && len(m.waiters) == 0 && len(m.holds) == 0 && m.delay == 0 {
+			return fmt.Errorf("lock %q keeps an empty extra part", name)
 		}
 		l := rec.view()
 		waiting += len(l.Waiters)
@@ -409,32 +416,55 @@ func checkTable(t *Locks, live func(LeaseID) bool, last uint64) error {
 		if l.Class != Efficiency && l.Class != Correctness {
 			return fmt.Errorf("lock %q has class %d", name, l.Class)
 		}
-		if l.Hold == nil && !l.Delayed {
-			return fmt.Errorf("lock %q is neither held nor delayed (waiters %v)", name, l.Waiters)
+		if !l.Held() && !l.Delayed && len(l.Waiters) == 0 {
+			return fmt.Errorf("lock %q is neither held, waited for nor delayed", name)
 		}
 		if l.Hold != nil && l.Delayed {
-			return fmt.Errorf("lock %q is held and delayed at once", name)
+			return fmt.Errorf("lock %q is held exclusively and delayed at once", name)
 		}
 		if l.Delayed != (l.DelayMillis > 0) {
 			return fmt.Errorf("lock %q: delayed=%v with delay %d", name, l.Delayed, l.DelayMillis)
 		}
+		// G2, on every name.
+		switch {
+		case l.Hold != nil && len(l.Holds) > 0:
+			return fmt.Errorf("lock %q is held exclusively and shared at once", name)
+		case l.Limit > 0 && l.Hold != nil:
+			return fmt.Errorf("semaphore %q is held exclusively", name)
+		case l.Limit > 0 && len(l.Holds) > int(l.Limit):
+			return fmt.Errorf("semaphore %q of %d has %d holders", name, l.Limit, len(l.Holds))
+		}
 		if len(l.Waiters) > t.limits.MaxWaitersPerLock {
 			return fmt.Errorf("lock %q has %d waiters, limit %d", name, len(l.Waiters), t.limits.MaxWaitersPerLock)
 		}
-		if h := l.Hold; h != nil {
+		holds := l.Holds
+		if l.Hold != nil {
+			holds = []Hold{*l.Hold}
+		}
+		holders := make(map[LeaseID]bool)
+		for _, h := range holds {
 			if !live(h.Lease) {
 				return fmt.Errorf("lock %q is held by lease %s, which does not exist", name, h.Lease)
 			}
 			if h.Token == 0 || h.Token > last {
 				return fmt.Errorf("lock %q is held under token %d, last issued %d", name, h.Token, last)
 			}
-			if other, dup := tokens[h.Token]; dup {
-				return fmt.Errorf("locks %q and %q are held under the same token %d", name, other, h.Token)
+			if holders[h.Lease] {
+				return fmt.Errorf("lease %s holds %q twice", h.Lease, name)
 			}
 			if h.DelayMillis < 0 {
 				return fmt.Errorf("lock %q: negative hold delay", name)
 			}
-			tokens[h.Token] = name
+			holders[h.Lease] = true
+			g := tokens[h.Token]
+			if g == nil {
+				g = &grant{lease: h.Lease}
+				tokens[h.Token] = g
+			}
+			if g.lease != h.Lease {
+				return fmt.Errorf("locks %q and %v are held under the same token %d by two leases", name, g.names, h.Token)
+			}
+			g.names = append(g.names, name)
 			note(h.Lease, name)
 		}
 		inQueue := make(map[LeaseID]bool)
@@ -445,14 +475,36 @@ func checkTable(t *Locks, live func(LeaseID) bool, last uint64) error {
 			if inQueue[w.Lease] {
 				return fmt.Errorf("lease %s is queued twice for %q", w.Lease, name)
 			}
-			if l.Hold != nil && l.Hold.Lease == w.Lease {
+			if holders[w.Lease] {
 				return fmt.Errorf("lease %s holds %q and waits for it", w.Lease, name)
 			}
 			if w.DelayMillis < 0 {
 				return fmt.Errorf("lock %q: negative waiter delay", name)
 			}
+			if (w.Mode == Semaphore) != (l.Limit > 0) {
+				return fmt.Errorf("lock %q (limit %d) is waited for in mode %v", name, l.Limit, w.Mode)
+			}
 			inQueue[w.Lease] = true
 			note(w.Lease, name)
+		}
+		for i, w := range rec.more.waitersOrNil() {
+			if s := w.set; s != nil {
+				if s.lease != w.lease || s.key != s.locks[0].name || !slices.Contains(s.locks, rec) || len(s.locks) < 2 {
+					return fmt.Errorf("lock %q: waiter %d's set %q is not consistent", name, i, s.key)
+				}
+				for _, o := range s.locks {
+					j := o.waiterIndex(w.lease)
+					if t.locks[o.name] != o || j < 0 || o.more.waiters[j].set != s {
+						return fmt.Errorf("lock %q: waiter %d's set %q does not wait for %q", name, i, s.key, o.name)
+					}
+				}
+			}
+		}
+		if rec.numWaiters() > 0 {
+			w := &rec.more.waiters[0]
+			if w.set == nil && rec.admits(w.mode) || w.set != nil && setReady(w.set) {
+				return fmt.Errorf("lock %q could be granted to its first waiter %s (%v, set %v) but is not", name, w.lease, w.mode, w.set != nil)
+			}
 		}
 	}
 	if waiting != t.Waiting() {
@@ -465,6 +517,19 @@ func checkTable(t *Locks, live func(LeaseID) bool, last uint64) error {
 		for _, lk := range lost {
 			if lk.Token == 0 || lk.Token > last || ValidateName("name", lk.Name) != nil {
 				return fmt.Errorf("lease %s keeps a bad lost lock %+v (last token %d)", id, lk, last)
+			}
+		}
+	}
+	for tok, g := range tokens {
+		set := t.leases[g.lease].sets[tok]
+		if len(g.names) > 1 || set != nil {
+			var names []string
+			for _, l := range set {
+				names = append(names, l.name)
+			}
+			slices.Sort(g.names)
+			if !slices.Equal(names, g.names) {
+				return fmt.Errorf("token %d is held on %v, the lease's set lists %v", tok, g.names, names)
 			}
 		}
 	}
@@ -486,6 +551,13 @@ func checkTable(t *Locks, live func(LeaseID) bool, last uint64) error {
 	return nil
 }
 
+func (m *lockExtra) waitersOrNil() []waiter {
+	if m == nil {
+		return nil
+	}
+	return m.waiters
+}
+
 // leaseIndex returns the names of the locks the table's index lists for lease, checking
 // that each entry points at the record the table holds, with the right position.
 func leaseIndex(t *Locks, id LeaseID) (map[string]struct{}, error) {
@@ -500,6 +572,15 @@ func leaseIndex(t *Locks, id LeaseID) (map[string]struct{}, error) {
 		}
 		names[l.name] = struct{}{}
 	}
+	if ll.shared != nil && len(ll.shared) == 0 || ll.sets != nil && len(ll.sets) == 0 {
+		return nil, fmt.Errorf("lease %s keeps an empty shared or set index", id)
+	}
+	for l := range ll.shared {
+		if t.locks[l.name] != l || l.sharedIndex(id) < 0 {
+			return nil, fmt.Errorf("lease %s: indexed as holding %q shared, which it does not", id, l.name)
+		}
+		names[l.name] = struct{}{}
+	}
 	if ll.waits != nil && len(ll.waits) == 0 {
 		return nil, fmt.Errorf("lease %s keeps an empty wait set", id)
 	}
@@ -511,6 +592,13 @@ func leaseIndex(t *Locks, id LeaseID) (map[string]struct{}, error) {
 	}
 	if len(names) != ll.count() {
 		return nil, fmt.Errorf("lease %s: index lists a lock twice", id)
+	}
+	for tok, set := range ll.sets {
+		for _, l := range set {
+			if got, _, ok := l.holdOf(id); !ok || got != tok || t.locks[l.name] != l {
+				return nil, fmt.Errorf("lease %s: set %d lists %q, which it does not hold under that token", id, tok, l.name)
+			}
+		}
 	}
 	return names, nil
 }
@@ -1085,7 +1173,7 @@ func (d *tableDriver) apply(c Command) Result {
 		if !d.live[c.Lease] {
 			return notFound
 		}
-		return d.t.Acquire(AcquireArgs{Lease: c.Lease, Name: c.Name, Class: c.Class, Holder: c.Holder, Wait: c.Wait, DelayMillis: c.DelayMillis}, &d.seq)
+		return d.t.Acquire(c.acquireArgs(), &d.seq)
 	case OpRelease:
 		if !d.live[c.Lease] {
 			return notFound
@@ -1095,7 +1183,7 @@ func (d *tableDriver) apply(c Command) Result {
 		if !d.live[c.Lease] {
 			return notFound
 		}
-		return d.t.CancelWait(c.Lease, c.Name)
+		return d.t.CancelWait(c.Lease, c.Name, &d.seq)
 	case OpForceRelease:
 		r := Result{Token: d.seq.Next()}
 		d.t.ForceRelease(c.Name, c.Reason, &d.seq, &r)

@@ -116,16 +116,10 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	e.raw(`,"locks":[`)
 	var view Lock
 	var hold Hold
+	var holds []Hold
+	var waiters []Waiter
 	for i := range v.locks {
-		l := &v.locks[i]
-		view = Lock{Name: l.name, Class: l.class}
-		if l.held() {
-			hold = Hold{Lease: l.lease, Token: l.token, Holder: l.terms.holder, DelayMillis: l.terms.delay}
-			view.Hold = &hold
-		}
-		if q := l.queue; q != nil {
-			view.Waiters, view.Delayed, view.DelayMillis = q.waiters, q.delay > 0, q.delay
-		}
+		holds, waiters = v.locks[i].describe(&view, &hold, holds, waiters)
 		e.elem(i, &view)
 	}
 	e.raw(`],"tombstones":`)
@@ -324,7 +318,6 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 		return nil, err
 	}
 	s := NewState(limits)
-	var heldTokens []uint64
 	next := 0 // index in snapshotFields of the first field that may still come
 	for dec.More() {
 		tok, err := dec.Token()
@@ -349,16 +342,10 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 				return nil
 			})
 		case "locks":
-			err = eachElement(dec, func(l *Lock) error {
-				if err := s.checkRestoredLock(l); err != nil {
-					return err
-				}
-				if l.Hold != nil {
-					heldTokens = append(heldTokens, l.Hold.Token)
-				}
-				s.locks.restore(l)
-				return nil
-			})
+			rs := s.locks.restorer(func(id LeaseID) bool { return s.leases[id] != nil }, s.seq)
+			if err = eachElement(dec, rs.add); err == nil {
+				err = rs.finish()
+			}
 		case "tombstones":
 			err = eachElement(dec, func(t tombstone) error {
 				if t.ID.IsZero() {
@@ -402,12 +389,6 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: trailing data after the snapshot", ErrCorrupt)
-	}
-	slices.Sort(heldTokens)
-	for i := 1; i < len(heldTokens); i++ {
-		if heldTokens[i] == heldTokens[i-1] {
-			return nil, fmt.Errorf("%w: token %d held twice in snapshot", ErrCorrupt, heldTokens[i])
-		}
 	}
 	return s, nil
 }
@@ -459,43 +440,5 @@ func (s *State) restoreLost(r lostRecord) error {
 		return fmt.Errorf("%w: more than %d lost locks for one lease in snapshot", ErrCorrupt, MaxLostPerLease)
 	}
 	s.locks.lost[r.Lease] = append(lost, r.LostLock)
-	return nil
-}
-
-func (s *State) checkRestoredLock(l *Lock) error {
-	bad := func(why string) error { return fmt.Errorf("%w: lock in snapshot: %s", ErrCorrupt, why) }
-	switch {
-	case l == nil:
-		return bad("null")
-	case ValidateName("name", l.Name) != nil:
-		return bad("invalid name")
-	case s.locks.Has(l.Name):
-		return bad("duplicate " + l.Name)
-	case l.Hold == nil && !l.Delayed:
-		return bad(l.Name + " is neither held nor delayed")
-	case l.Hold != nil && (s.leases[l.Hold.Lease] == nil || l.Hold.Token > s.seq):
-		return bad(l.Name + " held by an unknown lease or a future token")
-	}
-	switch {
-	case l.Class != Correctness:
-		return bad(l.Name + " is not a correctness lock")
-	case l.Hold != nil && (l.Delayed || l.Hold.Token == 0 || l.Hold.DelayMillis < 0):
-		return bad(l.Name + " has an impossible hold")
-	case l.Delayed != (l.DelayMillis > 0):
-		return bad(l.Name + " has an impossible delay")
-	}
-	seen := make(map[LeaseID]bool, len(l.Waiters)+1)
-	if l.Hold != nil {
-		seen[l.Hold.Lease] = true
-	}
-	for _, w := range l.Waiters {
-		if s.leases[w.Lease] == nil {
-			return bad(l.Name + " waited for by an unknown lease")
-		}
-		if seen[w.Lease] || w.DelayMillis < 0 {
-			return bad(l.Name + " has a lease twice or a negative delay in its queue")
-		}
-		seen[w.Lease] = true
-	}
 	return nil
 }

@@ -116,7 +116,7 @@ func (s *State) Apply(c Command) Result {
 		if s.leases[c.Lease] == nil {
 			return Result{Err: s.leaseGone(c.Lease)}
 		}
-		return s.locks.Acquire(AcquireArgs{Lease: c.Lease, Name: c.Name, Class: c.Class, Holder: c.Holder, Wait: c.Wait, DelayMillis: c.DelayMillis}, s)
+		return s.locks.Acquire(c.acquireArgs(), s)
 	case OpRelease:
 		if s.leases[c.Lease] == nil {
 			return Result{Err: s.leaseGone(c.Lease)}
@@ -126,7 +126,7 @@ func (s *State) Apply(c Command) Result {
 		if s.leases[c.Lease] == nil {
 			return Result{Err: s.leaseGone(c.Lease)}
 		}
-		return s.locks.CancelWait(c.Lease, c.Name)
+		return s.locks.CancelWait(c.Lease, c.Name, s)
 	case OpForceRelease:
 		r := Result{Token: s.Next()}
 		s.locks.ForceRelease(c.Name, c.Reason, s, &r)

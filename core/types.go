@@ -107,11 +107,15 @@ const (
 	// no longer exists it returns ErrLeaseNotFound and changes nothing, so a late or
 	// repeated expiry is harmless.
 	OpExpire Op = 3
-	// OpAcquire takes lock Name (Class must be Correctness) for Lease, queueing if Wait.
+	// OpAcquire takes lock Name (Class must be Correctness) for Lease, queueing if Wait,
+	// in Mode (a semaphore with Limit); or, with Names instead of Name, the lock set of
+	// those names, under one token.
 	OpAcquire Op = 4
-	// OpRelease gives up lock Name held by Lease under Token.
+	// OpRelease gives up lock Name held by Lease under Token (every lock of the lock
+	// set Name is one of).
 	OpRelease Op = 5
-	// OpCancelWait takes Lease out of Name's queue (its wait ran out or was cancelled).
+	// OpCancelWait takes Lease out of Name's queue (its wait ran out or was cancelled),
+	// or out of every queue of the lock set Name is one of.
 	OpCancelWait Op = 6
 	// OpForceRelease releases Name whoever holds it and consumes a token. The holder's
 	// lease keeps the lock among its lost locks (LostLock) until it ends.
@@ -169,6 +173,16 @@ type Command struct {
 	Addr      string `json:"addr,omitempty"`
 	FastLane  string `json:"fastLane,omitempty"`
 	ClusterID string `json:"clusterId,omitempty"`
+	// Lock modes and lock sets (OpAcquire).
+	Mode  Mode     `json:"mode,omitempty"`
+	Limit uint32   `json:"limit,omitempty"`
+	Names []string `json:"names,omitempty"`
+}
+
+// acquireArgs returns the arguments of an OpAcquire.
+func (c *Command) acquireArgs() AcquireArgs {
+	return AcquireArgs{Lease: c.Lease, Name: c.Name, Names: c.Names, Class: c.Class, Mode: c.Mode, Limit: c.Limit,
+		Holder: c.Holder, Wait: c.Wait, DelayMillis: c.DelayMillis}
 }
 
 // EffectKind names an effect.
@@ -221,6 +235,10 @@ type Result struct {
 	// ErrLockHeld or queued.
 	HolderToken uint64
 	Holder      Holder
+	// Blocker is, for an OpAcquire of a lock set that failed with ErrLockHeld or
+	// queued, the first of its locks that could not be granted (HolderToken and Holder
+	// describe its holder). Empty for a single lock.
+	Blocker string
 	// Effects, in deterministic order.
 	Effects []Effect
 	// Err is the command's error; the state is unchanged when it is not nil.

@@ -93,7 +93,17 @@ func (c *Command) validate() error {
 	case OpRevoke, OpExpire:
 		return needLease()
 	case OpAcquire:
-		if err := ValidateName("name", c.Name); err != nil {
+		if len(c.Names) > 0 {
+			if c.Name != "" {
+				return Invalid("name", "must be empty for a lock set (names)")
+			}
+			if err := ValidateNames("names", c.Names); err != nil {
+				return err
+			}
+		} else if err := ValidateName("name", c.Name); err != nil {
+			return err
+		}
+		if err := validateMode(c.Mode, c.Limit); err != nil {
 			return err
 		}
 		if c.Class != Correctness && c.Class != Efficiency {

@@ -24,11 +24,13 @@ type AcquireArgs struct {
 	Forever bool
 }
 
-// Acquire takes a lock for a lease, or queues and waits for it. See the API's
-// LockService.Acquire for the contract. Errors: *LeaseGoneError (lease unknown),
-// *LockHeldError (held; after a wait it also matches ErrWaitTimeout),
-// core.ErrClassConflict, core limits, ErrNotLeader, and for correctness locks the
-// replication errors (outcome unknown) and ctx's error.
+// Acquire takes a lock for a lease (in a.Mode; or a lock set, a.Names, all at once
+// under one token), or queues and waits for it. See the API's LockService.Acquire for
+// the contract. Errors: *LeaseGoneError (lease unknown), *LockHeldError (held — for a
+// set, naming the first lock that was; after a wait it also matches ErrWaitTimeout),
+// core.ErrClassConflict, core.ErrModeConflict, core.ErrSetConflict, core limits,
+// ErrNotLeader, and for correctness locks the replication errors (outcome unknown) and
+// ctx's error.
 func (l *Leader) Acquire(ctx context.Context, a AcquireArgs) (Grant, error) {
 	start := l.now()
 	a.Wait = a.Forever || a.WaitFor > 0
@@ -100,16 +102,22 @@ func (l *Leader) beginCorrectness(a AcquireArgs) (chan outcome, error) {
 	if !l.active {
 		return nil, ErrNotLeader
 	}
-	if err := l.names.claimLocked(a.Name, core.Correctness); err != nil {
-		return nil, err
+	names := a.LockNames()
+	for i, name := range names {
+		if err := l.names.claimLocked(name, core.Correctness); err != nil {
+			for _, claimed := range names[:i] {
+				l.names.settleLocked(claimed)
+			}
+			return nil, err
+		}
 	}
-	return l.waits.add(a.Lease, a.Name), nil
+	return l.waits.add(a.Lease, a.Key()), nil
 }
 
 func acquireCommand(a AcquireArgs) core.Command {
 	return core.Command{
-		Op: core.OpAcquire, Lease: a.Lease, Name: a.Name, Class: core.Correctness,
-		Holder: a.Holder, Wait: a.Wait, DelayMillis: a.DelayMillis,
+		Op: core.OpAcquire, Lease: a.Lease, Name: a.Name, Names: a.Names, Class: core.Correctness,
+		Mode: a.Mode, Limit: a.Limit, Holder: a.Holder, Wait: a.Wait, DelayMillis: a.DelayMillis,
 	}
 }
 
@@ -118,7 +126,9 @@ func acquireCommand(a AcquireArgs) core.Command {
 // ch.
 func (l *Leader) endCorrectness(a AcquireArgs, ch chan outcome, res core.Result, err error) (Grant, error, bool) {
 	l.mu.Lock()
-	l.names.settleLocked(a.Name)
+	for _, name := range a.LockNames() {
+		l.names.settleLocked(name)
+	}
 	if err == nil && res.Err == nil && !res.Queued {
 		l.grantedLocked(a.Lease, res.Token, core.Correctness, l.now())
 	}
@@ -127,7 +137,7 @@ func (l *Leader) endCorrectness(a AcquireArgs, ch chan outcome, res core.Result,
 		err = l.acquireErr(a, res)
 	}
 	if err != nil || !res.Queued {
-		l.waits.remove(a.Lease, a.Name, ch)
+		l.waits.remove(a.Lease, a.Key(), ch)
 		return Grant{Token: res.Token, Class: core.Correctness}, err, true
 	}
 	return Grant{}, nil, false
@@ -140,10 +150,19 @@ func (l *Leader) acquireErr(a AcquireArgs, res core.Result) error {
 	case res.Err == nil:
 		return nil
 	case errors.Is(res.Err, core.ErrLockHeld):
-		return &LockHeldError{Name: a.Name, HolderToken: res.HolderToken, Holder: res.Holder}
+		return &LockHeldError{Name: heldName(a, res), HolderToken: res.HolderToken, Holder: res.Holder}
 	case errors.Is(res.Err, core.ErrLeaseNotFound):
 		return l.gone(a.Lease)
 	default:
 		return res.Err
 	}
+}
+
+// heldName is the lock an acquire found held: its one lock, or the first of a lock
+// set's that was.
+func heldName(a AcquireArgs, res core.Result) string {
+	if res.Blocker != "" {
+		return res.Blocker
+	}
+	return a.Key()
 }

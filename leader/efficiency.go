@@ -48,7 +48,7 @@ func (l *Leader) acquireEfficiency(ctx context.Context, a AcquireArgs) (Grant, e
 	if err == nil && res.Queued {
 		// Registered before Leader.mu is let go: only a later change to the table can
 		// grant the place in the queue.
-		ch = l.waits.add(a.Lease, a.Name)
+		ch = l.waits.add(a.Lease, a.Key())
 	}
 	l.mu.Unlock()
 	if ch == nil {
@@ -63,7 +63,12 @@ func (l *Leader) effAdmitLocked(a AcquireArgs) error {
 	if c := l.leases[a.Lease]; c == nil || c.expiring {
 		return l.goneLocked(a.Lease, c != nil)
 	}
-	return l.names.claimLocked(a.Name, core.Efficiency)
+	for _, name := range a.LockNames() {
+		if err := l.names.claimLocked(name, core.Efficiency); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // AcquireNow grants an efficiency lock when that takes neither a place in its queue nor

@@ -56,19 +56,19 @@ func TestKeepAliveConfirmsLeadership(t *testing.T) {
 				t.Fatalf("KeepAlive(%s) on a deposed leader: %v; want ErrNotLeader wrapping the log's error", lease, err)
 			}
 		}
-		if _, err := l.CheckToken(t.Context(), "confirm/x"); !errors.Is(err, leader.ErrNotLeader) {
+		if _, _, err := l.CheckToken(t.Context(), "confirm/x", held); !errors.Is(err, leader.ErrNotLeader) {
 			t.Fatalf("CheckToken on a deposed leader: %v, want ErrNotLeader", err)
 		}
 		fl.setDeposed(false)
 
-		if tok, err := l.CheckToken(t.Context(), "confirm/x"); err != nil || tok != held {
-			t.Fatalf("CheckToken = %d, %v; want %d", tok, err, held)
+		if cur, tok, err := l.CheckToken(t.Context(), "confirm/x", held); err != nil || tok != held || !cur {
+			t.Fatalf("CheckToken = %v, %d, %v; want current, %d", cur, tok, err, held)
 		}
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		for what, err := range map[string]error{
 			"KeepAlive":  second(l.KeepAlive(ctx, id)),
-			"CheckToken": second(l.CheckToken(ctx, "confirm/x")),
+			"CheckToken": third(l.CheckToken(ctx, "confirm/x", held)),
 		} {
 			if !errors.Is(err, context.Canceled) || errors.Is(err, leader.ErrNotLeader) {
 				t.Fatalf("%s with a cancelled context: %v, want context.Canceled", what, err)
@@ -78,6 +78,8 @@ func TestKeepAliveConfirmsLeadership(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+func third[T, U any](_ T, _ U, err error) error { return err }
 
 // TestLostLockSurvivesNewLeader checks G4b across a failover: a correctness lock
 // force-released under one leader is reported, with the operator's reason, in the

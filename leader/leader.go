@@ -57,7 +57,7 @@ type Log interface {
 	VerifyLeader(ctx context.Context) error
 }
 
-// Config configures a Leader.
+// Config configures a Leader. Every zero field stands for its default (DefaultConfig).
 type Config struct {
 	// Limits bound the efficiency lock table (same meaning as in core).
 	Limits core.Limits
@@ -72,6 +72,23 @@ type Config struct {
 	OnPromote func(ctx context.Context)
 	// Observer, if set, receives what the leader measures, for metrics (observe.go).
 	Observer Observer
+}
+
+// DefaultConfig returns the configuration that a zero Config stands for.
+func DefaultConfig() Config {
+	return Config{ReserveBlock: 1 << 20, Logger: slog.Default()}
+}
+
+// WithDefaults returns c with every zero field that has a default set to it.
+func (c Config) WithDefaults() Config {
+	d := DefaultConfig()
+	if c.ReserveBlock == 0 {
+		c.ReserveBlock = d.ReserveBlock
+	}
+	if c.Logger == nil {
+		c.Logger = d.Logger
+	}
+	return c
 }
 
 // Leader is the leader-side runtime. Its methods fail with ErrNotLeader unless Promote
@@ -110,20 +127,16 @@ func (l *Leader) SetLog(log Log) { l.log = log }
 // New returns a Leader that is not serving until Promote. log may be nil if SetLog is
 // called before Run.
 func New(log Log, cfg Config) *Leader {
-	if cfg.ReserveBlock == 0 {
-		cfg.ReserveBlock = 1 << 20
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Observer == nil {
-		cfg.Observer = nopObserver{}
+	cfg = cfg.WithDefaults()
+	var obs Observer = nopObserver{}
+	if cfg.Observer != nil {
+		obs = cfg.Observer
 	}
 	l := &Leader{
 		log:    log,
 		cfg:    cfg,
 		lg:     cfg.Logger,
-		obs:    cfg.Observer,
+		obs:    obs,
 		base:   time.Now(),
 		waits:  waits{m: make(map[core.LeaseID]map[string][]chan outcome)},
 		leases: make(map[core.LeaseID]*countdown),

@@ -7,7 +7,8 @@ import (
 	"github.com/leasehold/leasehold/core"
 )
 
-// Release gives up a lock held by lease under token.
+// Release gives up a lock held by lease under token; for a lock held as one of a lock
+// set, the whole set.
 func (l *Leader) Release(ctx context.Context, lease core.LeaseID, name string, token uint64) error {
 	if done, err := l.releaseInMemory(lease, name, token); done {
 		return err

@@ -7,17 +7,30 @@ import (
 	"github.com/leasehold/leasehold/core"
 )
 
-// LockView is what anyone may see about a lock.
+// LockView is what anyone may see about a lock. Token, Holder, TTLRemaining and
+// DelayMillis describe the exclusive holder, or the oldest of several (shared, or a
+// semaphore's); Holders lists every holder.
 type LockView struct {
 	Name           string
 	Class          core.Class
+	Mode           core.Mode // as core.Lock.Mode
+	Limit          uint32    // a semaphore's limit
 	Held           bool
 	Token          uint64
 	Holder         core.Holder
 	TTLRemaining   time.Duration // -1 when unknown
+	Holders        []HolderView
 	Waiters        int
 	DelayRemaining time.Duration
 	DelayMillis    int64
+}
+
+// HolderView is one holder of a lock.
+type HolderView struct {
+	Token        uint64
+	Holder       core.Holder
+	TTLRemaining time.Duration // -1 when unknown
+	DelayMillis  int64
 }
 
 // Describe returns the view of one lock (Held false when nobody holds or waits).
@@ -73,12 +86,21 @@ func (l *Leader) List(prefix string, limit int) ([]LockView, bool, error) {
 }
 
 func (l *Leader) viewLocked(lk *core.Lock) LockView {
-	v := LockView{Name: lk.Name, Class: lk.Class, Waiters: len(lk.Waiters), TTLRemaining: -1}
+	v := LockView{Name: lk.Name, Class: lk.Class, Mode: lk.Mode(), Limit: lk.Limit, Waiters: len(lk.Waiters), TTLRemaining: -1}
+	holds := lk.Holds
 	if lk.Hold != nil {
-		v.Held, v.Token, v.Holder, v.DelayMillis = true, lk.Hold.Token, lk.Hold.Holder, lk.Hold.DelayMillis
-		if c := l.leases[lk.Hold.Lease]; c != nil {
-			v.TTLRemaining = max(0, time.Until(c.deadline))
+		holds = []core.Hold{*lk.Hold}
+	}
+	for _, h := range holds {
+		hv := HolderView{Token: h.Token, Holder: h.Holder, TTLRemaining: -1, DelayMillis: h.DelayMillis}
+		if c := l.leases[h.Lease]; c != nil {
+			hv.TTLRemaining = max(0, time.Until(c.deadline))
 		}
+		v.Holders = append(v.Holders, hv)
+	}
+	if len(v.Holders) > 0 {
+		first := v.Holders[0]
+		v.Held, v.Token, v.Holder, v.DelayMillis, v.TTLRemaining = true, first.Token, first.Holder, first.DelayMillis, first.TTLRemaining
 	}
 	if d := l.delays[lk.Name]; d != nil && lk.Delayed {
 		v.DelayRemaining = max(0, time.Until(d.deadline))
@@ -86,20 +108,25 @@ func (l *Leader) viewLocked(lk *core.Lock) LockView {
 	return v
 }
 
-// CheckToken returns the token of name's current holder (0 when nobody holds it), read
-// after a quorum confirmed that this node still leads, in a round that began after the
-// call: a deposed leader must not vouch for a token that a newer leader has superseded.
-// The answer holds at the moment it was read; the holder may lose the lock right after.
-// Errors: ErrNotLeader (not serving, or not confirmed, as for KeepAlive) and ctx's error.
-func (l *Leader) CheckToken(ctx context.Context, name string) (holderToken uint64, err error) {
+// CheckToken reports whether token is the token of a current holder of name (any of
+// them, for a lock held shared or a semaphore), and the holder's token (the exclusive
+// holder's, or the oldest one's; 0 when nobody holds it), read after a quorum confirmed
+// that this node still leads, in a round that began after the call: a deposed leader
+// must not vouch for a token that a newer leader has superseded. The answer holds at the
+// moment it was read; the holder may lose the lock right after. Errors: ErrNotLeader
+// (not serving, or not confirmed, as for KeepAlive) and ctx's error.
+func (l *Leader) CheckToken(ctx context.Context, name string, token uint64) (current bool, holderToken uint64, err error) {
 	if !l.Active() {
-		return 0, ErrNotLeader
+		return false, 0, ErrNotLeader
 	}
 	if err := l.confirm(ctx); err != nil {
-		return 0, err
+		return false, 0, err
 	}
 	v, err := l.Describe(name)
-	return v.Token, err
+	for _, h := range v.Holders {
+		current = current || h.Token == token
+	}
+	return current, v.Token, err
 }
 
 // Stats are counts for status and metrics.

@@ -101,7 +101,7 @@ func (w *waits) failAll(errFor func(name string) error) {
 
 // await waits for a queued acquire's grant, the end of its wait, or ctx.
 func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queued core.Result) (Grant, error) {
-	defer l.waits.remove(a.Lease, a.Name, ch)
+	defer l.waits.remove(a.Lease, a.Key(), ch)
 	g := Grant{Class: a.Class}
 	if a.Class == core.Efficiency {
 		g.Epoch = l.Epoch()
@@ -122,13 +122,13 @@ func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queu
 			g.Token = tok
 			return g, err
 		}
-		return g, &LockHeldError{Name: a.Name, HolderToken: queued.HolderToken, Holder: queued.Holder, Waited: true}
+		return g, &LockHeldError{Name: heldName(a, queued), HolderToken: queued.HolderToken, Holder: queued.Holder, Waited: true}
 	case <-ctx.Done():
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		// The caller is gone: leave the queue, and give back a grant that raced us.
 		if tok, err := l.cancelWait(cctx, a, ch); err == nil && tok != 0 {
-			_ = l.Release(cctx, a.Lease, a.Name, tok)
+			_ = l.Release(cctx, a.Lease, a.Key(), tok)
 		}
 		return g, ctx.Err()
 	}
@@ -144,11 +144,14 @@ func (l *Leader) cancelWait(ctx context.Context, a AcquireArgs, ch chan outcome)
 			l.mu.Unlock()
 			return 0, ErrEpochLost // the table it waited in went with the leadership
 		}
-		res = l.eff.CancelWait(a.Lease, a.Name)
+		// Leaving a queue may let others through (readers behind a writer, a lock set's
+		// free names): their grants are woken here.
+		res = l.eff.CancelWait(a.Lease, a.Key(), &l.effSeq)
+		l.effEffectsLocked(res.Effects)
 		l.mu.Unlock()
 	} else {
 		var err error
-		res, err = l.log.Apply(ctx, core.Command{Op: core.OpCancelWait, Lease: a.Lease, Name: a.Name})
+		res, err = l.log.Apply(ctx, core.Command{Op: core.OpCancelWait, Lease: a.Lease, Name: a.Key()})
 		if err != nil {
 			return 0, err
 		}

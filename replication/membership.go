@@ -109,6 +109,7 @@ func RecoverCluster(cfg Config, members []Peer, tokenGap uint64) (Recovery, erro
 	if err := cfg.Validate(); err != nil {
 		return Recovery{}, err
 	}
+	cfg = cfg.WithDefaults()
 	self := cfg.RaftAdvertise
 	if self == "" {
 		self = cfg.RaftAddr

@@ -33,8 +33,8 @@ var (
 	ErrDataDirInUse = errors.New("replication: data directory is in use by another process")
 )
 
-// Config configures a Node. The zero value of each duration takes the default named in
-// its comment.
+// Config configures a Node. Every zero field but DataDir stands for its default
+// (DefaultConfig), named in its comment.
 type Config struct {
 	// NodeID names this node in the cluster. Default "node1".
 	NodeID string
@@ -91,36 +91,67 @@ type Peer struct {
 	RaftAddr string
 }
 
-// Validate checks rules that span fields and fills defaults.
-func (c *Config) Validate() error {
-	if c.DataDir == "" {
-		return errors.New("replication: data dir is required")
+// Defaults of Config that other layers refer to (the CLI's flags, service's checks).
+const (
+	DefaultNodeID   = "node1"
+	DefaultRaftAddr = "127.0.0.1:7741"
+)
+
+// DefaultConfig returns the configuration that a zero Config stands for: every field
+// that has a default, set to it. DataDir has none (it is required).
+func DefaultConfig() Config {
+	return Config{
+		NodeID:             DefaultNodeID,
+		RaftAddr:           DefaultRaftAddr,
+		HeartbeatTimeout:   500 * time.Millisecond,
+		ElectionTimeout:    500 * time.Millisecond,
+		LeaderLeaseTimeout: 250 * time.Millisecond,
+		SnapshotThreshold:  8192,
+		SnapshotInterval:   30 * time.Second,
+		Logger:             slog.Default(),
 	}
+}
+
+// WithDefaults returns c with every zero field that has a default set to it
+// (DefaultConfig). A negative duration counts as zero.
+func (c Config) WithDefaults() Config {
+	d := DefaultConfig()
 	if c.NodeID == "" {
-		c.NodeID = "node1"
+		c.NodeID = d.NodeID
 	}
 	if c.RaftAddr == "" {
-		c.RaftAddr = "127.0.0.1:7741"
+		c.RaftAddr = d.RaftAddr
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
+	def := func(v *time.Duration, dv time.Duration) {
+		if *v <= 0 {
+			*v = dv
 		}
 	}
-	def(&c.HeartbeatTimeout, 500*time.Millisecond)
-	def(&c.ElectionTimeout, 500*time.Millisecond)
-	def(&c.LeaderLeaseTimeout, 250*time.Millisecond)
-	def(&c.SnapshotInterval, 30*time.Second)
+	def(&c.HeartbeatTimeout, d.HeartbeatTimeout)
+	def(&c.ElectionTimeout, d.ElectionTimeout)
+	def(&c.LeaderLeaseTimeout, d.LeaderLeaseTimeout)
+	def(&c.SnapshotInterval, d.SnapshotInterval)
 	if c.SnapshotThreshold == 0 {
-		c.SnapshotThreshold = 8192
-	}
-	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
-		return fmt.Errorf("replication: leader lease timeout %v exceeds heartbeat timeout %v", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
+		c.SnapshotThreshold = d.SnapshotThreshold
 	}
 	if c.Logger == nil {
-		c.Logger = slog.Default()
+		c.Logger = d.Logger
 	}
-	return nil
+	return c
+}
+
+// Validate checks c, with its defaults (WithDefaults), against the rules that span
+// fields, as raft's own config check does (LeaderLeaseTimeout ≤ HeartbeatTimeout). It
+// does not change c.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	switch {
+	case c.DataDir == "":
+		return errors.New("replication: data dir is required")
+	case c.LeaderLeaseTimeout > c.HeartbeatTimeout:
+		return fmt.Errorf("replication: leader lease timeout %v exceeds heartbeat timeout %v", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
+	}
+	return core.ValidateNodeID("node_id", c.NodeID)
 }
 
 // clusterIDKey is where the stable store keeps the cluster ID this node has applied.
@@ -154,6 +185,7 @@ func Open(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.WithDefaults()
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("replication: create data dir: %w", err)
 	}

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"time"
 
-
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/replication"

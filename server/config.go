@@ -13,7 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Config bounds what clients may ask for. The zero value takes the defaults.
+// Config bounds what clients may ask for. The zero value is a valid configuration: each
+// zero field stands for its default (DefaultConfig).
 type Config struct {
 	// DefaultTTL is used when a Grant asks for 0. Default 10s.
 	DefaultTTL time.Duration
@@ -25,6 +26,33 @@ type Config struct {
 	MaxLockDelay time.Duration
 	// MaxRequestBytes bounds an encoded request. Default 64 KiB.
 	MaxRequestBytes int
+
+	// Slow and idle clients (G6). The API port's HTTP server (service) and the fast lane
+	// apply these; zero takes the default.
+
+	// ReadHeaderTimeout bounds how long a request's headers may take to arrive (on a new
+	// HTTP/1.1 connection: from its start). Default 10s.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds how long a request's body may take to arrive after its
+	// headers, for every request but those of streaming RPCs (a server stream is not
+	// cut off for being long). Default 10s.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds how long an answer (not a stream's) may take to be written
+	// once it starts, and how long a write on a fast-lane connection may block. A
+	// client that stops reading loses its connection then. It does not bound how long
+	// an Acquire waits for its lock. Default 10s.
+	WriteTimeout time.Duration
+	// IdleTimeout is how long a connection may stay silent before the server closes
+	// it: an HTTP/1.1 keep-alive connection between requests, an HTTP/2 connection with
+	// no stream open, a fast-lane connection with no request in flight. It is longer
+	// than Go's HTTP client keeps idle connections (90s), so that the client, not the
+	// server, closes them. Default 2m.
+	IdleTimeout time.Duration
+	// MaxConnsPerClient bounds the connections one client IP address may hold open to
+	// the API port and the fast lane together; more are closed as soon as they are
+	// accepted. Clients behind one NAT or proxy share the bound. Default 512; negative:
+	// no bound.
+	MaxConnsPerClient int
 	// Version is reported by Status.
 	Version string
 	// NodeID names this node in Status.
@@ -40,21 +68,56 @@ type Config struct {
 	Registry *prometheus.Registry
 }
 
-// Validate fills defaults and checks rules that span fields.
-func (c *Config) Validate() error {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
+// DefaultConfig returns the configuration that a zero Config stands for: every field
+// that has a default, set to it. Version, NodeID, APIAddr and FastLaneAddr have none.
+func DefaultConfig() Config {
+	return Config{
+		DefaultTTL:        10 * time.Second,
+		MinTTL:            100 * time.Millisecond,
+		MaxTTL:            time.Hour,
+		MaxWait:           time.Hour,
+		MaxLockDelay:      time.Minute,
+		MaxRequestBytes:   64 << 10,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxConnsPerClient: 512,
+	}
+}
+
+// WithDefaults returns c with every zero field that has a default set to it
+// (DefaultConfig). It changes nothing else: a value out of range stays, for Validate to
+// refuse.
+func (c Config) WithDefaults() Config {
+	d := DefaultConfig()
+	def := func(v *time.Duration, dv time.Duration) {
+		if *v == 0 {
+			*v = dv
 		}
 	}
-	def(&c.DefaultTTL, 10*time.Second)
-	def(&c.MinTTL, 100*time.Millisecond)
-	def(&c.MaxTTL, time.Hour)
-	def(&c.MaxWait, time.Hour)
-	def(&c.MaxLockDelay, time.Minute)
+	def(&c.DefaultTTL, d.DefaultTTL)
+	def(&c.MinTTL, d.MinTTL)
+	def(&c.MaxTTL, d.MaxTTL)
+	def(&c.MaxWait, d.MaxWait)
+	def(&c.MaxLockDelay, d.MaxLockDelay)
+	def(&c.ReadHeaderTimeout, d.ReadHeaderTimeout)
+	def(&c.ReadTimeout, d.ReadTimeout)
+	def(&c.WriteTimeout, d.WriteTimeout)
+	def(&c.IdleTimeout, d.IdleTimeout)
 	if c.MaxRequestBytes == 0 {
-		c.MaxRequestBytes = 64 << 10
+		c.MaxRequestBytes = d.MaxRequestBytes
 	}
+	if c.MaxConnsPerClient == 0 {
+		c.MaxConnsPerClient = d.MaxConnsPerClient
+	}
+	return c
+}
+
+// Validate checks c, with its defaults (WithDefaults), against the rules that span
+// fields. It does not change c. Errors name the setting.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
 	switch {
 	case c.MinTTL < time.Millisecond:
 		return errors.New("server: minimum TTL must be at least 1ms")
@@ -62,8 +125,12 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("server: minimum TTL %v exceeds maximum %v", c.MinTTL, c.MaxTTL)
 	case c.DefaultTTL < c.MinTTL || c.DefaultTTL > c.MaxTTL:
 		return fmt.Errorf("server: default TTL %v is outside [%v, %v]", c.DefaultTTL, c.MinTTL, c.MaxTTL)
+	case c.MaxWait < 0 || c.MaxLockDelay < 0:
+		return errors.New("server: maximum wait and lock-delay must not be negative")
 	case c.MaxRequestBytes < 1024:
 		return errors.New("server: request size limit must be at least 1 KiB")
+	case c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0:
+		return errors.New("server: connection timeouts must not be negative")
 	}
 	return nil
 }

@@ -26,6 +26,8 @@ var errorCodes = []struct {
 	{core.ErrLeaseNotFound, connect.CodeNotFound, "lease_unknown"},
 	{core.ErrNotHolder, connect.CodeFailedPrecondition, "not_holder"},
 	{core.ErrClassConflict, connect.CodeFailedPrecondition, "class_conflict"},
+	{core.ErrModeConflict, connect.CodeFailedPrecondition, "mode_conflict"},
+	{core.ErrSetConflict, connect.CodeFailedPrecondition, "set_conflict"},
 	{core.ErrLockHeld, connect.CodeDeadlineExceeded, "lock_held"},
 	{core.ErrTooManyLeases, connect.CodeResourceExhausted, "limit_leases"},
 	{core.ErrTooManyLocks, connect.CodeResourceExhausted, "limit_locks_per_lease"},
@@ -99,6 +101,7 @@ func Classify(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
 	if lh := new(leader.LockHeldError); errors.As(err, &lh) {
 		detail.HolderToken = lh.HolderToken
 		detail.Holder = holderToProto(lh.Holder)
+		detail.HeldLock = lh.Name
 	}
 	if st := new(core.StaleTokenError); errors.As(err, &st) {
 		detail.HighestToken = st.Highest

@@ -35,6 +35,7 @@ func (s *Server) ServeFastLane(ln net.Listener, log *slog.Logger) error {
 			}
 			return err
 		}
+		conn = newLaneConn(conn, s.cfg) // idle and write timeouts (G6)
 		wg.Add(1)
 		pool.Go(func() {
 			defer wg.Done()
@@ -62,6 +63,9 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 		s: s, pool: pool, r: fastlane.NewReader(conn), w: fastlane.NewWriter(conn),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}),
 		inflight: make(map[uint64]context.CancelFunc),
+	}
+	if lc, ok := conn.(*laneConn); ok {
+		lc.watch(c.busy)
 	}
 	c.read()
 	<-c.done
@@ -91,6 +95,13 @@ type fastConn struct {
 
 	mu       sync.Mutex
 	inflight map[uint64]context.CancelFunc
+}
+
+// busy reports whether requests are in flight on the connection.
+func (c *fastConn) busy() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.inflight) > 0
 }
 
 // end records why the connection ended and cancels every request in flight. Only the
@@ -185,9 +196,7 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 	var req proto.Message
 	if err == nil {
 		req = m.newRequest()
-		if uerr := proto.Unmarshal(f.Payload, req); uerr != nil {
-			err = connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request does not decode: "+uerr.Error()))
-		}
+		err = decodeProto(f.Payload, req) // InvalidArgument naming the field (G6)
 	}
 	if err != nil {
 		if m != nil {

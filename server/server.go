@@ -2,7 +2,10 @@ package server
 
 import (
 	"context"
+	"errors"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -47,11 +50,13 @@ type Server struct {
 	clusterID atomic.Pointer[string]
 }
 
-// New returns a Server. cfg is validated (and defaulted).
+// New returns a Server with cfg, whose zero fields take their defaults. An invalid cfg
+// is refused (Config.Validate).
 func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.WithDefaults()
 	s := &Server{cfg: cfg, leader: l, raft: r, peers: newPeers(), started: time.Now()}
 	s.metrics = newMetrics(s)
 	s.methods = newMethods(s)
@@ -59,31 +64,29 @@ func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 }
 
 // Handler returns the HTTP handler serving every RPC of the method table with Connect
-// (gRPC, gRPC-Web and Connect's JSON/binary protocol), plus /metrics, /healthz and
-// /admin/snapshot.
+// (gRPC, gRPC-Web and Connect's JSON/binary protocol), gRPC health (grpc.health.v1) and
+// server reflection, plus /metrics, /healthz (alive), /readyz (ready to serve) and
+// /admin/snapshot. Every request passes the guard (guard.go): deadlines for slow
+// clients, checked gRPC envelopes, bounded bodies.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
 		// Small messages are not worth compressing: gzip would be a third of the CPU.
 		connect.WithCompressMinBytes(4 << 10),
 	}
-	for _, c := range jsonCodecs {
-		opts = append(opts, connect.WithCodec(c)) // reject unknown JSON fields (G6)
+	for _, c := range codecs {
+		opts = append(opts, connect.WithCodec(c)) // decode errors name the field (G6)
 	}
 	mux := http.NewServeMux()
 	for _, m := range s.methods.list {
 		mux.Handle(m.procedure, m.connectHandler(s, opts...))
 	}
+	s.mountGRPCServices(mux, opts...)
 	mux.HandleFunc("GET /admin/snapshot", s.serveSnapshot)
 	mux.Handle("GET /metrics", s.metrics.handler())
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.leader.Active() {
-			http.Error(w, "not serving: no leader here", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	return s.withClusterID(mux)
+	mux.HandleFunc("GET /healthz", s.serveHealthz)
+	mux.HandleFunc("GET /readyz", s.serveReadyz)
+	return s.withClusterID(newGuard(mux, s.cfg, routesOf(leaseholdv1.File_leasehold_v1_leasehold_proto, maps.Clone(grpcServiceRoutes))))
 }
 
 // serveSnapshot writes the whole state (leases, locks, token sequence, KV, members) as
@@ -180,7 +183,12 @@ func acquireResponse(g leader.Grant) *leaseholdv1.AcquireResponse {
 
 func (s *Server) acquireArgs(req *leaseholdv1.AcquireRequest) (leader.AcquireArgs, error) {
 	var a leader.AcquireArgs
-	if err := core.ValidateName("name", req.GetName()); err != nil {
+	name, names, err := acquireNames(req)
+	if err != nil {
+		return a, err
+	}
+	mode, limit, err := acquireMode(req)
+	if err != nil {
 		return a, err
 	}
 	switch req.GetClass() {
@@ -212,8 +220,63 @@ func (s *Server) acquireArgs(req *leaseholdv1.AcquireRequest) (leader.AcquireArg
 	if d := req.GetLockDelayMs(); d < 0 || time.Duration(d) > s.cfg.MaxLockDelay/time.Millisecond {
 		return a, core.Invalid("lock_delay_ms", "must be 0 to %d, got %d", s.cfg.MaxLockDelay.Milliseconds(), d)
 	}
-	a.AcquireArgs = core.AcquireArgs{Lease: id, Name: req.GetName(), Class: a.Class, Holder: h, DelayMillis: req.GetLockDelayMs()}
+	a.AcquireArgs = core.AcquireArgs{Lease: id, Name: name, Names: names, Class: a.Class, Mode: mode, Limit: limit,
+		Holder: h, DelayMillis: req.GetLockDelayMs()}
 	return a, nil
+}
+
+// acquireNames checks an acquire's name, or its lock set's names, and returns them as
+// the core takes them: one name, or two or more names sorted. A set of one name is that
+// name.
+func acquireNames(req *leaseholdv1.AcquireRequest) (string, []string, error) {
+	given := req.GetNames()
+	switch {
+	case len(given) == 0:
+		return req.GetName(), nil, core.ValidateName("name", req.GetName())
+	case req.GetName() != "":
+		return "", nil, core.Invalid("names", "set either name or names, not both")
+	case len(given) > core.MaxSetNames:
+		return "", nil, core.Invalid("names", "has %d names, the limit is %d", len(given), core.MaxSetNames)
+	}
+	for i, n := range given {
+		if fe := new(core.FieldError); errors.As(core.ValidateName("names", n), &fe) {
+			return "", nil, core.Invalid("names", "name %d: %s", i, fe.Reason)
+		}
+	}
+	names := slices.Clone(given)
+	slices.Sort(names)
+	for i := 1; i < len(names); i++ {
+		if names[i] == names[i-1] {
+			return "", nil, core.Invalid("names", "has %q twice", names[i])
+		}
+	}
+	if len(names) == 1 {
+		return names[0], nil, nil
+	}
+	return "", names, nil
+}
+
+// acquireMode checks an acquire's mode and limit.
+func acquireMode(req *leaseholdv1.AcquireRequest) (core.Mode, uint32, error) {
+	var mode core.Mode
+	switch req.GetMode() {
+	case leaseholdv1.LockMode_LOCK_MODE_UNSPECIFIED, leaseholdv1.LockMode_LOCK_MODE_EXCLUSIVE:
+		mode = core.Exclusive
+	case leaseholdv1.LockMode_LOCK_MODE_SHARED:
+		mode = core.Shared
+	case leaseholdv1.LockMode_LOCK_MODE_SEMAPHORE:
+		mode = core.Semaphore
+	default:
+		return 0, 0, core.Invalid("mode", "must be LOCK_MODE_EXCLUSIVE, LOCK_MODE_SHARED or LOCK_MODE_SEMAPHORE, got %v", req.GetMode())
+	}
+	limit := req.GetLimit()
+	switch {
+	case mode == core.Semaphore && (limit < 1 || limit > core.MaxSemaphoreLimit):
+		return 0, 0, core.Invalid("limit", "must be 1 to %d for LOCK_MODE_SEMAPHORE, got %d", core.MaxSemaphoreLimit, limit)
+	case mode != core.Semaphore && limit != 0:
+		return 0, 0, core.Invalid("limit", "is only for LOCK_MODE_SEMAPHORE; leave it 0 for %v", req.GetMode())
+	}
+	return mode, limit, nil
 }
 
 // Release serves LockService.Release: it gives up a lock held by the lease.
@@ -297,11 +360,11 @@ func (s *Server) CheckToken(ctx context.Context, req *leaseholdv1.CheckTokenRequ
 	if req.GetToken() == 0 {
 		return nil, core.Invalid("token", "must be positive")
 	}
-	holder, err := s.leader.CheckToken(ctx, req.GetName()) // confirms leadership first
+	current, holder, err := s.leader.CheckToken(ctx, req.GetName(), req.GetToken()) // confirms leadership first
 	if err != nil {
 		return nil, err
 	}
-	return &leaseholdv1.CheckTokenResponse{Current: holder != 0 && holder == req.GetToken(), HolderToken: holder}, nil
+	return &leaseholdv1.CheckTokenResponse{Current: current, HolderToken: holder}, nil
 }
 
 // ---- ClusterService -------------------------------------------------------------------
@@ -381,19 +444,41 @@ func holderToProto(h core.Holder) *leaseholdv1.Holder {
 }
 
 func lockInfo(v leader.LockView) *leaseholdv1.LockInfo {
-	ttl := int64(-1)
-	if v.TTLRemaining >= 0 {
-		ttl = v.TTLRemaining.Milliseconds()
-	}
-	return &leaseholdv1.LockInfo{
+	info := &leaseholdv1.LockInfo{
 		Name:             v.Name,
 		Class:            leaseholdv1.LockClass(v.Class),
 		Held:             v.Held,
 		Token:            v.Token,
 		Holder:           holderToProto(v.Holder),
-		TtlRemainingMs:   ttl,
+		TtlRemainingMs:   ttlMillis(v.TTLRemaining),
 		Waiters:          uint32(v.Waiters),
 		DelayRemainingMs: v.DelayRemaining.Milliseconds(),
 		LockDelayMs:      v.DelayMillis,
+		Mode:             modeToProto(v.Mode),
+		Limit:            v.Limit,
 	}
+	for _, h := range v.Holders {
+		info.Holders = append(info.Holders, &leaseholdv1.LockHolder{
+			Token: h.Token, Holder: holderToProto(h.Holder), TtlRemainingMs: ttlMillis(h.TTLRemaining), LockDelayMs: h.DelayMillis,
+		})
+	}
+	return info
+}
+
+// ttlMillis is a TTL left in milliseconds, -1 when unknown (negative).
+func ttlMillis(d time.Duration) int64 {
+	if d < 0 {
+		return -1
+	}
+	return d.Milliseconds()
+}
+
+func modeToProto(m core.Mode) leaseholdv1.LockMode {
+	switch m {
+	case core.Shared:
+		return leaseholdv1.LockMode_LOCK_MODE_SHARED
+	case core.Semaphore:
+		return leaseholdv1.LockMode_LOCK_MODE_SEMAPHORE
+	}
+	return leaseholdv1.LockMode_LOCK_MODE_EXCLUSIVE
 }

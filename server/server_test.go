@@ -43,6 +43,7 @@ type stack struct {
 
 	node   *replication.Node
 	leader *leader.Leader
+	srv    *server.Server
 	hs     *httptest.Server
 	cancel context.CancelFunc
 	runs   chan struct{} // closed when Leader.Run returned
@@ -65,11 +66,13 @@ type stackOpts struct {
 	dir      string // default t.TempDir()
 	raftAddr string // default 127.0.0.1:0
 	limits   core.Limits
+	config   server.Config                       // NodeID and Version are set
+	raft     func(*replication.Node) server.Raft // wraps the node the server sees; nil: as is
 }
 
 // startStack starts a stack and waits until it serves as leader. It is stopped when the
 // test ends (or earlier by stop).
-func startStack(t *testing.T, o stackOpts) *stack {
+func startStack(t testing.TB, o stackOpts) *stack {
 	t.Helper()
 	if o.dir == "" {
 		o.dir = t.TempDir()
@@ -77,7 +80,11 @@ func startStack(t *testing.T, o stackOpts) *stack {
 	if o.raftAddr == "" {
 		o.raftAddr = "127.0.0.1:0"
 	}
-	lg := slog.New(slog.NewTextHandler(newTestWriter(t), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var logTo io.Writer = newTestWriter(t)
+	if _, ok := t.(*testing.F); ok {
+		logTo = io.Discard // a fuzz target may not log through f
+	}
+	lg := slog.New(slog.NewTextHandler(logTo, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	s := &stack{dir: o.dir, runs: make(chan struct{})}
 	changes := make(chan bool, 1)
 	s.leader = leader.New(nil, leader.Config{Limits: o.limits, Logger: lg})
@@ -92,11 +99,18 @@ func startStack(t *testing.T, o stackOpts) *stack {
 	s.node = node
 	s.raftAddr = node.RaftAddr()
 	s.leader.SetLog(node)
-	srv, err := server.New(server.Config{NodeID: "node1", Version: "test"}, s.leader, node)
+	cfg := o.config
+	cfg.NodeID, cfg.Version = "node1", "test"
+	var r server.Raft = node
+	if o.raft != nil {
+		r = o.raft(node)
+	}
+	srv, err := server.New(cfg, s.leader, r)
 	if err != nil {
 		_ = node.Close()
 		t.Fatalf("server.New: %v", err)
 	}
+	s.srv = srv
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	go func() {
@@ -128,6 +142,12 @@ func startStack(t *testing.T, o stackOpts) *stack {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// service names the cluster when its first leader takes over; so does the stack.
+	nctx, ncancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer ncancel()
+	if err := srv.NameCluster(nctx); err != nil {
+		t.Fatalf("name the cluster: %v", err)
+	}
 	return s
 }
 
@@ -143,7 +163,7 @@ func (s *stack) stop() {
 }
 
 // h2cClient returns an HTTP client that speaks unencrypted HTTP/2 only.
-func h2cClient(t *testing.T) *http.Client {
+func h2cClient(t testing.TB) *http.Client {
 	tr := &http.Transport{Protocols: new(http.Protocols)}
 	tr.Protocols.SetUnencryptedHTTP2(true)
 	t.Cleanup(tr.CloseIdleConnections)
@@ -154,11 +174,11 @@ func h2cClient(t *testing.T) *http.Client {
 // while it shuts down).
 type testWriter struct {
 	mu   sync.Mutex
-	t    *testing.T
+	t    testing.TB
 	done bool
 }
 
-func newTestWriter(t *testing.T) *testWriter {
+func newTestWriter(t testing.TB) *testWriter {
 	w := &testWriter{t: t}
 	t.Cleanup(func() {
 		w.mu.Lock()
@@ -377,6 +397,15 @@ func acq(fields map[string]any) string {
 	return string(b)
 }
 
+// manyNames returns n distinct valid lock names.
+func manyNames(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("set/%03d", i)
+	}
+	return out
+}
+
 type badCase struct {
 	name string
 	path string
@@ -464,6 +493,21 @@ func badCases() []badCase {
 				_, err := c.locks.ForceRelease(ctx, &leaseholdv1.ForceReleaseRequest{Name: "orders/42", Reason: strings.Repeat("r", 1025)})
 				return err
 			}},
+		{name: "mode 9", path: pAcquire, body: acq(map[string]any{"mode": 9}), code: connect.CodeInvalidArgument, field: "mode",
+			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Mode = 9 })},
+		{name: "limit without a semaphore", path: pAcquire, body: acq(map[string]any{"mode": "LOCK_MODE_SHARED", "limit": 3}), code: connect.CodeInvalidArgument, field: "limit",
+			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Limit = 3 })},
+		{name: "semaphore of 0", path: pAcquire, body: acq(map[string]any{"mode": "LOCK_MODE_SEMAPHORE"}), code: connect.CodeInvalidArgument, field: "limit",
+			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Mode = leaseholdv1.LockMode_LOCK_MODE_SEMAPHORE })},
+		{name: "semaphore of 10001", path: pAcquire, body: acq(map[string]any{"mode": "LOCK_MODE_SEMAPHORE", "limit": 10001}), code: connect.CodeInvalidArgument, field: "limit"},
+		{name: "name and names", path: pAcquire, body: acq(map[string]any{"names": []string{"a", "b"}}), code: connect.CodeInvalidArgument, field: "names",
+			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Names = []string{"a", "b"} })},
+		{name: "65 names", path: pAcquire, body: acq(map[string]any{"name": nil, "names": manyNames(65)}), code: connect.CodeInvalidArgument, field: "names",
+			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Name, r.Names = "", manyNames(65) })},
+		{name: "a name twice", path: pAcquire, body: acq(map[string]any{"name": nil, "names": []string{"a", "b", "a"}}), code: connect.CodeInvalidArgument, field: "names"},
+		{name: "an empty name in names", path: pAcquire, body: acq(map[string]any{"name": nil, "names": []string{"a", ""}}), code: connect.CodeInvalidArgument, field: "names"},
+		{name: "a bad name in names", path: pAcquire, body: acq(map[string]any{"name": nil, "names": []string{"a", "b//c"}}), code: connect.CodeInvalidArgument, field: "names",
+			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Name, r.Names = "", []string{"a", "b//c"} })},
 		{name: "70 KiB body", path: pAcquire, body: acq(map[string]any{"holder": map[string]any{"note": strings.Repeat("x", 70<<10)}}), code: connect.CodeResourceExhausted,
 			viaGRPC: acqReq(func(r *leaseholdv1.AcquireRequest) { r.Holder = &leaseholdv1.Holder{Note: strings.Repeat("x", 70<<10)} })},
 	}

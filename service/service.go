@@ -24,7 +24,8 @@ import (
 	"github.com/leasehold/leasehold/server"
 )
 
-// Config configures a node. DataDir is required; the rest has defaults.
+// Config configures a node. Raft.DataDir is required; every other zero field stands for
+// its default (DefaultConfig).
 type Config struct {
 	// Addr is the API listen address. Default 127.0.0.1:7740; port 0 picks one.
 	Addr string
@@ -58,6 +59,88 @@ type Config struct {
 	Pprof bool
 }
 
+// DefaultAddr is the API address of a node started with no Addr, and DefaultFastLanePort
+// the fast lane's port on the host of Addr.
+const (
+	DefaultAddr         = "127.0.0.1:7740"
+	DefaultFastLanePort = "7742"
+)
+
+// DefaultConfig returns the configuration that a zero Config stands for (with
+// Raft.DataDir, which has no default, still empty): every layer's defaults.
+func DefaultConfig() Config {
+	return Config{
+		Addr:   DefaultAddr,
+		Raft:   replication.DefaultConfig(),
+		Server: server.DefaultConfig(),
+		Logger: slog.Default(),
+	}.WithDefaults()
+}
+
+// WithDefaults returns c with every zero field that has a default set to it, in every
+// layer. The fast lane listens on the host of Addr, port DefaultFastLanePort, unless
+// told otherwise; the addresses that depend on the listeners (AdvertiseAddr,
+// FastLaneAdvertise) are left to Start.
+func (c Config) WithDefaults() Config {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if c.FastLaneAddr == "" {
+		host, _, _ := net.SplitHostPort(c.Addr)
+		c.FastLaneAddr = net.JoinHostPort(host, DefaultFastLanePort)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	c.Raft = c.Raft.WithDefaults()
+	c.Server = c.Server.WithDefaults()
+	return c
+}
+
+// Validate checks c with its defaults, every layer's rules and those that span
+// layers: a lease must be able to outlive an election (the default TTL above the raft
+// election timeout), and Join and Bootstrap exclude each other. It does not change c.
+// Warnings lists what is allowed but unwise.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return fmt.Errorf("service: API address %q: %w", c.Addr, err)
+	}
+	if c.FastLaneAddr != "off" {
+		if _, _, err := net.SplitHostPort(c.FastLaneAddr); err != nil {
+			return fmt.Errorf("service: fast-lane address %q (or \"off\"): %w", c.FastLaneAddr, err)
+		}
+	}
+	if err := c.Server.Validate(); err != nil {
+		return err
+	}
+	if err := c.Raft.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.Join != "" && c.Raft.Bootstrap:
+		return errors.New("service: a node that joins a cluster must not bootstrap one (Join with Raft.Bootstrap)")
+	case c.Join != "" && len(c.StaticPeers) > 0:
+		return errors.New("service: Join and StaticPeers exclude each other")
+	case c.Server.DefaultTTL <= c.Raft.ElectionTimeout:
+		return fmt.Errorf("service: the default lease TTL %v is not longer than the election timeout %v: every leader change would end such leases (OPERATIONS.md, \"Lease TTL versus election timeout\")", c.Server.DefaultTTL, c.Raft.ElectionTimeout)
+	}
+	return nil
+}
+
+// Warnings lists what c allows but OPERATIONS.md advises against: a default lease TTL
+// below ten election timeouts, with which clients give their locks up during an
+// ordinary leader change (G4b). The minimum TTL is not checked: it bounds what a client
+// may ask for, as a guard against mistakes, and a short lease is the client's choice.
+func (c Config) Warnings() []string {
+	c = c.WithDefaults()
+	var w []string
+	if ride := 10 * c.Raft.ElectionTimeout; c.Server.DefaultTTL < ride {
+		w = append(w, fmt.Sprintf("the default lease TTL %v is below %v (ten election timeouts): clients will give their locks up during a leader change", c.Server.DefaultTTL, ride))
+	}
+	return w
+}
+
 // Node is a running leasehold node.
 type Node struct {
 	Raft   *replication.Node
@@ -76,22 +159,16 @@ type Node struct {
 // returns once the listener is open; the node serves requests once it is leader (see
 // WaitReady).
 func Start(cfg Config) (*Node, error) {
-	if cfg.Addr == "" {
-		cfg.Addr = "127.0.0.1:7740"
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if err := cfg.Server.Validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	for _, w := range cfg.Warnings() {
+		cfg.Logger.Warn("configuration: " + w)
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("service: listen on %s: %w", cfg.Addr, err)
-	}
-	if cfg.FastLaneAddr == "" {
-		host, _, _ := net.SplitHostPort(cfg.Addr)
-		cfg.FastLaneAddr = net.JoinHostPort(host, "7742")
 	}
 	var fastLn net.Listener
 	if cfg.FastLaneAddr != "off" {
@@ -102,9 +179,7 @@ func Start(cfg Config) (*Node, error) {
 	}
 	changes := make(chan bool, 1)
 	rc := cfg.Raft
-	if rc.NodeID == "" {
-		rc.NodeID = "node1"
-	}
+	limit := newConnLimit(cfg.Server.MaxConnsPerClient, cfg.Logger) // both ports share it (G6)
 	n := &Node{addr: ln.Addr().String(), fastLn: fastLn, serveErr: make(chan error, 1)}
 	if cfg.AdvertiseAddr == "" {
 		cfg.AdvertiseAddr = n.addr
@@ -158,17 +233,21 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.Pprof {
 		handler = withPprof(handler)
 	}
+	// No ReadTimeout or WriteTimeout here: they would cut off waiting Acquires and
+	// streams. The server's handler sets them per request (server/guard.go).
 	n.http = &http.Server{
 		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+		IdleTimeout:       cfg.Server.IdleTimeout,
+		MaxHeaderBytes:    64 << 10,
 		Protocols:         new(http.Protocols),
 	}
 	n.http.Protocols.SetHTTP1(true)
 	n.http.Protocols.SetUnencryptedHTTP2(true)
-	go func() { n.serveErr <- n.http.Serve(ln) }()
+	go func() { n.serveErr <- n.http.Serve(limit.wrap(ln)) }()
 	if fastLn != nil {
 		go func() {
-			if err := n.Server.ServeFastLane(fastLn, cfg.Logger); err != nil {
+			if err := n.Server.ServeFastLane(limit.wrap(fastLn), cfg.Logger); err != nil {
 				cfg.Logger.Error("fast lane stopped", "err", err)
 			}
 		}()

@@ -15,13 +15,14 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/service"
 )
 
 // addrFlag registers --addr with its default from LEASEHOLD_ADDR.
 func addrFlag(fs *flag.FlagSet) *string {
 	def := os.Getenv("LEASEHOLD_ADDR")
 	if def == "" {
-		def = "127.0.0.1:7740"
+		def = service.DefaultAddr
 	}
 	return fs.String("addr", def, "server address (env LEASEHOLD_ADDR)")
 }
@@ -74,17 +75,23 @@ func runLocks(args []string) int {
 	return exitOK
 }
 
+// printLocks prints a table of locks, one line per holder: a lock held shared or a
+// semaphore has a line for each of its holders after its first.
 func printLocks(w io.Writer, resp *leaseholdv1.ListResponse) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCLASS\tHOLDER\tTOKEN\tTTL LEFT\tWAITERS")
+	fmt.Fprintln(tw, "NAME\tCLASS\tHOLDER\tTOKEN\tTTL LEFT\tWAITERS\tMODE")
+	ttlLeft := func(ms int64) string {
+		if ms < 0 {
+			return "-"
+		}
+		return (time.Duration(ms) * time.Millisecond).String()
+	}
 	for _, l := range resp.GetLocks() {
 		holder, token, ttl := "-", "-", "-"
 		if l.GetHeld() {
 			token = strconv.FormatUint(l.GetToken(), 10)
 			holder = describeHolder(l.GetHolder())
-			if l.GetTtlRemainingMs() >= 0 {
-				ttl = (time.Duration(l.GetTtlRemainingMs()) * time.Millisecond).String()
-			}
+			ttl = ttlLeft(l.GetTtlRemainingMs())
 		} else if l.GetDelayRemainingMs() > 0 {
 			holder = fmt.Sprintf("(lock-delay %v)", time.Duration(l.GetDelayRemainingMs())*time.Millisecond)
 		}
@@ -92,7 +99,17 @@ func printLocks(w io.Writer, resp *leaseholdv1.ListResponse) {
 			leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY:  "efficiency",
 			leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS: "correctness",
 		}[l.GetClass()]
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", l.GetName(), class, holder, token, ttl, l.GetWaiters())
+		mode := map[leaseholdv1.LockMode]string{
+			leaseholdv1.LockMode_LOCK_MODE_SHARED:    "shared",
+			leaseholdv1.LockMode_LOCK_MODE_SEMAPHORE: fmt.Sprintf("semaphore of %d", l.GetLimit()),
+		}[l.GetMode()]
+		if mode == "" {
+			mode = "exclusive"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", l.GetName(), class, holder, token, ttl, l.GetWaiters(), mode)
+		for _, h := range l.GetHolders()[min(1, len(l.GetHolders())):] {
+			fmt.Fprintf(tw, "\t\t%s\t%d\t%s\t\t\n", describeHolder(h.GetHolder()), h.GetToken(), ttlLeft(h.GetTtlRemainingMs()))
+		}
 	}
 	_ = tw.Flush()
 	if resp.GetTruncated() {
@@ -195,6 +212,15 @@ func runForceRelease(args []string) int {
 }
 
 // splitName takes a leading NAME argument off args, so flags may come before or after it.
+// splitNames returns the leading arguments that are not flags, and the rest.
+func splitNames(args []string) ([]string, []string) {
+	i := 0
+	for i < len(args) && args[i] != "" && args[i][0] != '-' {
+		i++
+	}
+	return args[:i], args[i:]
+}
+
 func splitName(args []string) (string, []string) {
 	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
 		return args[0], args[1:]

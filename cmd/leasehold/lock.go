@@ -9,16 +9,20 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/leasehold/leasehold/client"
 )
 
-// runLock implements `leasehold lock NAME [flags] -- CMD [ARG...]`.
+// runLock implements `leasehold lock NAME... [flags] -- CMD [ARG...]`.
 //
-// CMD runs in its own process group with LEASEHOLD_LOCK and LEASEHOLD_TOKEN in its
-// environment. Signals leasehold receives (INT, TERM, HUP, QUIT, USR1, USR2) are
+// Several names are one lock set (client.LockSet): all granted at once under one
+// token, or none. --shared takes the lock(s) shared, --limit N as a semaphore of N.
+//
+// CMD runs in its own process group with LEASEHOLD_LOCK (the name; for a lock set the
+// names, sorted, separated by commas) and LEASEHOLD_TOKEN in its environment. Signals leasehold receives (INT, TERM, HUP, QUIT, USR1, USR2) are
 // forwarded to that group. If the lock is lost while CMD runs — the lease expired or was
 // revoked, an operator force-released it, or keepalives went unanswered until the
 // cautious local deadline, which comes before the server can expire the lease — the
@@ -33,6 +37,8 @@ func runLock(args []string) int {
 	wait := fs.String("wait", "forever", "how long to wait for the lock: a duration, 0 to try once, or forever")
 	note := fs.String("note", "", "free text shown to others in 'leasehold locks'")
 	delay := fs.Duration("lock-delay", 0, "after an expiry (not a clean release), keep the lock free of new holders this long")
+	shared := fs.Bool("shared", false, "hold the lock shared (a reader): with other shared holders, never with an exclusive one")
+	limit := fs.Int("limit", 0, "hold one of N slots of a semaphore of N (1 to 10000); every holder must give the same N")
 	sep := -1
 	for i, a := range args {
 		if a == "--" {
@@ -41,23 +47,28 @@ func runLock(args []string) int {
 		}
 	}
 	if sep < 0 || sep == len(args)-1 {
-		fmt.Fprintln(os.Stderr, "usage: leasehold lock NAME [--class correctness|efficiency] [--ttl 10s] [--wait forever|0|DURATION] -- CMD [ARG...] (flags may also come before NAME)")
+		fmt.Fprintln(os.Stderr, "usage: leasehold lock NAME... [--class correctness|efficiency] [--ttl 10s] [--wait forever|0|DURATION] [--shared | --limit N] -- CMD [ARG...] (flags may also come before the names)")
 		return exitUsage
 	}
-	name, rest := splitName(args[:sep])
+	names, rest := splitNames(args[:sep])
 	if err := fs.Parse(rest); err != nil {
 		return exitUsage
 	}
-	if name == "" && fs.NArg() == 1 { // flags first: leasehold lock --class efficiency NAME -- CMD
-		name = fs.Arg(0)
-	} else if fs.NArg() > 0 {
-		name = ""
-	}
-	if name == "" {
-		fmt.Fprintln(os.Stderr, "leasehold lock: give exactly one lock NAME before --")
+	names = append(names, fs.Args()...) // flags first: leasehold lock --class efficiency A B -- CMD
+	if len(names) == 0 {
+		fmt.Fprintln(os.Stderr, "leasehold lock: give at least one lock NAME before --")
 		return exitUsage
 	}
 	opts := []client.LockOption{client.LockTTL(*ttl), client.WithNote(*note), client.LockDelay(*delay)}
+	switch {
+	case *shared && *limit != 0:
+		fmt.Fprintln(os.Stderr, "leasehold lock: --shared and --limit exclude each other")
+		return exitUsage
+	case *shared:
+		opts = append(opts, client.Shared)
+	case *limit != 0:
+		opts = append(opts, client.Semaphore(*limit))
+	}
 	switch *class {
 	case "correctness":
 		opts = append(opts, client.Correctness)
@@ -87,7 +98,13 @@ func runLock(args []string) int {
 		return code
 	}
 	defer func() { _ = c.Close(context.Background()) }()
-	l, err := c.Lock(ctx, name, opts...)
+	var l *client.Lock
+	var err error
+	if len(names) == 1 {
+		l, err = c.Lock(ctx, names[0], opts...)
+	} else {
+		l, err = c.LockSet(ctx, names, opts...)
+	}
 	interrupted := ctx.Err() != nil
 	stop() // from here on, signals go to CMD
 	if err != nil {
@@ -104,7 +121,7 @@ func runLock(args []string) int {
 func runHolding(l *client.Lock, argv []string) int {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), "LEASEHOLD_LOCK="+l.Name(), "LEASEHOLD_TOKEN="+strconv.FormatUint(l.Token(), 10))
+	cmd.Env = append(os.Environ(), "LEASEHOLD_LOCK="+strings.Join(l.Names(), ","), "LEASEHOLD_TOKEN="+strconv.FormatUint(l.Token(), 10))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 
 	sigs := make(chan os.Signal, 8)
@@ -131,7 +148,7 @@ func runHolding(l *client.Lock, argv []string) int {
 				fmt.Fprintln(os.Stderr, "leasehold lock: CMD exited 0 as the lock was lost")
 			}
 			fmt.Fprintf(os.Stderr, "leasehold lock: lost %s (token %d): %v; killed process group %d\n",
-				l.Name(), l.Token(), context.Cause(l.Context()), pgid)
+				strings.Join(l.Names(), ","), l.Token(), context.Cause(l.Context()), pgid)
 			return exitLockLost
 		case err := <-done:
 			// Take the rest of the group down too: nothing may outlive the lock.

@@ -1,7 +1,7 @@
 // Command leasehold is the leasehold lock service and its command-line client.
 //
 //	leasehold server                 run a node (single node, data in ./leasehold-data)
-//	leasehold lock NAME -- CMD...    run CMD while holding lock NAME
+//	leasehold lock NAME... -- CMD... run CMD while holding lock NAME (several: a lock set)
 //	leasehold locks [PREFIX]         list locks
 //	leasehold kv get|put|del|ls      the fenced key-value store
 //	leasehold status                 show the node's status
@@ -85,9 +85,11 @@ func usage() {
 Usage:
   leasehold server [flags]                  run a node (defaults: API 127.0.0.1:7740,
                                             raft 127.0.0.1:7741, data ./leasehold-data)
-  leasehold lock NAME [flags] -- CMD [ARG...]
+  leasehold lock NAME... [flags] -- CMD [ARG...]
                                             run CMD while holding lock NAME; CMD gets
-                                            LEASEHOLD_TOKEN and LEASEHOLD_LOCK
+                                            LEASEHOLD_TOKEN and LEASEHOLD_LOCK; several
+                                            names are one lock set (all at once, one
+                                            token); --shared, --limit N (semaphore)
   leasehold locks [PREFIX]                  list locks: name, class, holder, token, TTL left
   leasehold unlock NAME --force --reason R  operator release: fences the old holder out
   leasehold kv get|put|del|ls ...           the fenced key-value store (put --fence LOCK=TOKEN)

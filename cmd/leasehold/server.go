@@ -20,16 +20,17 @@ import (
 
 func runServer(args []string) int {
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
-	addr := fs.String("addr", "127.0.0.1:7740", "API address (Connect: gRPC, gRPC-Web, JSON over HTTP)")
-	raftAddr := fs.String("raft-addr", "127.0.0.1:7741", "raft transport address")
+	def := service.DefaultConfig() // every default below comes from the layers' own
+	addr := fs.String("addr", def.Addr, "API address (Connect: gRPC, gRPC-Web, JSON over HTTP)")
+	raftAddr := fs.String("raft-addr", def.Raft.RaftAddr, "raft transport address")
 	logStore := fs.String("log-store", "auto", "raft log store: wal (one fsync per commit), bolt (raft-boltdb), or auto (bolt for a data dir that has raft.db, else wal)")
-	fastAddr := fs.String("fast-lane-addr", "", "fast-lane address (binary protocol for the hot calls), or off (default: the host of --addr, port 7742)")
+	fastAddr := fs.String("fast-lane-addr", "", "fast-lane address (binary protocol for the hot calls), or off (default: the host of --addr, port "+service.DefaultFastLanePort+")")
 	fastAdvertise := fs.String("fast-lane-advertise", "", "fast-lane address clients dial (default: the fast lane's address; bound to 0.0.0.0 or [::], the host of --advertise-addr with the fast lane's port)")
 	dataDir := fs.String("data-dir", "./leasehold-data", "directory for the raft log and snapshots")
-	nodeID := fs.String("node-id", "node1", "this node's id in the cluster")
-	defTTL := fs.Duration("default-ttl", 10*time.Second, "lease TTL when a client asks for 0")
-	minTTL := fs.Duration("min-ttl", 100*time.Millisecond, "smallest lease TTL a client may ask for")
-	maxTTL := fs.Duration("max-ttl", time.Hour, "largest lease TTL a client may ask for")
+	nodeID := fs.String("node-id", def.Raft.NodeID, "this node's id in the cluster")
+	defTTL := fs.Duration("default-ttl", def.Server.DefaultTTL, "lease TTL when a client asks for 0")
+	minTTL := fs.Duration("min-ttl", def.Server.MinTTL, "smallest lease TTL a client may ask for")
+	maxTTL := fs.Duration("max-ttl", def.Server.MaxTTL, "largest lease TTL a client may ask for")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	advertise := fs.String("advertise-addr", "", "API address other nodes and clients use (default: the listen address)")
 	raftAdvertise := fs.String("raft-advertise", "", "raft address other nodes dial (default: --raft-addr)")
@@ -78,7 +79,7 @@ func runServer(args []string) int {
 			cfg.StaticPeers = append(cfg.StaticPeers, core.Member{ID: p.id, APIAddr: p.api, FastLaneAddr: p.fast})
 		}
 	}
-	if err := cfg.Server.Validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "leasehold server: %v\n", err)
 		return exitUsage
 	}

@@ -31,8 +31,8 @@ func runSnapshot(args []string) int {
 	fs := flag.NewFlagSet("snapshot "+sub, flag.ContinueOnError)
 	addr := addrFlag(fs)
 	dataDir := fs.String("data-dir", "", "restore: the new data directory (must be empty)")
-	nodeID := fs.String("node-id", "node1", "restore: the node id the restored node will run with")
-	raftAddr := fs.String("raft-addr", "127.0.0.1:7741", "restore: the raft address the restored node will run with")
+	nodeID := fs.String("node-id", replication.DefaultNodeID, "restore: the node id the restored node will run with")
+	raftAddr := fs.String("raft-addr", replication.DefaultRaftAddr, "restore: the raft address the restored node will run with")
 	gap := fs.Uint64("token-gap", 1<<32, "restore: continue the token sequence this far above the backup's last token,\nso tokens issued after the backup are never issued again")
 	if err := fs.Parse(args[2:]); err != nil || fs.NArg() > 0 {
 		fmt.Fprintln(os.Stderr, snapshotUsage)

@@ -34,7 +34,7 @@ import (
 
 // Options configures MakeCluster. The zero value is ready to use.
 type Options struct {
-	// HeartbeatTimeout and ElectionTimeout are raft's, on every node (default 200ms
+	// HeartbeatTimeout and ElectionTimeout are raft's, on every node (default 400ms
 	// each: short, yet long enough not to elect anew on a loaded machine running the
 	// race detector). LeaderLeaseTimeout defaults to half the HeartbeatTimeout.
 	HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout time.Duration
@@ -73,10 +73,10 @@ type Node struct {
 func MakeCluster(t testing.TB, n int, opts Options) *Cluster {
 	t.Helper()
 	if opts.HeartbeatTimeout == 0 {
-		opts.HeartbeatTimeout = 200 * time.Millisecond
+		opts.HeartbeatTimeout = 400 * time.Millisecond
 	}
 	if opts.ElectionTimeout == 0 {
-		opts.ElectionTimeout = 200 * time.Millisecond
+		opts.ElectionTimeout = 400 * time.Millisecond
 	}
 	if opts.LeaderLeaseTimeout == 0 {
 		opts.LeaderLeaseTimeout = opts.HeartbeatTimeout / 2

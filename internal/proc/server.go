@@ -222,10 +222,11 @@ func (s *Server) Stop(grace time.Duration) error {
 	return nil
 }
 
-// Healthy reports whether the server answers /healthz with 200: it serves as leader.
+// Healthy reports whether the server answers /readyz with 200: it is ready to serve (a
+// single node once it leads; in a cluster, the leader or a follower that has caught up).
 func (s *Server) Healthy() bool {
 	hc := &http.Client{Timeout: time.Second}
-	resp, err := hc.Get("http://" + s.API + "/healthz")
+	resp, err := hc.Get("http://" + s.API + "/readyz")
 	if err != nil {
 		return false
 	}
@@ -233,7 +234,7 @@ func (s *Server) Healthy() bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// WaitHealthy waits until the server serves as leader (Healthy), it exits
+// WaitHealthy waits until the server is ready to serve (Healthy), it exits
 // (ErrExited), or ctx ends.
 func (s *Server) WaitHealthy(ctx context.Context) error {
 	p := s.Process()
@@ -242,7 +243,7 @@ func (s *Server) WaitHealthy(ctx context.Context) error {
 	}
 	return p.waitUntil(ctx, "healthy at "+s.API, func() error {
 		if !s.Healthy() {
-			return fmt.Errorf("GET http://%s/healthz is not 200", s.API)
+			return fmt.Errorf("GET http://%s/readyz is not 200", s.API)
 		}
 		return nil
 	})

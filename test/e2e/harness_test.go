@@ -107,7 +107,7 @@ func StartServer(t testing.TB, extra ...string) *Server {
 	return s
 }
 
-// start starts the server process and waits until /healthz answers 200 (the node serves
+// start starts the server process and waits until /readyz answers 200 (the node serves
 // as leader).
 func (s *Server) start() {
 	s.t.Helper()

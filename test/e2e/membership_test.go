@@ -112,7 +112,7 @@ func TestTwoClustersOnOneHost(t *testing.T) {
 	quick := StartProc(t, leaseholdBin, "server", "--data-dir", filepath.Join(t.TempDir(), "quick"))
 	hc := &http.Client{Timeout: time.Second}
 	if !eventually(30*time.Second, func() bool {
-		resp, err := hc.Get("http://127.0.0.1:7740/healthz")
+		resp, err := hc.Get("http://127.0.0.1:7740/readyz")
 		if err != nil {
 			return false
 		}

@@ -303,9 +303,10 @@ func (c *Cluster) index(id string) int {
 	return -1
 }
 
-// healthz reports whether node i serves as leader (its leader runtime is active).
+// healthz reports whether node i is ready (/readyz): for the leader, that its leader
+// runtime is active.
 func (c *Cluster) healthz(i int) bool {
-	resp, err := c.hc.Get("http://" + c.Nodes[i].API + "/healthz")
+	resp, err := c.hc.Get("http://" + c.Nodes[i].API + "/readyz")
 	if err != nil {
 		return false
 	}

@@ -10,7 +10,8 @@
 // reason:
 //   InvalidArgument     a field is malformed or out of range (ErrorDetail.field names it)
 //   NotFound            the lease is unknown: it expired, was revoked, or never existed
-//   FailedPrecondition  class conflict on a lock name, release by a non-holder, stale token
+//   FailedPrecondition  class or mode conflict on a lock name, a lock set overlapping
+//                       the lease's own locks, release by a non-holder, stale token
 //   DeadlineExceeded    the lock stayed held for the whole wait (0 ms for a try-once)
 //   ResourceExhausted   a server limit (leases, locks per lease, waiters per lock, size)
 //   Unavailable         no leader can serve the request right now; retry
@@ -94,6 +95,68 @@ func (LockClass) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{0}
 }
 
+// LockMode is how a lease holds a lock. EXCLUSIVE and SHARED are the writer and the
+// readers of one readers-writer lock: a name held EXCLUSIVE has one holder, a name held
+// SHARED has any number and no exclusive one. SEMAPHORE is a lock of its own kind with
+// a limit N: up to N holders at once. Queues are FIFO in every mode: a lock is granted
+// to the head of its queue only, so an exclusive acquire queued behind readers blocks
+// the readers that come after it (writers never starve).
+type LockMode int32
+
+const (
+	// Exclusive: what every client that does not know modes asks for.
+	LockMode_LOCK_MODE_UNSPECIFIED LockMode = 0
+	// One holder (the writer of a readers-writer lock).
+	LockMode_LOCK_MODE_EXCLUSIVE LockMode = 1
+	// Any number of holders at once, none of them exclusive (the readers).
+	LockMode_LOCK_MODE_SHARED LockMode = 2
+	// Up to AcquireRequest.limit holders at once.
+	LockMode_LOCK_MODE_SEMAPHORE LockMode = 3
+)
+
+// Enum value maps for LockMode.
+var (
+	LockMode_name = map[int32]string{
+		0: "LOCK_MODE_UNSPECIFIED",
+		1: "LOCK_MODE_EXCLUSIVE",
+		2: "LOCK_MODE_SHARED",
+		3: "LOCK_MODE_SEMAPHORE",
+	}
+	LockMode_value = map[string]int32{
+		"LOCK_MODE_UNSPECIFIED": 0,
+		"LOCK_MODE_EXCLUSIVE":   1,
+		"LOCK_MODE_SHARED":      2,
+		"LOCK_MODE_SEMAPHORE":   3,
+	}
+)
+
+func (x LockMode) Enum() *LockMode {
+	p := new(LockMode)
+	*p = x
+	return p
+}
+
+func (x LockMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LockMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_leasehold_proto_enumTypes[1].Descriptor()
+}
+
+func (LockMode) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_leasehold_proto_enumTypes[1]
+}
+
+func (x LockMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LockMode.Descriptor instead.
+func (LockMode) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{1}
+}
+
 // Holder describes who holds or waits for a lock, so operators can see it in listings.
 // All fields are optional and informative only: leasehold never trusts them.
 type Holder struct {
@@ -166,9 +229,11 @@ type ErrorDetail struct {
 	// InvalidArgument and ResourceExhausted caused by one field.
 	Field string `protobuf:"bytes,1,opt,name=field,proto3" json:"field,omitempty"`
 	// A stable machine-readable reason, e.g. "lease_expired", "lease_revoked",
-	// "lease_unknown", "not_holder", "class_conflict", "lock_held", "limit_leases".
+	// "lease_unknown", "not_holder", "class_conflict", "mode_conflict", "set_conflict",
+	// "lock_held", "limit_leases".
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
-	// For a lock that is held: the current holder's token and description.
+	// For a lock that is held: the current holder's token and description (of several
+	// holders, the oldest).
 	HolderToken uint64  `protobuf:"varint,3,opt,name=holder_token,json=holderToken,proto3" json:"holder_token,omitempty"`
 	Holder      *Holder `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
 	// For a fenced write rejected as stale ("stale_token"): the highest token the key
@@ -177,8 +242,11 @@ type ErrorDetail struct {
 	// For a compare-and-set that failed ("version_mismatch"): the key's current version
 	// (0 when it does not exist).
 	CurrentVersion uint64 `protobuf:"varint,6,opt,name=current_version,json=currentVersion,proto3" json:"current_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// For "lock_held": the lock that was held — for a lock set, the first of its names
+	// that was (holder_token and holder describe that lock's holder).
+	HeldLock      string `protobuf:"bytes,20,opt,name=held_lock,json=heldLock,proto3" json:"held_lock,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ErrorDetail) Reset() {
@@ -251,6 +319,13 @@ func (x *ErrorDetail) GetCurrentVersion() uint64 {
 		return x.CurrentVersion
 	}
 	return 0
+}
+
+func (x *ErrorDetail) GetHeldLock() string {
+	if x != nil {
+		return x.HeldLock
+	}
+	return ""
 }
 
 type GrantRequest struct {
@@ -634,7 +709,26 @@ type AcquireRequest struct {
 	// Lock-delay in milliseconds (0 to 60 000, default 0): after this holder's lease
 	// *expires* (not a clean release), nobody may take the lock for this long. A mitigation
 	// for resources that cannot check tokens.
-	LockDelayMs   int64 `protobuf:"varint,6,opt,name=lock_delay_ms,json=lockDelayMs,proto3" json:"lock_delay_ms,omitempty"`
+	LockDelayMs int64 `protobuf:"varint,6,opt,name=lock_delay_ms,json=lockDelayMs,proto3" json:"lock_delay_ms,omitempty"`
+	// How to hold the lock; unspecified is exclusive. A name is used as one kind at a time
+	// — a readers-writer lock (exclusive or shared), or a semaphore of one limit — while it
+	// is held, waited for or in a lock-delay: asking for it as another kind, or for a
+	// semaphore with another limit, is FailedPrecondition ("mode_conflict"). A lease that
+	// holds or waits for a lock in one mode and asks for the other (an upgrade) is refused
+	// the same way.
+	Mode LockMode `protobuf:"varint,7,opt,name=mode,proto3,enum=leasehold.v1.LockMode" json:"mode,omitempty"`
+	// For LOCK_MODE_SEMAPHORE: how many holders at once, 1 to 10 000. Must be 0 for the
+	// other modes. Anything else is InvalidArgument ("limit").
+	Limit uint32 `protobuf:"varint,8,opt,name=limit,proto3" json:"limit,omitempty"`
+	// A lock set: 1 to 64 distinct lock names (each as `name`), acquired all at once in
+	// `mode`, under one token, or not at all. Leave `name` empty when you set it (both set
+	// is InvalidArgument, "names"). Each name keeps its FIFO queue: the set waits in all
+	// of them at once and is granted when it is first in every queue and every lock is
+	// free for it; it holds none of them until then, so no two acquires ever deadlock,
+	// in whatever order their names are given. The order of the names does not matter.
+	// A set of one name is the same as `name`. Release (or a wait that runs out) of any
+	// one name acts on the whole set.
+	Names         []string `protobuf:"bytes,9,rep,name=names,proto3" json:"names,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -711,10 +805,33 @@ func (x *AcquireRequest) GetLockDelayMs() int64 {
 	return 0
 }
 
+func (x *AcquireRequest) GetMode() LockMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+func (x *AcquireRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *AcquireRequest) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The fencing token of this grant. Larger than every token granted before it in the
-	// cluster (correctness class: across restarts and leader changes).
+	// cluster (correctness class: across restarts and leader changes). Every holder of a
+	// shared lock or a semaphore has a token of its own; the names of a lock set share
+	// the set's.
 	Token uint64 `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
 	// The class of the lock, as requested.
 	Class LockClass `protobuf:"varint,2,opt,name=class,proto3,enum=leasehold.v1.LockClass" json:"class,omitempty"`
@@ -778,7 +895,8 @@ func (x *AcquireResponse) GetEpoch() string {
 
 type ReleaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The lock, or any one name of a lock set (which releases the whole set).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The holder's lease.
 	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// The token of the grant being released.
@@ -1076,19 +1194,27 @@ type LockInfo struct {
 	Class LockClass              `protobuf:"varint,2,opt,name=class,proto3,enum=leasehold.v1.LockClass" json:"class,omitempty"`
 	// Whether a lease holds the lock now.
 	Held bool `protobuf:"varint,3,opt,name=held,proto3" json:"held,omitempty"`
-	// The holder's token (0 when not held).
+	// The holder's token (0 when not held); of several holders, the oldest one's.
 	Token uint64 `protobuf:"varint,4,opt,name=token,proto3" json:"token,omitempty"`
-	// The holder's description.
+	// The holder's description (of several, the oldest one's).
 	Holder *Holder `protobuf:"bytes,5,opt,name=holder,proto3" json:"holder,omitempty"`
 	// Milliseconds until the holder's lease expires if it sends no keepalive, as counted
-	// by the leader. -1 when unknown.
+	// by the leader. -1 when unknown. Of several holders, the oldest one's.
 	TtlRemainingMs int64 `protobuf:"varint,6,opt,name=ttl_remaining_ms,json=ttlRemainingMs,proto3" json:"ttl_remaining_ms,omitempty"`
 	// Number of leases waiting, in FIFO order behind the holder.
 	Waiters uint32 `protobuf:"varint,7,opt,name=waiters,proto3" json:"waiters,omitempty"`
 	// Milliseconds of lock-delay left before the lock can be granted again (0 when none).
 	DelayRemainingMs int64 `protobuf:"varint,8,opt,name=delay_remaining_ms,json=delayRemainingMs,proto3" json:"delay_remaining_ms,omitempty"`
 	// The lock-delay the current holder asked for.
-	LockDelayMs   int64 `protobuf:"varint,9,opt,name=lock_delay_ms,json=lockDelayMs,proto3" json:"lock_delay_ms,omitempty"`
+	LockDelayMs int64 `protobuf:"varint,9,opt,name=lock_delay_ms,json=lockDelayMs,proto3" json:"lock_delay_ms,omitempty"`
+	// How the lock is held: EXCLUSIVE (also when free), SHARED while readers hold it, or
+	// SEMAPHORE.
+	Mode LockMode `protobuf:"varint,10,opt,name=mode,proto3,enum=leasehold.v1.LockMode" json:"mode,omitempty"`
+	// A semaphore's limit (0 for the other modes).
+	Limit uint32 `protobuf:"varint,11,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Every holder, oldest first: one for an exclusive lock, each reader of a shared one,
+	// each holder of a semaphore.
+	Holders       []*LockHolder `protobuf:"bytes,12,rep,name=holders,proto3" json:"holders,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1186,6 +1312,99 @@ func (x *LockInfo) GetLockDelayMs() int64 {
 	return 0
 }
 
+func (x *LockInfo) GetMode() LockMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+func (x *LockInfo) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *LockInfo) GetHolders() []*LockHolder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+// LockHolder is one holder of a lock, as LockInfo lists them.
+type LockHolder struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The holder's own token.
+	Token  uint64  `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
+	Holder *Holder `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	// Milliseconds until the holder's lease expires without a keepalive; -1 when unknown.
+	TtlRemainingMs int64 `protobuf:"varint,3,opt,name=ttl_remaining_ms,json=ttlRemainingMs,proto3" json:"ttl_remaining_ms,omitempty"`
+	// The lock-delay the holder asked for.
+	LockDelayMs   int64 `protobuf:"varint,4,opt,name=lock_delay_ms,json=lockDelayMs,proto3" json:"lock_delay_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockHolder) Reset() {
+	*x = LockHolder{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockHolder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockHolder) ProtoMessage() {}
+
+func (x *LockHolder) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockHolder.ProtoReflect.Descriptor instead.
+func (*LockHolder) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *LockHolder) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *LockHolder) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *LockHolder) GetTtlRemainingMs() int64 {
+	if x != nil {
+		return x.TtlRemainingMs
+	}
+	return 0
+}
+
+func (x *LockHolder) GetLockDelayMs() int64 {
+	if x != nil {
+		return x.LockDelayMs
+	}
+	return 0
+}
+
 type ForceReleaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1197,7 +1416,7 @@ type ForceReleaseRequest struct {
 
 func (x *ForceReleaseRequest) Reset() {
 	*x = ForceReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1428,7 @@ func (x *ForceReleaseRequest) String() string {
 func (*ForceReleaseRequest) ProtoMessage() {}
 
 func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1441,7 @@ func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ForceReleaseRequest) GetName() string {
@@ -1251,7 +1470,7 @@ type ForceReleaseResponse struct {
 
 func (x *ForceReleaseResponse) Reset() {
 	*x = ForceReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1482,7 @@ func (x *ForceReleaseResponse) String() string {
 func (*ForceReleaseResponse) ProtoMessage() {}
 
 func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1495,7 @@ func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ForceReleaseResponse) GetReleasedToken() uint64 {
@@ -1303,7 +1522,7 @@ type CheckTokenRequest struct {
 
 func (x *CheckTokenRequest) Reset() {
 	*x = CheckTokenRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1534,7 @@ func (x *CheckTokenRequest) String() string {
 func (*CheckTokenRequest) ProtoMessage() {}
 
 func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1547,7 @@ func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenRequest.ProtoReflect.Descriptor instead.
 func (*CheckTokenRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CheckTokenRequest) GetName() string {
@@ -1357,7 +1576,7 @@ type CheckTokenResponse struct {
 
 func (x *CheckTokenResponse) Reset() {
 	*x = CheckTokenResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1369,7 +1588,7 @@ func (x *CheckTokenResponse) String() string {
 func (*CheckTokenResponse) ProtoMessage() {}
 
 func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1382,7 +1601,7 @@ func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenResponse.ProtoReflect.Descriptor instead.
 func (*CheckTokenResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CheckTokenResponse) GetCurrent() bool {
@@ -1415,7 +1634,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1427,7 +1646,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1440,7 +1659,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Fence) GetLock() string {
@@ -1477,7 +1696,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1489,7 +1708,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1502,7 +1721,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -1536,7 +1755,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1767,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1780,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1614,7 +1833,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1845,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1858,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -1680,7 +1899,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1692,7 +1911,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1705,7 +1924,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PutResponse) GetVersion() uint64 {
@@ -1726,7 +1945,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +1957,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +1970,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -1785,7 +2004,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1797,7 +2016,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1810,7 +2029,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -1833,7 +2052,7 @@ type KVServiceListRequest struct {
 
 func (x *KVServiceListRequest) Reset() {
 	*x = KVServiceListRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +2064,7 @@ func (x *KVServiceListRequest) String() string {
 func (*KVServiceListRequest) ProtoMessage() {}
 
 func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +2077,7 @@ func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListRequest.ProtoReflect.Descriptor instead.
 func (*KVServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *KVServiceListRequest) GetPrefix() string {
@@ -1892,7 +2111,7 @@ type KVServiceListResponse struct {
 
 func (x *KVServiceListResponse) Reset() {
 	*x = KVServiceListResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1904,7 +2123,7 @@ func (x *KVServiceListResponse) String() string {
 func (*KVServiceListResponse) ProtoMessage() {}
 
 func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1917,7 +2136,7 @@ func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListResponse.ProtoReflect.Descriptor instead.
 func (*KVServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *KVServiceListResponse) GetItems() []*KeyValue {
@@ -1946,7 +2165,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2177,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2190,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2023,7 +2242,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2035,7 +2254,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2048,7 +2267,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Member) GetNodeId() string {
@@ -2101,7 +2320,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2113,7 +2332,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2126,7 +2345,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
 }
 
 type MembersResponse struct {
@@ -2138,7 +2357,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2150,7 +2369,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2163,7 +2382,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -2184,7 +2403,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2415,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2428,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *AddMemberRequest) GetNodeId() string {
@@ -2242,7 +2461,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2254,7 +2473,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2267,7 +2486,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AddMemberResponse) GetMembers() []*Member {
@@ -2286,7 +2505,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2298,7 +2517,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2311,7 +2530,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RemoveMemberRequest) GetNodeId() string {
@@ -2330,7 +2549,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2342,7 +2561,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2355,7 +2574,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RemoveMemberResponse) GetMembers() []*Member {
@@ -2373,7 +2592,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2385,7 +2604,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2398,7 +2617,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
 }
 
 type StatusResponse struct {
@@ -2437,7 +2656,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2449,7 +2668,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2462,7 +2681,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -2598,7 +2817,7 @@ type FastLaneError struct {
 
 func (x *FastLaneError) Reset() {
 	*x = FastLaneError{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2610,7 +2829,7 @@ func (x *FastLaneError) String() string {
 func (*FastLaneError) ProtoMessage() {}
 
 func (x *FastLaneError) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2623,7 +2842,7 @@ func (x *FastLaneError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastLaneError.ProtoReflect.Descriptor instead.
 func (*FastLaneError) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *FastLaneError) GetCode() uint32 {
@@ -2672,14 +2891,15 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06Holder\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x12\n" +
-	"\x04note\x18\x03 \x01(\tR\x04note\"\xda\x01\n" +
+	"\x04note\x18\x03 \x01(\tR\x04note\"\xf7\x01\n" +
 	"\vErrorDetail\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12!\n" +
 	"\fholder_token\x18\x03 \x01(\x04R\vholderToken\x12,\n" +
 	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12#\n" +
 	"\rhighest_token\x18\x05 \x01(\x04R\fhighestToken\x12'\n" +
-	"\x0fcurrent_version\x18\x06 \x01(\x04R\x0ecurrentVersion\"%\n" +
+	"\x0fcurrent_version\x18\x06 \x01(\x04R\x0ecurrentVersion\x12\x1b\n" +
+	"\theld_lock\x18\x14 \x01(\tR\bheldLock\"%\n" +
 	"\fGrantRequest\x12\x15\n" +
 	"\x06ttl_ms\x18\x01 \x01(\x03R\x05ttlMs\"A\n" +
 	"\rGrantResponse\x12\x19\n" +
@@ -2697,14 +2917,17 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"*\n" +
 	"\rRevokeRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\x10\n" +
-	"\x0eRevokeResponse\"\xd9\x01\n" +
+	"\x0eRevokeResponse\"\xb1\x02\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\x05class\x18\x02 \x01(\x0e2\x17.leasehold.v1.LockClassR\x05class\x12\x19\n" +
 	"\blease_id\x18\x03 \x01(\tR\aleaseId\x12,\n" +
 	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12\x17\n" +
 	"\await_ms\x18\x05 \x01(\x03R\x06waitMs\x12\"\n" +
-	"\rlock_delay_ms\x18\x06 \x01(\x03R\vlockDelayMs\"l\n" +
+	"\rlock_delay_ms\x18\x06 \x01(\x03R\vlockDelayMs\x12*\n" +
+	"\x04mode\x18\a \x01(\x0e2\x16.leasehold.v1.LockModeR\x04mode\x12\x14\n" +
+	"\x05limit\x18\b \x01(\rR\x05limit\x12\x14\n" +
+	"\x05names\x18\t \x03(\tR\x05names\"l\n" +
 	"\x0fAcquireResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x04R\x05token\x12-\n" +
 	"\x05class\x18\x02 \x01(\x0e2\x17.leasehold.v1.LockClassR\x05class\x12\x14\n" +
@@ -2723,7 +2946,7 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x05limit\x18\x02 \x01(\rR\x05limit\"Z\n" +
 	"\fListResponse\x12,\n" +
 	"\x05locks\x18\x01 \x03(\v2\x16.leasehold.v1.LockInfoR\x05locks\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\xbb\x02\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\xb1\x03\n" +
 	"\bLockInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\x05class\x18\x02 \x01(\x0e2\x17.leasehold.v1.LockClassR\x05class\x12\x12\n" +
@@ -2733,7 +2956,17 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x10ttl_remaining_ms\x18\x06 \x01(\x03R\x0ettlRemainingMs\x12\x18\n" +
 	"\awaiters\x18\a \x01(\rR\awaiters\x12,\n" +
 	"\x12delay_remaining_ms\x18\b \x01(\x03R\x10delayRemainingMs\x12\"\n" +
-	"\rlock_delay_ms\x18\t \x01(\x03R\vlockDelayMs\"A\n" +
+	"\rlock_delay_ms\x18\t \x01(\x03R\vlockDelayMs\x12*\n" +
+	"\x04mode\x18\n" +
+	" \x01(\x0e2\x16.leasehold.v1.LockModeR\x04mode\x12\x14\n" +
+	"\x05limit\x18\v \x01(\rR\x05limit\x122\n" +
+	"\aholders\x18\f \x03(\v2\x18.leasehold.v1.LockHolderR\aholders\"\x9e\x01\n" +
+	"\n" +
+	"LockHolder\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\x04R\x05token\x12,\n" +
+	"\x06holder\x18\x02 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12(\n" +
+	"\x10ttl_remaining_ms\x18\x03 \x01(\x03R\x0ettlRemainingMs\x12\"\n" +
+	"\rlock_delay_ms\x18\x04 \x01(\x03R\vlockDelayMs\"A\n" +
 	"\x13ForceReleaseRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"^\n" +
@@ -2843,7 +3076,12 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\tLockClass\x12\x1a\n" +
 	"\x16LOCK_CLASS_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15LOCK_CLASS_EFFICIENCY\x10\x01\x12\x1a\n" +
-	"\x16LOCK_CLASS_CORRECTNESS\x10\x022\xf5\x01\n" +
+	"\x16LOCK_CLASS_CORRECTNESS\x10\x02*m\n" +
+	"\bLockMode\x12\x19\n" +
+	"\x15LOCK_MODE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13LOCK_MODE_EXCLUSIVE\x10\x01\x12\x14\n" +
+	"\x10LOCK_MODE_SHARED\x10\x02\x12\x17\n" +
+	"\x13LOCK_MODE_SEMAPHORE\x10\x032\xf5\x01\n" +
 	"\fLeaseService\x12F\n" +
 	"\x05Grant\x12\x1a.leasehold.v1.GrantRequest\x1a\x1b.leasehold.v1.GrantResponse\"\x04\xb0\xe3\x18\x01\x12R\n" +
 	"\tKeepAlive\x12\x1e.leasehold.v1.KeepAliveRequest\x1a\x1f.leasehold.v1.KeepAliveResponse\"\x04\xb0\xe3\x18\x02\x12I\n" +
@@ -2880,111 +3118,117 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 	return file_leasehold_v1_leasehold_proto_rawDescData
 }
 
-var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(LockClass)(0),                     // 0: leasehold.v1.LockClass
-	(*Holder)(nil),                     // 1: leasehold.v1.Holder
-	(*ErrorDetail)(nil),                // 2: leasehold.v1.ErrorDetail
-	(*GrantRequest)(nil),               // 3: leasehold.v1.GrantRequest
-	(*GrantResponse)(nil),              // 4: leasehold.v1.GrantResponse
-	(*KeepAliveRequest)(nil),           // 5: leasehold.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),          // 6: leasehold.v1.KeepAliveResponse
-	(*LostLock)(nil),                   // 7: leasehold.v1.LostLock
-	(*RevokeRequest)(nil),              // 8: leasehold.v1.RevokeRequest
-	(*RevokeResponse)(nil),             // 9: leasehold.v1.RevokeResponse
-	(*AcquireRequest)(nil),             // 10: leasehold.v1.AcquireRequest
-	(*AcquireResponse)(nil),            // 11: leasehold.v1.AcquireResponse
-	(*ReleaseRequest)(nil),             // 12: leasehold.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),            // 13: leasehold.v1.ReleaseResponse
-	(*DescribeRequest)(nil),            // 14: leasehold.v1.DescribeRequest
-	(*DescribeResponse)(nil),           // 15: leasehold.v1.DescribeResponse
-	(*ListRequest)(nil),                // 16: leasehold.v1.ListRequest
-	(*ListResponse)(nil),               // 17: leasehold.v1.ListResponse
-	(*LockInfo)(nil),                   // 18: leasehold.v1.LockInfo
-	(*ForceReleaseRequest)(nil),        // 19: leasehold.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil),       // 20: leasehold.v1.ForceReleaseResponse
-	(*CheckTokenRequest)(nil),          // 21: leasehold.v1.CheckTokenRequest
-	(*CheckTokenResponse)(nil),         // 22: leasehold.v1.CheckTokenResponse
-	(*Fence)(nil),                      // 23: leasehold.v1.Fence
-	(*GetRequest)(nil),                 // 24: leasehold.v1.GetRequest
-	(*GetResponse)(nil),                // 25: leasehold.v1.GetResponse
-	(*PutRequest)(nil),                 // 26: leasehold.v1.PutRequest
-	(*PutResponse)(nil),                // 27: leasehold.v1.PutResponse
-	(*DeleteRequest)(nil),              // 28: leasehold.v1.DeleteRequest
-	(*DeleteResponse)(nil),             // 29: leasehold.v1.DeleteResponse
-	(*KVServiceListRequest)(nil),       // 30: leasehold.v1.KVServiceListRequest
-	(*KVServiceListResponse)(nil),      // 31: leasehold.v1.KVServiceListResponse
-	(*KeyValue)(nil),                   // 32: leasehold.v1.KeyValue
-	(*Member)(nil),                     // 33: leasehold.v1.Member
-	(*MembersRequest)(nil),             // 34: leasehold.v1.MembersRequest
-	(*MembersResponse)(nil),            // 35: leasehold.v1.MembersResponse
-	(*AddMemberRequest)(nil),           // 36: leasehold.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),          // 37: leasehold.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),        // 38: leasehold.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),       // 39: leasehold.v1.RemoveMemberResponse
-	(*StatusRequest)(nil),              // 40: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),             // 41: leasehold.v1.StatusResponse
-	(*FastLaneError)(nil),              // 42: leasehold.v1.FastLaneError
-	(*descriptorpb.MethodOptions)(nil), // 43: google.protobuf.MethodOptions
+	(LockMode)(0),                      // 1: leasehold.v1.LockMode
+	(*Holder)(nil),                     // 2: leasehold.v1.Holder
+	(*ErrorDetail)(nil),                // 3: leasehold.v1.ErrorDetail
+	(*GrantRequest)(nil),               // 4: leasehold.v1.GrantRequest
+	(*GrantResponse)(nil),              // 5: leasehold.v1.GrantResponse
+	(*KeepAliveRequest)(nil),           // 6: leasehold.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),          // 7: leasehold.v1.KeepAliveResponse
+	(*LostLock)(nil),                   // 8: leasehold.v1.LostLock
+	(*RevokeRequest)(nil),              // 9: leasehold.v1.RevokeRequest
+	(*RevokeResponse)(nil),             // 10: leasehold.v1.RevokeResponse
+	(*AcquireRequest)(nil),             // 11: leasehold.v1.AcquireRequest
+	(*AcquireResponse)(nil),            // 12: leasehold.v1.AcquireResponse
+	(*ReleaseRequest)(nil),             // 13: leasehold.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),            // 14: leasehold.v1.ReleaseResponse
+	(*DescribeRequest)(nil),            // 15: leasehold.v1.DescribeRequest
+	(*DescribeResponse)(nil),           // 16: leasehold.v1.DescribeResponse
+	(*ListRequest)(nil),                // 17: leasehold.v1.ListRequest
+	(*ListResponse)(nil),               // 18: leasehold.v1.ListResponse
+	(*LockInfo)(nil),                   // 19: leasehold.v1.LockInfo
+	(*LockHolder)(nil),                 // 20: leasehold.v1.LockHolder
+	(*ForceReleaseRequest)(nil),        // 21: leasehold.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),       // 22: leasehold.v1.ForceReleaseResponse
+	(*CheckTokenRequest)(nil),          // 23: leasehold.v1.CheckTokenRequest
+	(*CheckTokenResponse)(nil),         // 24: leasehold.v1.CheckTokenResponse
+	(*Fence)(nil),                      // 25: leasehold.v1.Fence
+	(*GetRequest)(nil),                 // 26: leasehold.v1.GetRequest
+	(*GetResponse)(nil),                // 27: leasehold.v1.GetResponse
+	(*PutRequest)(nil),                 // 28: leasehold.v1.PutRequest
+	(*PutResponse)(nil),                // 29: leasehold.v1.PutResponse
+	(*DeleteRequest)(nil),              // 30: leasehold.v1.DeleteRequest
+	(*DeleteResponse)(nil),             // 31: leasehold.v1.DeleteResponse
+	(*KVServiceListRequest)(nil),       // 32: leasehold.v1.KVServiceListRequest
+	(*KVServiceListResponse)(nil),      // 33: leasehold.v1.KVServiceListResponse
+	(*KeyValue)(nil),                   // 34: leasehold.v1.KeyValue
+	(*Member)(nil),                     // 35: leasehold.v1.Member
+	(*MembersRequest)(nil),             // 36: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),            // 37: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),           // 38: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),          // 39: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),        // 40: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),       // 41: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),              // 42: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),             // 43: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),              // 44: leasehold.v1.FastLaneError
+	(*descriptorpb.MethodOptions)(nil), // 45: google.protobuf.MethodOptions
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
-	1,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
-	7,  // 1: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
+	2,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
+	8,  // 1: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
 	0,  // 2: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
-	1,  // 3: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
-	0,  // 4: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
-	18, // 5: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
-	18, // 6: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
-	0,  // 7: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
-	1,  // 8: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
-	23, // 9: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
-	23, // 10: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
-	32, // 11: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
-	33, // 12: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	33, // 13: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	33, // 14: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	2,  // 15: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	43, // 16: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	3,  // 17: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	5,  // 18: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	8,  // 19: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	10, // 20: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	12, // 21: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	14, // 22: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	16, // 23: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	19, // 24: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	21, // 25: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	24, // 26: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	26, // 27: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	28, // 28: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	30, // 29: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	40, // 30: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	34, // 31: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	36, // 32: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	38, // 33: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	4,  // 34: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	6,  // 35: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	9,  // 36: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	11, // 37: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	13, // 38: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	15, // 39: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	17, // 40: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	20, // 41: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	22, // 42: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	25, // 43: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	27, // 44: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	29, // 45: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	31, // 46: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	41, // 47: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	35, // 48: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	37, // 49: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	39, // 50: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	34, // [34:51] is the sub-list for method output_type
-	17, // [17:34] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	16, // [16:17] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	2,  // 3: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
+	1,  // 4: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
+	0,  // 5: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
+	19, // 6: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
+	19, // 7: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
+	0,  // 8: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
+	2,  // 9: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
+	1,  // 10: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
+	20, // 11: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
+	2,  // 12: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
+	25, // 13: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
+	25, // 14: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
+	34, // 15: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
+	35, // 16: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	35, // 17: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	35, // 18: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	3,  // 19: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	45, // 20: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	4,  // 21: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	6,  // 22: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	9,  // 23: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	11, // 24: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	13, // 25: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	15, // 26: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	17, // 27: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	21, // 28: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	23, // 29: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	26, // 30: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	28, // 31: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	30, // 32: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	32, // 33: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	42, // 34: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	36, // 35: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	38, // 36: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	40, // 37: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	5,  // 38: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	7,  // 39: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	10, // 40: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	12, // 41: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	14, // 42: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	16, // 43: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	18, // 44: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	22, // 45: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	24, // 46: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	27, // 47: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	29, // 48: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	31, // 49: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	33, // 50: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	43, // 51: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	37, // 52: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	39, // 53: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	41, // 54: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	38, // [38:55] is the sub-list for method output_type
+	21, // [21:38] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	20, // [20:21] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -2992,15 +3236,15 @@ func file_leasehold_v1_leasehold_proto_init() {
 	if File_leasehold_v1_leasehold_proto != nil {
 		return
 	}
-	file_leasehold_v1_leasehold_proto_msgTypes[25].OneofWrappers = []any{}
-	file_leasehold_v1_leasehold_proto_msgTypes[27].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[26].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[28].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   42,
+			NumEnums:      2,
+			NumMessages:   43,
 			NumExtensions: 1,
 			NumServices:   4,
 		},

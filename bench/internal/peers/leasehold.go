@@ -156,7 +156,7 @@ func (l *Leasehold) waitMembers(ctx context.Context, n int) error {
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("leasehold: cluster of %d not formed: %w (last: %v)", n, ctx.Err(), err)
+			return fmt.Errorf("leasehold: cluster of %d not formed: %w (last: %w)", n, ctx.Err(), err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -280,7 +280,7 @@ func (l *Leasehold) NewWorker(ctx context.Context) (Worker, error) {
 		if err != nil {
 			return nil, err
 		}
-		return leaseholdWorker{lock: c.Lock, close: c.Close, class: l.Class()}, nil
+		return leaseholdWorker{lock: c.Lock, lockSet: c.LockSet, close: c.Close, class: l.Class()}, nil
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -292,17 +292,36 @@ func (l *Leasehold) NewWorker(ctx context.Context) (Worker, error) {
 		l.shared = c
 	}
 	s := l.shared.NewSession()
-	return leaseholdWorker{lock: s.Lock, close: s.Close, class: l.Class()}, nil
+	return leaseholdWorker{lock: s.Lock, lockSet: s.LockSet, close: s.Close, class: l.Class()}, nil
 }
 
 type leaseholdWorker struct {
-	lock  func(ctx context.Context, name string, opts ...client.LockOption) (*client.Lock, error)
-	close func(ctx context.Context) error
-	class client.LockOption
+	lock    func(ctx context.Context, name string, opts ...client.LockOption) (*client.Lock, error)
+	lockSet func(ctx context.Context, names []string, opts ...client.LockOption) (*client.Lock, error)
+	close   func(ctx context.Context) error
+	class   client.LockOption
 }
 
 func (w leaseholdWorker) Acquire(ctx context.Context, name string) (Held, error) {
 	lk, err := w.lock(ctx, name, w.class)
+	if err != nil {
+		return nil, err
+	}
+	return heldFunc(lk.Unlock), nil
+}
+
+// AcquireSemaphore takes one slot of a leasehold semaphore (client.Semaphore).
+func (w leaseholdWorker) AcquireSemaphore(ctx context.Context, name string, limit int) (Held, error) {
+	lk, err := w.lock(ctx, name, w.class, client.Semaphore(limit))
+	if err != nil {
+		return nil, err
+	}
+	return heldFunc(lk.Unlock), nil
+}
+
+// AcquireSet takes a leasehold lock set (client.LockSet): one request, one token.
+func (w leaseholdWorker) AcquireSet(ctx context.Context, names []string) (Held, error) {
+	lk, err := w.lockSet(ctx, names, w.class)
 	if err != nil {
 		return nil, err
 	}

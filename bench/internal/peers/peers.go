@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -41,6 +42,44 @@ type Worker interface {
 	Acquire(ctx context.Context, name string) (Held, error)
 	// Close ends the worker's session and releases whatever it still holds.
 	Close(ctx context.Context) error
+}
+
+// SemaphoreWorker is a Worker of a system whose Go client has a counting semaphore:
+// AcquireSemaphore blocks until it holds one of limit slots of semaphore name (every
+// worker asks for the same limit).
+type SemaphoreWorker interface {
+	AcquireSemaphore(ctx context.Context, name string, limit int) (Held, error)
+}
+
+// SetWorker is a Worker of a system that takes several locks for one holder in one
+// request: AcquireSet blocks until it holds all of names. A system without one takes a
+// set with AcquireInOrder, its users' recipe.
+type SetWorker interface {
+	AcquireSet(ctx context.Context, names []string) (Held, error)
+}
+
+// AcquireInOrder takes several locks the way users of a lock service without lock sets
+// do: one lock per name, in sorted order (the order keeps two holders of overlapping
+// sets from deadlocking; Curator's InterProcessMultiLock does the same), released in
+// reverse. On an error it releases what it took.
+func AcquireInOrder(ctx context.Context, w Worker, names []string) (Held, error) {
+	sorted := slices.Sorted(slices.Values(names))
+	held := make([]Held, 0, len(sorted))
+	release := func(ctx context.Context) error {
+		var err error
+		for i := len(held) - 1; i >= 0; i-- {
+			err = errors.Join(err, held[i].Release(ctx))
+		}
+		return err
+	}
+	for _, n := range sorted {
+		h, err := w.Acquire(ctx, n)
+		if err != nil {
+			return nil, errors.Join(err, release(context.WithoutCancel(ctx)))
+		}
+		held = append(held, h)
+	}
+	return heldFunc(release), nil
 }
 
 // System is a lock service under test.

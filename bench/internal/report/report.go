@@ -178,6 +178,10 @@ func (r *Report) scenario(b *strings.Builder, sc run.Scenario) {
 		if !found {
 			continue
 		}
+		if x.Skipped != "" {
+			p("| %s | — (%s) |%s\n", s.Name, cell(x.Skipped), strings.Repeat(" |", cols-1))
+			continue
+		}
 		if x.Failed != "" {
 			p("| %s | **FAILED: %s** |%s\n", s.Name, cell(x.Failed), strings.Repeat(" |", cols-1))
 			continue

@@ -122,7 +122,7 @@ func (r *Report) targets(b *strings.Builder) {
 // find returns the result of system in scenario from one round, if it did not fail.
 func find(round []run.Result, system, scenario string) (run.Result, bool) {
 	for _, x := range round {
-		if x.System == system && x.Scenario == scenario && x.Failed == "" {
+		if x.System == system && x.Scenario == scenario && x.Failed == "" && x.Skipped == "" {
 			return x, true
 		}
 	}

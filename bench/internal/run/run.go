@@ -5,6 +5,7 @@ package run
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -26,27 +27,92 @@ type Scenario struct {
 	// Shared makes every worker use one lock (contended); otherwise each worker has its
 	// own lock (uncontended).
 	Shared bool
+	// Semaphore, when > 0, makes every worker take one slot of one semaphore of this
+	// limit (systems without a semaphore are skipped).
+	Semaphore int
+	// SetSize, when > 0, makes every worker take this many locks of its own at once: a
+	// lock set where the system has them, else one lock per name in sorted order.
+	SetSize int
 }
 
 // Title is the scenario's heading in the report.
 func (s Scenario) Title() string {
-	if s.Shared {
+	switch {
+	case s.Semaphore > 0:
+		return fmt.Sprintf("semaphore: %d workers on one semaphore of %d", s.Workers, s.Semaphore)
+	case s.SetSize > 0:
+		workers := fmt.Sprintf("%d workers, each its own set", s.Workers)
+		if s.Workers == 1 {
+			workers = "1 worker"
+		}
+		return fmt.Sprintf("lock set of %d names: %s (leasehold: one LockSet; peers: one lock per name, in sorted order)", s.SetSize, workers)
+	case s.Shared:
 		return fmt.Sprintf("contended: %d workers on one lock", s.Workers)
-	}
-	if s.Workers == 1 {
+	case s.Workers == 1:
 		return "uncontended: 1 worker"
 	}
 	return fmt.Sprintf("uncontended: %d workers, each its own lock", s.Workers)
 }
 
-// ParseScenario reads "uncontended-N" or "contended-N".
+// ParseScenario reads "uncontended-W", "contended-W", "semaphore-W-N" (W workers on one
+// semaphore of N) or "lockset-W-K" (W workers, each taking its own K locks at once).
 func ParseScenario(name string) (Scenario, error) {
-	kind, n, ok := strings.Cut(name, "-")
-	w, err := strconv.Atoi(n)
-	if !ok || err != nil || w < 1 || w > 1024 || (kind != "uncontended" && kind != "contended") {
-		return Scenario{}, fmt.Errorf("run: bad scenario %q (want uncontended-N or contended-N, 1 ≤ N ≤ 1024)", name)
+	bad := fmt.Errorf("run: bad scenario %q (want uncontended-W, contended-W, semaphore-W-N or lockset-W-K, 1 ≤ W ≤ 1024, 1 ≤ N ≤ 10000, 1 ≤ K ≤ 64)", name)
+	parts := strings.Split(name, "-")
+	nums := make([]int, len(parts)-1)
+	for i, p := range parts[1:] {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 {
+			return Scenario{}, bad
+		}
+		nums[i] = n
 	}
-	return Scenario{Name: name, Workers: w, Shared: kind == "contended"}, nil
+	sc := Scenario{Name: name}
+	switch kind := parts[0]; {
+	case (kind == "uncontended" || kind == "contended") && len(nums) == 1:
+		sc.Workers, sc.Shared = nums[0], kind == "contended"
+	case kind == "semaphore" && len(nums) == 2 && nums[1] <= 10000:
+		sc.Workers, sc.Semaphore, sc.Shared = nums[0], nums[1], true
+	case kind == "lockset" && len(nums) == 2 && nums[1] <= 64:
+		sc.Workers, sc.SetSize = nums[0], nums[1]
+	default:
+		return Scenario{}, bad
+	}
+	if sc.Workers > 1024 {
+		return Scenario{}, bad
+	}
+	return sc, nil
+}
+
+// ErrNoEquivalent is returned when a system has no equivalent of a scenario's
+// primitive (a semaphore) in its Go client.
+var ErrNoEquivalent = errors.New("no equivalent in its Go client")
+
+// acquirer returns how worker w takes what scenario sc asks for, one name (or, for a
+// lock set, the first of its names) given.
+func acquirer(w peers.Worker, sc Scenario) (func(ctx context.Context, name string) (peers.Held, error), error) {
+	switch {
+	case sc.Semaphore > 0:
+		sw, ok := w.(peers.SemaphoreWorker)
+		if !ok {
+			return nil, ErrNoEquivalent
+		}
+		return func(ctx context.Context, name string) (peers.Held, error) {
+			return sw.AcquireSemaphore(ctx, name, sc.Semaphore)
+		}, nil
+	case sc.SetSize > 0:
+		return func(ctx context.Context, name string) (peers.Held, error) {
+			names := make([]string, sc.SetSize)
+			for i := range names {
+				names[i] = fmt.Sprintf("%s/%02d", name, i)
+			}
+			if sw, ok := w.(peers.SetWorker); ok {
+				return sw.AcquireSet(ctx, names)
+			}
+			return peers.AcquireInOrder(ctx, w, names)
+		}, nil
+	}
+	return w.Acquire, nil
 }
 
 // Result is what one scenario measured on one system.
@@ -79,6 +145,9 @@ type Result struct {
 	// Failed is set when the scenario could not run or finish; the numbers are then
 	// not meaningful.
 	Failed string
+	// Skipped is set when the system has nothing to run the scenario with (no
+	// semaphore); nothing was measured.
+	Skipped string `json:",omitempty"`
 }
 
 // Config bounds a run.
@@ -108,6 +177,7 @@ func Run(ctx context.Context, sys peers.System, sc Scenario, cfg Config) Result 
 		}
 		wg.Wait()
 	}()
+	acquire := make([]func(context.Context, string) (peers.Held, error), 0, sc.Workers)
 	for range sc.Workers {
 		w, err := sys.NewWorker(setup)
 		if err != nil {
@@ -115,6 +185,12 @@ func Run(ctx context.Context, sys peers.System, sc Scenario, cfg Config) Result 
 			return res
 		}
 		workers = append(workers, w)
+		a, err := acquirer(w, sc)
+		if err != nil {
+			res.Skipped = err.Error()
+			return res
+		}
+		acquire = append(acquire, a)
 	}
 
 	const (
@@ -135,7 +211,7 @@ func Run(ctx context.Context, sys peers.System, sc Scenario, cfg Config) Result 
 		}
 	}
 	var wg sync.WaitGroup
-	for i, w := range workers {
+	for i := range workers {
 		name := fmt.Sprintf("%s/%s/%d", cfg.Prefix, sc.Name, i)
 		if sc.Shared {
 			name = fmt.Sprintf("%s/%s/shared", cfg.Prefix, sc.Name)
@@ -146,7 +222,7 @@ func Run(ctx context.Context, sys peers.System, sc Scenario, cfg Config) Result 
 			for phase.Load() != stopped {
 				p0 := phase.Load()
 				t0 := time.Now()
-				h, err := w.Acquire(runCtx, name)
+				h, err := acquire[i](runCtx, name)
 				t1 := time.Now()
 				if err != nil {
 					if runCtx.Err() != nil {

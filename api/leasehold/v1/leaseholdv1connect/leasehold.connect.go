@@ -10,7 +10,8 @@
 // reason:
 //   InvalidArgument     a field is malformed or out of range (ErrorDetail.field names it)
 //   NotFound            the lease is unknown: it expired, was revoked, or never existed
-//   FailedPrecondition  class conflict on a lock name, release by a non-holder, stale token
+//   FailedPrecondition  class or mode conflict on a lock name, a lock set overlapping
+//                       the lease's own locks, release by a non-holder, stale token
 //   DeadlineExceeded    the lock stayed held for the whole wait (0 ms for a try-once)
 //   ResourceExhausted   a server limit (leases, locks per lease, waiters per lock, size)
 //   Unavailable         no leader can serve the request right now; retry
@@ -245,14 +246,19 @@ func (UnimplementedLeaseServiceHandler) Revoke(context.Context, *v1.RevokeReques
 
 // LockServiceClient is a client for the leasehold.v1.LockService service.
 type LockServiceClient interface {
-	// Acquire takes the lock `name` for the lease, or queues the lease FIFO behind the
-	// current holder and waits up to wait_ms. Acquire is idempotent per lease: repeating it
-	// while the lease holds the lock returns the same grant (same token) and never queues
-	// the lease twice, so a retry after a lost reply is safe.
+	// Acquire takes the lock `name` for the lease in `mode`, or queues the lease FIFO
+	// behind the current holders and waits up to wait_ms. With `names` instead of `name`
+	// it takes a lock set: all the names at once, under one token, or none. Acquire is
+	// idempotent per lease: repeating it while the lease holds the lock (the set) returns
+	// the same grant (same token) and never queues the lease twice, so a retry after a
+	// lost reply is safe; asking for another mode, or for a set that overlaps locks the
+	// lease already holds or waits for under another acquire, is FailedPrecondition
+	// ("mode_conflict", "set_conflict").
 	Acquire(context.Context, *v1.AcquireRequest) (*v1.AcquireResponse, error)
-	// Release gives the lock up. The lease and token must be the current holder's:
-	// otherwise FailedPrecondition ("not_holder"), never a silent success. The next waiter
-	// is granted at once.
+	// Release gives the lock up. The lease and token must be a current holder's:
+	// otherwise FailedPrecondition ("not_holder"), never a silent success. The next
+	// waiters are granted at once. Releasing any name of a lock set releases the whole
+	// set.
 	Release(context.Context, *v1.ReleaseRequest) (*v1.ReleaseResponse, error)
 	// Describe shows one lock: holder, token, class, waiters. A lock nobody holds or waits
 	// for is returned with held = false.
@@ -263,8 +269,9 @@ type LockServiceClient interface {
 	// asked and why, and consumes a token so that every later grant carries a token larger
 	// than any the old holder could present.
 	ForceRelease(context.Context, *v1.ForceReleaseRequest) (*v1.ForceReleaseResponse, error)
-	// CheckToken tells whether token is the current holder's token for lock `name`, for
-	// resources that can ask before they commit. The answer is true only at the moment the
+	// CheckToken tells whether token is the current holder's token for lock `name` (one
+	// of the current holders' for a lock held shared or a semaphore), for resources that
+	// can ask before they commit. The answer is true only at the moment the
 	// server checked: the holder can lose the lock right after.
 	CheckToken(context.Context, *v1.CheckTokenRequest) (*v1.CheckTokenResponse, error)
 }
@@ -385,14 +392,19 @@ func (c *lockServiceClient) CheckToken(ctx context.Context, req *v1.CheckTokenRe
 
 // LockServiceHandler is an implementation of the leasehold.v1.LockService service.
 type LockServiceHandler interface {
-	// Acquire takes the lock `name` for the lease, or queues the lease FIFO behind the
-	// current holder and waits up to wait_ms. Acquire is idempotent per lease: repeating it
-	// while the lease holds the lock returns the same grant (same token) and never queues
-	// the lease twice, so a retry after a lost reply is safe.
+	// Acquire takes the lock `name` for the lease in `mode`, or queues the lease FIFO
+	// behind the current holders and waits up to wait_ms. With `names` instead of `name`
+	// it takes a lock set: all the names at once, under one token, or none. Acquire is
+	// idempotent per lease: repeating it while the lease holds the lock (the set) returns
+	// the same grant (same token) and never queues the lease twice, so a retry after a
+	// lost reply is safe; asking for another mode, or for a set that overlaps locks the
+	// lease already holds or waits for under another acquire, is FailedPrecondition
+	// ("mode_conflict", "set_conflict").
 	Acquire(context.Context, *v1.AcquireRequest) (*v1.AcquireResponse, error)
-	// Release gives the lock up. The lease and token must be the current holder's:
-	// otherwise FailedPrecondition ("not_holder"), never a silent success. The next waiter
-	// is granted at once.
+	// Release gives the lock up. The lease and token must be a current holder's:
+	// otherwise FailedPrecondition ("not_holder"), never a silent success. The next
+	// waiters are granted at once. Releasing any name of a lock set releases the whole
+	// set.
 	Release(context.Context, *v1.ReleaseRequest) (*v1.ReleaseResponse, error)
 	// Describe shows one lock: holder, token, class, waiters. A lock nobody holds or waits
 	// for is returned with held = false.
@@ -403,8 +415,9 @@ type LockServiceHandler interface {
 	// asked and why, and consumes a token so that every later grant carries a token larger
 	// than any the old holder could present.
 	ForceRelease(context.Context, *v1.ForceReleaseRequest) (*v1.ForceReleaseResponse, error)
-	// CheckToken tells whether token is the current holder's token for lock `name`, for
-	// resources that can ask before they commit. The answer is true only at the moment the
+	// CheckToken tells whether token is the current holder's token for lock `name` (one
+	// of the current holders' for a lock held shared or a semaphore), for resources that
+	// can ask before they commit. The answer is true only at the moment the
 	// server checked: the holder can lose the lock right after.
 	CheckToken(context.Context, *v1.CheckTokenRequest) (*v1.CheckTokenResponse, error)
 }

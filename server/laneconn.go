@@ -1,0 +1,64 @@
+package server
+
+import (
+	"errors"
+	"net"
+	"os"
+	"time"
+)
+
+// laneConn is a fast-lane connection under the timeouts of G6. Once watched (after the
+// handshake, which has its own timeout):
+//   - a connection that has read nothing for IdleTimeout (up to an eighth more) while
+//     no request is in flight on it is closed: its Read fails with the timeout;
+//   - a write that blocks for WriteTimeout closes the connection: the client stopped
+//     reading its answers.
+//
+// Deadlines are moved lazily, only when an eighth of the timeout has passed since they
+// were last set, so a busy connection does not pay for one per read or write.
+type laneConn struct {
+	net.Conn
+	idle, write time.Duration
+	busy        func() bool // whether requests are in flight; nil until watched
+
+	readBy, writeBy time.Time // the deadlines last set (the reader's, the writer's)
+}
+
+func newLaneConn(conn net.Conn, cfg Config) *laneConn {
+	return &laneConn{Conn: conn, idle: cfg.IdleTimeout, write: cfg.WriteTimeout}
+}
+
+// watch starts the timeouts; busy reports whether requests are in flight.
+func (c *laneConn) watch(busy func() bool) { c.busy = busy }
+
+func (c *laneConn) Read(p []byte) (int, error) {
+	if c.busy == nil {
+		return c.Conn.Read(p)
+	}
+	for {
+		if now := time.Now(); c.readBy.Sub(now) < c.idle {
+			c.readBy = now.Add(c.idle + c.idle/8)
+			_ = c.SetReadDeadline(c.readBy)
+		}
+		n, err := c.Conn.Read(p)
+		if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.busy() {
+			continue // silent, but waiting for answers: not idle
+		}
+		return n, err
+	}
+}
+
+func (c *laneConn) Write(p []byte) (int, error) {
+	if c.busy == nil {
+		return c.Conn.Write(p)
+	}
+	if now := time.Now(); c.writeBy.Sub(now) < c.write {
+		c.writeBy = now.Add(c.write + c.write/8)
+		_ = c.SetWriteDeadline(c.writeBy)
+	}
+	n, err := c.Conn.Write(p)
+	if err != nil {
+		_ = c.Close() // the reader fails too, and the connection ends
+	}
+	return n, err
+}
