@@ -107,6 +107,37 @@ func TestObserverTimes(t *testing.T) {
 			rec.want(t, c+" force release", "hold "+c+" 1s", "forced "+c)
 		}
 
+		// A lock set is one grant (one token): one hold. Two readers of a shared lock are
+		// two.
+		for _, class := range []core.Class{core.Efficiency, core.Correctness} {
+			c := class.String()
+			set := args(a, "", class, acquireOpts{})
+			set.Names = []string{"set/1", "set/2", "set/3"}
+			gs, err := l.Acquire(ctx, set)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r1 := args(a, "shared", class, acquireOpts{})
+			r1.Mode = core.Shared
+			r2 := r1
+			r2.Lease = b
+			g1, g2 := mustAcquire(t, l, r1), mustAcquire(t, l, r2)
+			time.Sleep(time.Second)
+			for _, rel := range []struct {
+				lease core.LeaseID
+				name  string
+				token uint64
+			}{{a, "set/2", gs.Token}, {a, "shared", g1.Token}, {b, "shared", g2.Token}} {
+				if err := l.Release(ctx, rel.lease, rel.name, rel.token); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rec.want(t, c+" lock set and shared lock",
+				"wait "+c+" granted 0s", "wait "+c+" granted 0s", "wait "+c+" granted 0s",
+				"hold "+c+" 1s", "hold "+c+" 1s", "hold "+c+" 1s",
+				"released "+c, "released "+c, "released "+c)
+		}
+
 		// A lease with a lock of each class, expired at its deadline: 1s after its grant.
 		start := time.Now()
 		e := grant(t, l, time.Second)
