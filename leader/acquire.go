@@ -32,11 +32,17 @@ type AcquireArgs struct {
 // ErrNotLeader, and for correctness locks the replication errors (outcome unknown) and
 // ctx's error.
 func (l *Leader) Acquire(ctx context.Context, a AcquireArgs) (Grant, error) {
+	start := l.now()
 	a.Wait = a.Forever || a.WaitFor > 0
+	var g Grant
+	var err error
 	if a.Class == core.Efficiency {
-		return l.acquireEfficiency(ctx, a)
+		g, err = l.acquireEfficiency(ctx, a)
+	} else {
+		g, err = l.acquireCorrectness(ctx, a)
 	}
-	return l.acquireCorrectness(ctx, a)
+	l.waited(a.Class, start, err)
+	return g, err
 }
 
 func (l *Leader) acquireCorrectness(ctx context.Context, a AcquireArgs) (Grant, error) {
@@ -58,22 +64,33 @@ func (l *Leader) acquireCorrectness(ctx context.Context, a AcquireArgs) (Grant, 
 // own, ended by ctx as Acquire's wait is; ctx does not cancel the commit itself. An
 // efficiency acquire runs as Acquire on a goroutine of its own.
 func (l *Leader) AcquireThen(ctx context.Context, a AcquireArgs, then func(Grant, error)) {
+	start := l.now()
 	a.Wait = a.Forever || a.WaitFor > 0
 	if a.Class == core.Efficiency {
-		go func() { then(l.acquireEfficiency(ctx, a)) }()
+		go func() {
+			g, err := l.acquireEfficiency(ctx, a)
+			l.waited(a.Class, start, err)
+			then(g, err)
+		}()
 		return
 	}
 	ch, err := l.beginCorrectness(a)
 	if err != nil {
+		l.waited(a.Class, start, err)
 		then(Grant{}, err)
 		return
 	}
 	l.log.ApplyThen(acquireCommand(a), func(res core.Result, err error) {
 		if g, err, done := l.endCorrectness(a, ch, res, err); done {
+			l.waited(a.Class, start, err)
 			then(g, err)
 			return
 		}
-		go func() { then(l.await(ctx, a, ch, res)) }()
+		go func() {
+			g, err := l.await(ctx, a, ch, res)
+			l.waited(a.Class, start, err)
+			then(g, err)
+		}()
 	})
 }
 
@@ -111,6 +128,9 @@ func (l *Leader) endCorrectness(a AcquireArgs, ch chan outcome, res core.Result,
 	l.mu.Lock()
 	for _, name := range a.LockNames() {
 		l.names.settleLocked(name)
+	}
+	if err == nil && res.Err == nil && !res.Queued {
+		l.grantedLocked(a.Lease, res.Token, core.Correctness, l.now())
 	}
 	l.mu.Unlock()
 	if err == nil {

@@ -17,6 +17,8 @@ type countdown struct {
 	// drops them while the lease lives), so that only their keepalives read the state.
 	lost  bool
 	index int // in the heap
+	// holds are the lease's holds this leader saw granted, for metrics (observe.go).
+	holds holds
 }
 
 // countdownHeap orders countdowns by when the expiry loop must next look at them; it
@@ -56,6 +58,12 @@ func (h *countdownHeap) Pop() any {
 // setDue moves c in the heap to due, and its deadline with it.
 func (h *countdownHeap) setDue(c *countdown, due time.Time) {
 	c.deadline = due
+	h.park(c, due)
+}
+
+// park moves c in the heap to due and leaves its deadline alone: an expiring lease keeps
+// the deadline it expired at (its expiry's lateness is measured from it).
+func (h *countdownHeap) park(c *countdown, due time.Time) {
 	(*h)[c.index].due = due
 	heap.Fix(h, c.index)
 }
@@ -110,7 +118,7 @@ func (l *Leader) expiryLoop(stop, kick chan struct{}) {
 			}
 			c.expiring = true
 			// Park it far in the future until the expiry is applied or retried.
-			l.queue.setDue(c, now.Add(24*time.Hour))
+			l.queue.park(c, now.Add(24*time.Hour))
 			due = append(due, c)
 		}
 		next := time.Hour
@@ -163,6 +171,6 @@ func (l *Leader) expired(stop chan struct{}, c *countdown, err error) {
 		return
 	}
 	l.lg.Warn("expiry not confirmed, retrying", "lease", c.id, "err", err)
-	l.queue.setDue(c, time.Now().Add(100*time.Millisecond))
+	l.queue.park(c, time.Now().Add(100*time.Millisecond))
 	l.kickIfFirstLocked(c)
 }

@@ -15,6 +15,7 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 	for _, e := range effects {
 		switch e.Kind {
 		case core.EffectGranted:
+			l.grantedLocked(e.Lease, e.Token, core.Correctness, l.now())
 			l.waits.notify(e.Lease, e.Name, outcome{token: e.Token})
 		case core.EffectWaitEnded:
 			// Nothing to do here: EffectLeaseEnded follows in the same batch and tells
@@ -24,11 +25,13 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 				l.addCountdownLocked(e.Lease, e.TTLMillis, time.Now())
 			}
 		case core.EffectLeaseEnded:
-			if c := l.leases[e.Lease]; c != nil {
+			c := l.leases[e.Lease]
+			if c != nil {
 				heap.Remove(&l.queue, c.index)
 				delete(l.leases, e.Lease)
 			}
 			if l.active {
+				l.leaseEndedLocked(c, e.Reason)
 				var r core.Result
 				l.eff.DropLease(e.Lease, e.Reason == core.EndExpired, &l.effSeq, &r)
 				l.effEffectsLocked(r.Effects)
@@ -44,6 +47,10 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 			// sets the flag from the state (Promote).
 			if c := l.leases[e.Lease]; c != nil {
 				c.lost = true
+			}
+			if l.active {
+				l.endedLocked(e.Lease, e.Token)
+				l.obs.ForceReleased(core.Correctness)
 			}
 		}
 	}

@@ -39,6 +39,9 @@ func (l *Leader) acquireEfficiency(ctx context.Context, a AcquireArgs) (Grant, e
 		res = l.eff.Acquire(a.AcquireArgs, &l.effSeq)
 		l.refillLocked()
 		err = l.acquireErr(a, res)
+		if err == nil && !res.Queued {
+			l.grantedLocked(a.Lease, res.Token, core.Efficiency, l.now())
+		}
 	}
 	g := Grant{Token: res.Token, Class: core.Efficiency, Epoch: l.epoch}
 	var ch chan outcome
@@ -79,6 +82,7 @@ func (l *Leader) AcquireNow(a AcquireArgs) (Grant, bool) {
 	if a.Class != core.Efficiency {
 		return Grant{}, false
 	}
+	start := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.active || l.effSeq.remaining() < l.tokensNeededLocked(2) || l.effAdmitLocked(a) != nil {
@@ -91,6 +95,9 @@ func (l *Leader) AcquireNow(a AcquireArgs) (Grant, bool) {
 		return Grant{}, false
 	}
 	l.refillLocked()
+	now := l.now()
+	l.grantedLocked(a.Lease, res.Token, core.Efficiency, now)
+	l.obs.Waited(core.Efficiency, WaitGranted, now-start)
 	return Grant{Token: res.Token, Class: core.Efficiency, Epoch: l.epoch}, true
 }
 
@@ -99,6 +106,7 @@ func (l *Leader) effEffectsLocked(effects []core.Effect) {
 	for _, e := range effects {
 		switch e.Kind {
 		case core.EffectGranted:
+			l.grantedLocked(e.Lease, e.Token, core.Efficiency, l.now())
 			l.waits.notify(e.Lease, e.Name, outcome{token: e.Token})
 		case core.EffectWaitEnded:
 			// Only DropLease reports it, and OnEffects tells the lease's waiters right
@@ -107,6 +115,8 @@ func (l *Leader) effEffectsLocked(effects []core.Effect) {
 			l.startDelayLocked(e.Name, core.Efficiency, e.DelayMillis)
 		case core.EffectRevokedHold:
 			// The table keeps the lost lock for the holder's keepalives (core.Locks.Lost).
+			l.endedLocked(e.Lease, e.Token)
+			l.obs.ForceReleased(core.Efficiency)
 		}
 	}
 	l.refillLocked()

@@ -15,7 +15,8 @@
 // Revoke), countdown.go (lease countdowns, the expiry loop), acquire.go, class.go (the
 // one place that decides a name's class), efficiency.go (the in-memory table),
 // tokens.go (its token blocks), waits.go (queued acquires), release.go (Release,
-// ForceRelease), delay.go (lock-delays), views.go (Describe, List, CheckToken, Stats).
+// ForceRelease), delay.go (lock-delays), views.go (Describe, List, CheckToken, Stats),
+// observe.go (what it measures for metrics: waits, holds, expiry lateness).
 //
 // Lock order: Leader.mu guards everything except the registry of waiting acquires
 // (waits.mu), a leaf: it may be taken with Leader.mu held, and nothing is taken under
@@ -29,6 +30,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/leasehold/leasehold/core"
 )
@@ -68,6 +70,8 @@ type Config struct {
 	// OnPromote, if set, runs in its own goroutine each time this node starts serving as
 	// leader (e.g. to register the node's API address).
 	OnPromote func(ctx context.Context)
+	// Observer, if set, receives what the leader measures, for metrics (observe.go).
+	Observer Observer
 }
 
 // DefaultConfig returns the configuration that a zero Config stands for.
@@ -94,6 +98,8 @@ type Leader struct {
 	cfg   Config
 	lg    *slog.Logger
 	waits waits // acquires waiting for a grant; its own mutex, a leaf (waits.go)
+	obs   Observer
+	base  time.Time // what hold starts are offsets from (observe.go)
 
 	mu sync.Mutex
 	// Serving (lifecycle.go).
@@ -122,10 +128,16 @@ func (l *Leader) SetLog(log Log) { l.log = log }
 // called before Run.
 func New(log Log, cfg Config) *Leader {
 	cfg = cfg.WithDefaults()
+	var obs Observer = nopObserver{}
+	if cfg.Observer != nil {
+		obs = cfg.Observer
+	}
 	l := &Leader{
 		log:    log,
 		cfg:    cfg,
 		lg:     cfg.Logger,
+		obs:    obs,
+		base:   time.Now(),
 		waits:  waits{m: make(map[core.LeaseID]map[string][]chan outcome)},
 		leases: make(map[core.LeaseID]*countdown),
 		delays: make(map[string]*delay),

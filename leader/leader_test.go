@@ -39,6 +39,8 @@ type fakeLog struct {
 	onVerify func() // if set, runs in VerifyLeader (without f.mu)
 	verifies int    // VerifyLeader calls
 	thens    int    // proposals made with ApplyThen
+	// forgetful keeps no record of proposals (benchmarks: the records would grow).
+	forgetful bool
 }
 
 type proposal struct {
@@ -52,7 +54,9 @@ func newFakeLog(limits core.Limits) *fakeLog {
 
 func (f *fakeLog) Apply(ctx context.Context, cmd core.Command) (core.Result, error) {
 	f.mu.Lock()
-	f.proposed = append(f.proposed, proposal{cmd: cmd, at: time.Now()})
+	if !f.forgetful {
+		f.proposed = append(f.proposed, proposal{cmd: cmd, at: time.Now()})
+	}
 	gate := f.gates[cmd.Op]
 	f.mu.Unlock()
 	if gate != nil {
@@ -69,7 +73,9 @@ func (f *fakeLog) Apply(ctx context.Context, cmd core.Command) (core.Result, err
 		return core.Result{}, err
 	}
 	res := f.state.Apply(cmd)
-	f.applied = append(f.applied, cmd)
+	if !f.forgetful {
+		f.applied = append(f.applied, cmd)
+	}
 	hold := f.holds[cmd.Op]
 	delete(f.holds, cmd.Op)
 	observe := f.observe

@@ -58,6 +58,7 @@ func (l *Leader) Promote(ctx context.Context) error {
 		delayed = append(delayed, s.Locks().DelayedLocks()...)
 	})
 	l.active = true
+	l.obs.Promoted()
 	for _, lk := range delayed {
 		l.startDelayLocked(lk.Name, core.Correctness, lk.DelayMillis)
 	}

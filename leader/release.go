@@ -14,7 +14,7 @@ func (l *Leader) Release(ctx context.Context, lease core.LeaseID, name string, t
 		return err
 	}
 	res, err := l.log.Apply(ctx, releaseCommand(lease, name, token))
-	return l.releaseResult(lease, res, err)
+	return l.releaseResult(lease, token, res, err)
 }
 
 // ReleaseThen is Release without waiting for a correctness lock's commit: it proposes
@@ -27,7 +27,7 @@ func (l *Leader) ReleaseThen(lease core.LeaseID, name string, token uint64, then
 		return
 	}
 	l.log.ApplyThen(releaseCommand(lease, name, token), func(res core.Result, err error) {
-		then(l.releaseResult(lease, res, err))
+		then(l.releaseResult(lease, token, res, err))
 	})
 }
 
@@ -46,6 +46,10 @@ func (l *Leader) releaseInMemory(lease core.LeaseID, name string, token uint64) 
 		return true, l.goneLocked(lease, c != nil)
 	}
 	r := l.eff.Release(lease, name, token, &l.effSeq)
+	if r.Err == nil {
+		l.endedLocked(lease, token)
+		l.obs.Released(core.Efficiency)
+	}
 	l.effEffectsLocked(r.Effects)
 	return true, r.Err
 }
@@ -55,12 +59,18 @@ func releaseCommand(lease core.LeaseID, name string, token uint64) core.Command 
 }
 
 // releaseResult is Release's answer from the commit's outcome.
-func (l *Leader) releaseResult(lease core.LeaseID, res core.Result, err error) error {
+func (l *Leader) releaseResult(lease core.LeaseID, token uint64, res core.Result, err error) error {
 	if err != nil {
 		return err
 	}
 	if errors.Is(res.Err, core.ErrLeaseNotFound) {
 		return l.gone(lease)
+	}
+	if res.Err == nil {
+		l.mu.Lock()
+		l.endedLocked(lease, token)
+		l.obs.Released(core.Correctness)
+		l.mu.Unlock()
 	}
 	return res.Err
 }

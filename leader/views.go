@@ -132,21 +132,24 @@ func (l *Leader) CheckToken(ctx context.Context, name string, token uint64) (cur
 // Stats are counts for status and metrics.
 type Stats struct {
 	Leases, Locks, EfficiencyLocks int
-	Epoch                          string
-	LastToken                      uint64
+	// Waiters are the acquires queued for a lock, by class.
+	CorrectnessWaiters, EfficiencyWaiters int
+	Epoch                                 string
+	LastToken                             uint64
 }
 
 // Stats returns current counts.
 func (l *Leader) Stats() Stats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := Stats{EfficiencyLocks: l.eff.Len()}
+	st := Stats{EfficiencyLocks: l.eff.Len(), EfficiencyWaiters: l.eff.Waiting()}
 	if l.active {
 		st.Epoch = l.epoch
 	}
 	l.log.Read(func(s *core.State) {
 		st.Leases = s.NumLeases()
 		st.Locks = s.Locks().Len() + st.EfficiencyLocks
+		st.CorrectnessWaiters = s.Locks().Waiting()
 		st.LastToken = s.LastToken()
 	})
 	return st

@@ -125,6 +125,9 @@ const batchEnqueueTimeout = 50 * time.Millisecond
 // submit hands an entry to raft and calls back with its outcome.
 type batcher struct {
 	submit func(data []byte, done func(raft.ApplyFuture, error))
+	// observe, if set, gets how long each entry took from submit to its outcome, when
+	// it was applied (Config.ObserveCommit).
+	observe func(time.Duration)
 
 	mu      sync.Mutex
 	pending []proposal
@@ -211,7 +214,11 @@ func (b *batcher) send(batch []proposal, seq uint64) {
 		}
 		data = appendBatch(make([]byte, 0, size), cmds)
 	}
+	start := time.Now()
 	b.submit(data, func(f raft.ApplyFuture, err error) {
+		if err == nil && b.observe != nil {
+			b.observe(time.Since(start))
+		}
 		deliver(batch, f, err)
 		b.settled(seq)
 	})

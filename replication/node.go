@@ -81,6 +81,11 @@ type Config struct {
 	// LeaderChange, if set, receives true when this node becomes leader and false when
 	// it stops being leader. Raft blocks until the value is received.
 	LeaderChange chan<- bool
+	// ObserveCommit, if set, gets how long each log entry this node proposed took from
+	// its hand-off to raft to its apply; ObserveSync how long each sync of the log took
+	// (LogStoreWAL only). For metrics: both are called on the commit path and must be
+	// cheap and not block.
+	ObserveCommit, ObserveSync func(time.Duration)
 }
 
 // Peer is one voter of a static initial configuration.
@@ -187,12 +192,13 @@ func Open(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("replication: create data dir: %w", err)
 	}
-	logs, stable, closer, err := openLogStore(cfg.DataDir, cfg.LogStore)
+	logs, stable, closer, err := openLogStore(cfg.DataDir, cfg.LogStore, cfg.ObserveSync)
 	if err != nil {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, logs: logs, stable: stable, closer: closer}
 	n.batcher.submit = n.submit
+	n.batcher.observe = cfg.ObserveCommit
 	ok := false
 	defer func() {
 		if !ok {

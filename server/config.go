@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/leasehold/leasehold/internal/auth"
 	"github.com/leasehold/leasehold/internal/tlsconf"
 )
@@ -73,6 +75,10 @@ type Config struct {
 	TLS *tlsconf.Node
 	// Logger receives the log of admin actions. Default slog.Default().
 	Logger *slog.Logger
+	// Registry is where the server registers its metrics and what /metrics serves: the
+	// node's (package metrics), which holds the leader's and the log's series too. Nil
+	// means a registry of the server's own.
+	Registry *prometheus.Registry
 }
 
 // DefaultConfig returns the configuration that a zero Config stands for: every field

@@ -70,6 +70,23 @@ func ToConnect(err error) error {
 	return ce
 }
 
+// detailOf returns the ErrorDetail that err, a *connect.Error, carries (nil if none).
+func detailOf(err error) *leaseholdv1.ErrorDetail {
+	ce := new(connect.Error)
+	if !errors.As(err, &ce) {
+		return nil
+	}
+	var detail *leaseholdv1.ErrorDetail
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if ed, ok := v.(*leaseholdv1.ErrorDetail); ok {
+				detail = ed
+			}
+		}
+	}
+	return detail
+}
+
 // Classify returns the RPC code and the ErrorDetail for err.
 func Classify(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
 	detail := &leaseholdv1.ErrorDetail{Reason: "internal"}

@@ -51,6 +51,8 @@ func (s *Server) ServeFastLane(ln net.Listener, log *slog.Logger) error {
 // cancels every request still in flight (a waiting Acquire leaves its queue).
 func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 	defer conn.Close()
+	s.metrics.fastLaneConns.Inc()
+	defer s.metrics.fastLaneConns.Dec()
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
@@ -355,14 +357,7 @@ func (s *Server) releaseThen(_ context.Context, r *leaseholdv1.ReleaseRequest, d
 func errorFrame(m fastlane.Method, id uint64, err error) []byte {
 	fe := &leaseholdv1.FastLaneError{Message: err.Error()}
 	if ce := new(connect.Error); errors.As(err, &ce) {
-		fe.Code, fe.Message = uint32(ce.Code()), ce.Message()
-		for _, d := range ce.Details() {
-			if v, derr := d.Value(); derr == nil {
-				if ed, ok := v.(*leaseholdv1.ErrorDetail); ok {
-					fe.Detail = ed
-				}
-			}
-		}
+		fe.Code, fe.Message, fe.Detail = uint32(ce.Code()), ce.Message(), detailOf(ce)
 	} else {
 		code, detail := Classify(err)
 		fe.Code, fe.Detail = uint32(code), detail

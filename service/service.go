@@ -20,6 +20,7 @@ import (
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/internal/tlsconf"
 	"github.com/leasehold/leasehold/leader"
+	"github.com/leasehold/leasehold/metrics"
 	"github.com/leasehold/leasehold/replication"
 	"github.com/leasehold/leasehold/server"
 )
@@ -219,8 +220,10 @@ func Start(cfg Config) (*Node, error) {
 	cfg.Server.TLS, rc.PeerTLS = cfg.TLS, cfg.peerTLS()
 	rc.Observe = func(e []core.Effect) { n.Leader.OnEffects(e) }
 	rc.LeaderChange = changes
+	m := metrics.New()
+	rc.ObserveCommit, rc.ObserveSync, cfg.Server.Registry = m.Commit, m.Fsync, m.Registry()
 	self := core.Member{ID: rc.NodeID, APIAddr: cfg.AdvertiseAddr, FastLaneAddr: cfg.Server.FastLaneAddr}
-	n.Leader = leader.New(nil, leader.Config{Limits: rc.Limits, Logger: cfg.Logger, OnPromote: func(ctx context.Context) {
+	n.Leader = leader.New(nil, leader.Config{Limits: rc.Limits, Logger: cfg.Logger, Observer: m, OnPromote: func(ctx context.Context) {
 		n.onPromote(ctx, self, cfg.StaticPeers, cfg.Logger)
 	}})
 	n.Raft, err = replication.Open(rc)

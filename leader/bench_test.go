@@ -1,0 +1,88 @@
+//go:build unix
+
+package leader_test
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/leader"
+	"github.com/leasehold/leasehold/metrics"
+)
+
+// The cost of one acquire+release pair in the leader, on the fake log (which applies at
+// once): what the leader adds to a request, metrics included, apart from transports and
+// raft. PERFORMANCE.md's server CPU per pair is tens of µs; these are its leader share.
+
+// benchLeader returns a promoted leader with one lease, whose metrics go to obs (none
+// when nil).
+func benchLeader(b *testing.B, obs leader.Observer) (*leader.Leader, core.LeaseID) {
+	b.Helper()
+	fl := newFakeLog(core.Limits{})
+	fl.forgetful = true
+	l := newLeaderOn(b, fl, leader.Config{Observer: obs})
+	if err := l.Promote(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	id, err := l.Grant(context.Background(), time.Minute)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return l, id
+}
+
+func benchPair(b *testing.B, class core.Class, now bool, obs leader.Observer) {
+	l, id := benchLeader(b, obs)
+	ctx := context.Background()
+	a := leader.AcquireArgs{AcquireArgs: core.AcquireArgs{Lease: id, Name: "jobs/digest", Class: class, Holder: core.Holder{Host: "h", PID: 1}}}
+	if g, err := l.Acquire(ctx, a); err != nil || l.Release(ctx, id, a.Name, g.Token) != nil {
+		b.Fatal("the first pair failed", err) // it reserves the first block of efficiency tokens
+	}
+	b.ReportAllocs()
+	cpu := cpuTime()
+	for b.Loop() {
+		var g leader.Grant
+		var err error
+		if now {
+			var ok bool
+			if g, ok = l.AcquireNow(a); !ok {
+				b.Fatal("AcquireNow refused a free lock")
+			}
+		} else if g, err = l.Acquire(ctx, a); err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx, id, a.Name, g.Token); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// CPU time is steadier than ns/op on a machine others share: it leaves out the time
+	// this process waited for a CPU.
+	b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+}
+
+// cpuTime is the CPU time this process has used (user and system, all its threads).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkPair is one acquire and its release, per class and path (Acquire as Connect
+// serves it; AcquireNow as the fast lane's reader does for an efficiency lock), without
+// metrics and with the node's (package metrics).
+func BenchmarkPair(b *testing.B) {
+	for _, m := range []struct {
+		name string
+		obs  func() leader.Observer
+	}{
+		{"no-metrics", func() leader.Observer { return nil }},
+		{"metrics", func() leader.Observer { return metrics.New() }},
+	} {
+		b.Run("efficiency/"+m.name, func(b *testing.B) { benchPair(b, core.Efficiency, false, m.obs()) })
+		b.Run("efficiency-now/"+m.name, func(b *testing.B) { benchPair(b, core.Efficiency, true, m.obs()) })
+		b.Run("correctness/"+m.name, func(b *testing.B) { benchPair(b, core.Correctness, false, m.obs()) })
+	}
+}
