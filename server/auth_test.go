@@ -55,6 +55,10 @@ var aclNeeds = map[string]struct {
 	"/leasehold.v1.ClusterService/Members":      {auth.Read, false},
 	"/leasehold.v1.ClusterService/AddMember":    {auth.Admin, false},
 	"/leasehold.v1.ClusterService/RemoveMember": {auth.Admin, false},
+	"/leasehold.v1.IdempotencyService/Begin":    {auth.Lock, true},
+	"/leasehold.v1.IdempotencyService/Complete": {auth.Lock, true},
+	"/leasehold.v1.IdempotencyService/Abandon":  {auth.Lock, true},
+	"/leasehold.v1.IdempotencyService/Get":      {auth.Read, true},
 }
 
 // aclTokens are the identities of the ACL test: each token's name is its secret too.
