@@ -7,6 +7,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,4 +35,38 @@ func Start(tb testing.TB) *service.Node {
 		tb.Fatal(err)
 	}
 	return n
+}
+
+// Silent listens on a free loopback port, accepts every connection and never answers:
+// a node that was cut off the network after its connections were made, as its clients
+// and peers see it. It returns the address and a count of the connections accepted. It
+// closes when the test ends.
+func Silent(tb testing.TB) (addr string, accepted *atomic.Int32) {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	accepted = new(atomic.Int32)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				_ = c.Close()
+			}
+		}()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			conns = append(conns, conn)
+			go func() { _, _ = io.Copy(io.Discard, conn) }() // keep its buffers empty
+		}
+	}()
+	tb.Cleanup(func() { _ = ln.Close(); <-done })
+	return ln.Addr().String(), accepted
 }

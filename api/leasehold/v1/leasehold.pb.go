@@ -176,8 +176,11 @@ type ErrorDetail struct {
 	// For a compare-and-set that failed ("version_mismatch"): the key's current version
 	// (0 when it does not exist).
 	CurrentVersion uint64 `protobuf:"varint,6,opt,name=current_version,json=currentVersion,proto3" json:"current_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// For Unavailable "not_leader": the API address of the node this node believes
+	// leads, when it knows one ("" otherwise). Clients move there and retry.
+	LeaderApiAddr string `protobuf:"bytes,7,opt,name=leader_api_addr,json=leaderApiAddr,proto3" json:"leader_api_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ErrorDetail) Reset() {
@@ -250,6 +253,13 @@ func (x *ErrorDetail) GetCurrentVersion() uint64 {
 		return x.CurrentVersion
 	}
 	return 0
+}
+
+func (x *ErrorDetail) GetLeaderApiAddr() string {
+	if x != nil {
+		return x.LeaderApiAddr
+	}
+	return ""
 }
 
 type GrantRequest struct {
@@ -2620,14 +2630,15 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06Holder\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x12\n" +
-	"\x04note\x18\x03 \x01(\tR\x04note\"\xda\x01\n" +
+	"\x04note\x18\x03 \x01(\tR\x04note\"\x82\x02\n" +
 	"\vErrorDetail\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12!\n" +
 	"\fholder_token\x18\x03 \x01(\x04R\vholderToken\x12,\n" +
 	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12#\n" +
 	"\rhighest_token\x18\x05 \x01(\x04R\fhighestToken\x12'\n" +
-	"\x0fcurrent_version\x18\x06 \x01(\x04R\x0ecurrentVersion\"%\n" +
+	"\x0fcurrent_version\x18\x06 \x01(\x04R\x0ecurrentVersion\x12&\n" +
+	"\x0fleader_api_addr\x18\a \x01(\tR\rleaderApiAddr\"%\n" +
 	"\fGrantRequest\x12\x15\n" +
 	"\x06ttl_ms\x18\x01 \x01(\x03R\x05ttlMs\"A\n" +
 	"\rGrantResponse\x12\x19\n" +
