@@ -31,6 +31,11 @@ var errFastLaneBroken = errors.New("client: fast-lane connection broken")
 // accepts: the request was not sent; fastCall sends it through Connect.
 var errFastLaneFull = errors.New("client: fast-lane connection has the most requests in flight the server accepts")
 
+// errFastLaneLeft is why the client closes its connection to a node it has moved away
+// from: the calls still waiting on it fail with it (their outcome unknown), and their
+// retries do not hold it against that node.
+var errFastLaneLeft = errors.New("client: moved to another node")
+
 // errFastLaneClosed means the server had closed the connection before the request was
 // sent: the request was not sent, and is safe to send again on a new connection.
 var errFastLaneClosed = errors.New("client: fast-lane connection closed by the server")
@@ -145,7 +150,7 @@ func (c *flConn) readOwn(ctx context.Context, id uint64) (flResult, error) {
 				continue
 			}
 			c.fail(err)
-			return flResult{}, connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, err))
+			return flResult{}, c.brokenError()
 		}
 		if f.ID == id {
 			c.endTurn(id, true)
@@ -242,6 +247,12 @@ func (c *flConn) fail(err error) {
 	clear(c.pending)
 }
 
+// brokenError is the error of a call on the connection after it failed, wrapping why.
+func (c *flConn) brokenError() error {
+	<-c.dead
+	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, c.err))
+}
+
 func (c *flConn) broken() bool {
 	select {
 	case <-c.dead:
@@ -313,7 +324,7 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 			c.cancel(m, id)
 			return ctxError(ctx)
 		case <-c.dead:
-			return connect.NewError(connect.CodeUnavailable, errFastLaneBroken)
+			return c.brokenError()
 		}
 	}
 	if r.kind == fastlane.KindError {
@@ -356,9 +367,12 @@ func decodeFastError(payload []byte) error {
 	return ce
 }
 
-// fastLanes keeps one fast-lane connection to the node the client currently talks to.
-// When a node has no fast lane, or it cannot be reached, calls go through Connect and the
-// fast lane is tried again after a pause.
+// fastLanes keeps one fast-lane connection to the node the client currently talks to,
+// and follows it: when the client moves to another node (see failover), the next call
+// connects to that node's fast lane, and the connection to the old node is failed, so
+// the calls still waiting on it are sent again, to the new node, by their retries. When
+// a node has no fast lane, or it cannot be reached, calls go through Connect and the
+// fast lane is tried again after redialPause.
 type fastLanes struct {
 	c        *Client
 	mu       sync.Mutex
@@ -369,9 +383,17 @@ type fastLanes struct {
 	disabled bool
 }
 
-// get returns a live connection to the current node, or nil to use Connect.
+// redialPause is how long calls go through Connect after the fast lane of a node could
+// not be reached (or the node has none) before it is dialled again.
+const redialPause = time.Second
+
+// get returns a live connection to the current node, or nil to use Connect: also when
+// ctx's attempt is pinned to another node (one the client has just left).
 func (f *fastLanes) get(ctx context.Context) *flConn {
 	node := f.c.nodes.current()
+	if f.c.nodes.nodeFor(ctx) != node {
+		return nil
+	}
 	f.mu.Lock()
 	if f.disabled {
 		f.mu.Unlock()
@@ -394,19 +416,20 @@ func (f *fastLanes) get(ctx context.Context) *flConn {
 	defer f.mu.Unlock()
 	f.dialing = false
 	if err != nil {
-		f.retryAt = time.Now().Add(time.Second)
+		f.retryAt = time.Now().Add(redialPause)
 		return nil
 	}
 	if f.conn != nil {
-		f.conn.fail(errors.New("replaced"))
+		f.conn.fail(errFastLaneLeft)
 	}
 	f.node, f.conn = node, conn
 	return conn
 }
 
-// connect learns the node's fast-lane address from its Status and dials it.
+// connect learns the node's fast-lane address from its Status and dials it, within the
+// call's deadline.
 func (f *fastLanes) connect(ctx context.Context, node string) (*flConn, error) {
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	sctx, cancel := context.WithTimeout(withNode(ctx, node), 2*time.Second)
 	defer cancel()
 	st, err := f.c.cluster.Status(sctx, &leaseholdv1.StatusRequest{})
 	if err != nil {
@@ -427,6 +450,15 @@ func (f *fastLanes) connect(ctx context.Context, node string) (*flConn, error) {
 	return dialFastLane(sctx, addr)
 }
 
+// heardSince reports whether the fast-lane connection to node read anything after t.
+func (f *fastLanes) heardSince(node string, t time.Time) bool {
+	f.mu.Lock()
+	conn := f.conn
+	ok := conn != nil && f.node == node
+	f.mu.Unlock()
+	return ok && conn.lastRead.Load() > int64(t.Sub(clockBase))
+}
+
 func (f *fastLanes) close() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -436,7 +468,9 @@ func (f *fastLanes) close() {
 	}
 }
 
-// fastCall runs one RPC over the fast lane when there is one, else through Connect.
+// fastCall runs one attempt of an RPC over the fast lane when there is one, else
+// through Connect. Moving to another node after a failure is the caller's retry's
+// (call, or the keepalive loop), as for Connect.
 func fastCall[Req, Res proto.Message](ctx context.Context, f *fastLanes, m fastlane.Method, req Req, resp Res, viaConnect func(context.Context, Req) (Res, error)) (Res, error) {
 	for attempt := 0; ; attempt++ {
 		conn := f.get(ctx)
@@ -451,8 +485,6 @@ func fastCall[Req, Res proto.Message](ctx context.Context, f *fastLanes, m fastl
 			return viaConnect(ctx, req)
 		case errors.Is(err, errFastLaneClosed) && attempt == 0:
 			continue // not sent: send it once more, on a new connection or through Connect
-		case errors.Is(err, errFastLaneBroken):
-			f.c.nodes.next()
 		}
 		var zero Res
 		return zero, err

@@ -123,12 +123,21 @@ func (s *lease) remaining() time.Duration {
 }
 
 // keepAlive renews the lease about every TTL/3 (jittered by ±10%), and sooner after a
-// failure, until the lease ends. A keepalive is never allowed to run past the
-// cautious deadline: its answer would be useless after it.
+// failure, until the lease ends. No attempt runs past the cautious deadline (its answer
+// would be useless after it), and none gets more than a fifth of the TTL (at most the
+// client's attempt timeout) while more time is left than two such attempts take: a
+// node that stays silent costs that much, then the next node is tried, so one dead path
+// never costs the lease. After an attempt that timed out the next may take twice as
+// long, as in call. The last attempt before the deadline gets all the time that is left.
 func (s *lease) keepAlive() {
 	interval := s.ttl / 3
 	next := aligned(jitter(interval), interval)
-	retry := 20 * time.Millisecond
+	first := s.ttl / 5
+	if a := s.c.opts.attempt; a > 0 {
+		first = min(first, a)
+	}
+	limit := first
+	retry := newBackoff()
 	t := time.NewTimer(next)
 	defer t.Stop()
 	for {
@@ -142,25 +151,33 @@ func (s *lease) keepAlive() {
 		if left <= 0 {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), left)
+		attempt := left
+		if limit < left/2 {
+			attempt = limit
+		}
+		node := s.c.nodes.current()
+		ctx, cancel := context.WithTimeout(withNode(context.Background(), node), attempt)
 		sent := time.Now()
 		resp, err := s.c.leases.KeepAlive(ctx, &leaseholdv1.KeepAliveRequest{LeaseId: s.id})
+		silent := err != nil && ctx.Err() != nil
 		cancel()
+		s.c.judge(context.Background(), node, sent, err, silent)
 		switch {
 		case err == nil:
 			s.renewed(sent)
 			s.deliver(resp)
-			retry = 20 * time.Millisecond
+			retry, limit = newBackoff(), first
 			next = aligned(jitter(interval), interval)
 		case connect.CodeOf(err) == connect.CodeNotFound:
 			s.end(leaseGoneCause(err))
 			return
 		default:
-			// Unknown: the lease may still be alive. Retry quickly with backoff (on the
-			// next node), keeping several attempts inside the remaining time.
-			s.c.nodes.next()
-			next = min(jitter(retry), max(left/4, time.Millisecond))
-			retry = min(retry*2, interval)
+			// Unknown: the lease may still be alive. Retry at once on the node judge
+			// chose, with backoff, keeping several attempts inside the remaining time.
+			if silent {
+				limit *= 2
+			}
+			next = min(retry.delay(), max(left/4, time.Millisecond))
 		}
 		t.Reset(next)
 	}

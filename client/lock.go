@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/internal/reason"
 )
 
 // LockOption configures one Lock call.
@@ -78,12 +79,6 @@ type Lock struct {
 	cause  error // why the lock was lost; nil while held
 }
 
-// maxRetryBackoff caps the wait between retries of Lock and Unlock when no node could
-// answer (a leader election, a restarting node). Retries are cheap — a node without a
-// leader fails them at once — and the cap bounds how long a caller sleeps after a new
-// leader is ready: at 1 s, failover samples clustered at 1.3 s and 2.3 s.
-const maxRetryBackoff = 250 * time.Millisecond
-
 // Lock acquires the lock name. A class option (Correctness or Efficiency) is required.
 // By default it waits in the server's FIFO queue until the lock is granted or ctx ends;
 // TryOnce and WaitFor change that.
@@ -112,60 +107,50 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, name string, opts []Lo
 	if o.holder != nil {
 		h.Note = o.holder.Note
 	}
-	backoff := 20 * time.Millisecond
-	var lastErr error
-	var tried *lease
-	for {
-		s, err := c.leaseFor(ctx, set, o.ttl)
-		if err == nil {
-			var l *Lock
-			tried = s
-			l, err = c.acquire(ctx, s, name, o, h)
-			if err == nil {
-				return l, nil
-			}
-			if errIsLeaseGone(err) {
-				s.end(leaseGoneCause(err))
-				continue // a fresh lease, at once
-			}
+	b := newBackoff()
+	for gone := 0; ; gone++ {
+		if gone > 1 && b.sleep(ctx) != nil {
+			return nil, ctx.Err() // fresh leases keep vanishing: not at once, then
 		}
-		if !retryable(ctx, err) {
-			if tried != nil && ctx.Err() != nil {
-				go c.abandon(tried, name, o.class)
-			}
+		s, err := c.leaseFor(ctx, set, o.ttl)
+		if err != nil {
 			return nil, err
 		}
-		lastErr = err
-		c.nodes.next()
-		select {
-		case <-ctx.Done():
-			if tried != nil {
-				go c.abandon(tried, name, o.class)
-			}
-			return nil, fmt.Errorf("%w: %w (last error: %w)", ErrUnavailable, ctx.Err(), lastErr)
-		case <-time.After(jitter(backoff)):
+		l, err := c.acquire(ctx, s, name, o, h)
+		if errIsLeaseGone(err) {
+			s.end(leaseGoneCause(err))
+			continue // a fresh lease, at once
 		}
-		backoff = min(backoff*2, maxRetryBackoff)
+		if err != nil && ctx.Err() != nil {
+			go c.abandon(s, name, o.class) // the lease may be queued, or even granted
+		}
+		return l, err
 	}
 }
 
+// acquire takes the lock on lease s, retrying on the next node (see call): an Acquire
+// by the same lease is the same request, whatever the attempt.
 func (c *Client) acquire(ctx context.Context, s *lease, name string, o lockOptions, h Holder) (*Lock, error) {
-	resp, err := c.locks.Acquire(ctx, &leaseholdv1.AcquireRequest{
+	req := &leaseholdv1.AcquireRequest{
 		Name:        name,
 		Class:       o.class,
 		LeaseId:     s.id,
 		Holder:      &leaseholdv1.Holder{Host: h.Host, Pid: h.PID, Note: h.Note},
 		WaitMs:      o.waitMs,
 		LockDelayMs: o.delayMs,
+	}
+	p := policy{repeatable: true, wait: time.Duration(o.waitMs) * time.Millisecond}
+	resp, err := call(ctx, c, p, func(ctx context.Context) (*leaseholdv1.AcquireResponse, error) {
+		return c.locks.Acquire(ctx, req)
 	})
 	if err != nil {
 		code, d := detail(err)
 		switch {
-		case code == connect.CodeDeadlineExceeded && d.GetReason() == "lock_held":
+		case code == connect.CodeDeadlineExceeded && d.GetReason() == reason.LockHeld:
 			return nil, &HeldError{Name: name, HolderToken: d.GetHolderToken(), Holder: Holder{Host: d.GetHolder().GetHost(), PID: d.GetHolder().GetPid(), Note: d.GetHolder().GetNote()}}
-		case d.GetReason() == "class_conflict":
+		case d.GetReason() == reason.ClassConflict:
 			return nil, fmt.Errorf("%w: %w", ErrClassConflict, err)
-		case ctx.Err() != nil:
+		case ctx.Err() != nil && !errors.Is(err, ErrUnavailable):
 			return nil, ctx.Err()
 		}
 		return nil, err
@@ -228,30 +213,23 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.s.ttl)
 		defer cancel()
 	}
-	backoff := 20 * time.Millisecond
-	for {
-		_, err := l.c.locks.Release(ctx, &leaseholdv1.ReleaseRequest{Name: l.name, LeaseId: l.s.id, Token: l.token})
-		if err == nil {
-			l.s.remove(l)
-			l.lost(ErrUnlocked)
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
-		if !retryable(ctx, err) {
-			l.s.remove(l)
-			l.lost(fmt.Errorf("%w: release failed: %w", ErrLockLost, err))
-			return fmt.Errorf("%w: %w", ErrLockLost, err)
-		}
-		l.c.nodes.next()
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		case <-time.After(jitter(backoff)):
-		}
-		backoff = min(2*backoff, maxRetryBackoff)
+	req := &leaseholdv1.ReleaseRequest{Name: l.name, LeaseId: l.s.id, Token: l.token}
+	_, err := call(ctx, l.c, repeatable, func(ctx context.Context) (*leaseholdv1.ReleaseResponse, error) {
+		return l.c.locks.Release(ctx, req)
+	})
+	switch {
+	case err == nil:
+		l.s.remove(l)
+		l.lost(ErrUnlocked)
+		return nil
+	case errors.Is(err, ErrUnavailable):
+		return err
+	case ctx.Err() != nil:
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
+	l.s.remove(l)
+	l.lost(fmt.Errorf("%w: release failed: %w", ErrLockLost, err))
+	return fmt.Errorf("%w: %w", ErrLockLost, err)
 }
 
 // lockContext is a held lock's context. It is a context.WithCancelCause underneath (so
@@ -269,20 +247,18 @@ func (c lockContext) Err() error {
 
 // abandon takes lease s out of name's queue, or releases the grant it got, after a Lock
 // whose outcome was unknown gave up. An Acquire with wait 0 on the same lease returns
-// the lease's grant (idempotent) or cancels its place in the queue.
+// the lease's grant (idempotent) or cancels its place in the queue. It tries while the
+// lease lives: once it has ended, so has anything it held.
 func (c *Client) abandon(s *lease, name string, class leaseholdv1.LockClass) {
-	backoff := 50 * time.Millisecond
-	for s.alive() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := c.locks.Acquire(ctx, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: s.id, WaitMs: 0})
-		if err == nil {
-			_, err = c.locks.Release(ctx, &leaseholdv1.ReleaseRequest{Name: name, LeaseId: s.id, Token: resp.GetToken()})
-		}
-		cancel()
-		if err == nil || !retryable(context.Background(), err) {
-			return
-		}
-		time.Sleep(backoff)
-		backoff = min(2*backoff, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), s.remaining())
+	defer cancel()
+	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.AcquireResponse, error) {
+		return c.locks.Acquire(ctx, &leaseholdv1.AcquireRequest{Name: name, Class: class, LeaseId: s.id, WaitMs: 0})
+	})
+	if err != nil {
+		return // not granted (held by another: the wait is cancelled), or the lease ended
 	}
+	_, _ = call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.ReleaseResponse, error) {
+		return c.locks.Release(ctx, &leaseholdv1.ReleaseRequest{Name: name, LeaseId: s.id, Token: resp.GetToken()})
+	})
 }

@@ -1,0 +1,189 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
+	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/reason"
+	"github.com/leasehold/leasehold/internal/testnode"
+)
+
+// fakeNode answers Status like a node without a fast lane, and every other call with
+// the error answer returns, counting those calls.
+type fakeNode struct {
+	addr  string
+	calls atomic.Int32
+}
+
+func startFakeNode(t *testing.T, answer func() error) *fakeNode {
+	t.Helper()
+	f := &fakeNode{}
+	fail := connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			if strings.HasSuffix(req.Spec().Procedure, "/Status") {
+				return next(ctx, req)
+			}
+			f.calls.Add(1)
+			return nil, answer()
+		}
+	}))
+	mux := http.NewServeMux()
+	mux.Handle(leaseholdv1connect.NewLeaseServiceHandler(leaseholdv1connect.UnimplementedLeaseServiceHandler{}, fail))
+	mux.Handle(leaseholdv1connect.NewLockServiceHandler(leaseholdv1connect.UnimplementedLockServiceHandler{}, fail))
+	mux.Handle(leaseholdv1connect.NewKVServiceHandler(leaseholdv1connect.UnimplementedKVServiceHandler{}, fail))
+	mux.Handle(leaseholdv1connect.NewClusterServiceHandler(fakeStatus{}, fail))
+	hs := httptest.NewUnstartedServer(mux)
+	hs.Config.Protocols = new(http.Protocols)
+	hs.Config.Protocols.SetHTTP1(true)
+	hs.Config.Protocols.SetUnencryptedHTTP2(true)
+	hs.Start()
+	t.Cleanup(hs.Close)
+	f.addr = hs.Listener.Addr().String()
+	return f
+}
+
+type fakeStatus struct {
+	leaseholdv1connect.UnimplementedClusterServiceHandler
+}
+
+func (fakeStatus) Status(context.Context, *leaseholdv1.StatusRequest) (*leaseholdv1.StatusResponse, error) {
+	return &leaseholdv1.StatusResponse{NodeId: "fake", Role: "follower"}, nil
+}
+
+// unavailable is the error a node gives with reason r and leader hint leader.
+func unavailable(r, leader string) func() error {
+	return func() error {
+		ce := connect.NewError(connect.CodeUnavailable, errors.New(r))
+		d, err := connect.NewErrorDetail(&leaseholdv1.ErrorDetail{Reason: r, LeaderApiAddr: leader})
+		if err != nil {
+			panic(err)
+		}
+		ce.AddDetail(d)
+		return ce
+	}
+}
+
+// dial dials addrs for the test, with a deadline for all its calls.
+func dial(t *testing.T, addrs string, opts ...client.Option) (context.Context, *client.Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	c, err := client.Dial(ctx, addrs, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return ctx, c
+}
+
+// exercise makes one call of each kind the client retries differently — a lock (lease
+// grant, acquire, release), a fenced write, a read — and fails the test on any error.
+func exercise(ctx context.Context, t *testing.T, c *client.Client, name string) {
+	t.Helper()
+	l, err := c.Lock(ctx, name, client.Correctness, client.TryOnce)
+	if err != nil {
+		t.Fatalf("Lock %s: %v", name, err)
+	}
+	if _, err := c.Put(ctx, name, []byte("v"), client.Fenced(l)); err != nil {
+		t.Fatalf("Put %s: %v", name, err)
+	}
+	if v, err := c.Get(ctx, name); err != nil || !v.Found {
+		t.Fatalf("Get %s: %+v, %v", name, v, err)
+	}
+	if _, err := c.Describe(ctx, name); err != nil {
+		t.Fatalf("Describe %s: %v", name, err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock %s: %v", name, err)
+	}
+}
+
+// TestFailoverPassesSilentNode: a client whose first address accepts connections but
+// never answers moves to the next address after one attempt timeout, and stays there:
+// no call fails, and none goes back to the silent node while it is suspect.
+func TestFailoverPassesSilentNode(t *testing.T) {
+	node := testnode.Start(t)
+	silent, accepted := testnode.Silent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const attempt = 300 * time.Millisecond
+	start := time.Now()
+	c, err := client.Dial(ctx, silent+","+node.Addr(), client.WithAttemptTimeout(attempt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	if took := time.Since(start); took < attempt || took > 5*attempt {
+		t.Errorf("Dial took %v: want one attempt timeout (%v) on the silent node, then the answer", took, attempt)
+	}
+	for _, name := range []string{"silent/a", "silent/b", "silent/c"} {
+		exercise(ctx, t, c, name)
+	}
+	if n := accepted.Load(); n != 1 {
+		t.Errorf("the silent node got %d connections, want 1: the client came back to it", n)
+	}
+}
+
+// TestFailoverFollowsLeaderHint: a node that answers "not the leader" and names the
+// leader sends the client there — to an address it was not given — and the client stays.
+func TestFailoverFollowsLeaderHint(t *testing.T) {
+	node := testnode.Start(t)
+	follower := startFakeNode(t, unavailable(reason.NotLeader, node.Addr()))
+	ctx, c := dial(t, follower.addr)
+	for _, name := range []string{"hint/a", "hint/b"} {
+		exercise(ctx, t, c, name)
+	}
+	if n := follower.calls.Load(); n != 1 {
+		t.Errorf("the node that is not the leader got %d calls, want 1", n)
+	}
+	st, err := c.Status(ctx)
+	if err != nil || st.GetNodeId() == "fake" {
+		t.Errorf("Status after the hint: %v from %q, want the leader's", err, st.GetNodeId())
+	}
+}
+
+// TestFailoverLeaderUnknown: a node that does not know the leader (a restarted follower
+// catching up) says so, and the client tries the next address at once: no call fails,
+// Put and Delete included (nothing was done, so sending them again is safe).
+func TestFailoverLeaderUnknown(t *testing.T) {
+	node := testnode.Start(t)
+	follower := startFakeNode(t, unavailable(reason.LeaderUnknown, ""))
+	ctx, c := dial(t, follower.addr+","+node.Addr())
+	if _, err := c.Put(ctx, "unknown/first", []byte("v")); err != nil {
+		t.Fatalf("the first call, a Put, on the node that knows no leader: %v", err)
+	}
+	exercise(ctx, t, c, "unknown/a")
+	if n := follower.calls.Load(); n != 1 {
+		t.Errorf("the node that knows no leader got %d calls, want 1", n)
+	}
+}
+
+// TestFailoverOutcomeUnknown: after a failure that leaves the outcome unknown (the node
+// could not reach the leader it forwarded to), a Put is not sent again — it fails with
+// ErrUnavailable and the key is untouched elsewhere — while a read is retried on the
+// next node and succeeds.
+func TestFailoverOutcomeUnknown(t *testing.T) {
+	node := testnode.Start(t)
+	follower := startFakeNode(t, unavailable(reason.LeaderUnreachable, "192.0.2.1:7740"))
+	ctx, c := dial(t, follower.addr+","+node.Addr())
+	if _, err := c.Put(ctx, "unreachable/k", []byte("v")); !errors.Is(err, client.ErrUnavailable) || connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("Put whose outcome is unknown: %v, want ErrUnavailable (code Unavailable)", err)
+	}
+	if n := follower.calls.Load(); n != 1 {
+		t.Fatalf("the Put went %d times to the first node, want 1", n)
+	}
+	if v, err := c.Get(ctx, "unreachable/k"); err != nil || v.Found {
+		t.Fatalf("Get after the unknown Put: %+v, %v; want a successful read of nothing (the Put was not sent again)", v, err)
+	}
+}
