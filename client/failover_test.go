@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,10 +12,12 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/fastlane"
 	"github.com/leasehold/leasehold/internal/reason"
 	"github.com/leasehold/leasehold/internal/testnode"
 )
@@ -186,4 +189,105 @@ func TestFailoverOutcomeUnknown(t *testing.T) {
 	if v, err := c.Get(ctx, "unreachable/k"); err != nil || v.Found {
 		t.Fatalf("Get after the unknown Put: %+v, %v; want a successful read of nothing (the Put was not sent again)", v, err)
 	}
+}
+
+// TestFastLaneNodeFallsSilent: a call with no deadline of its own (a Put) waits on the
+// fast lane of a node that then stops answering anything — its fast lane and its Status
+// alike, as a node cut off the network. The client notices within about the attempt
+// timeout, not at the caller's deadline: the Put fails with ErrUnavailable (its outcome
+// unknown), and the node is left.
+func TestFastLaneNodeFallsSilent(t *testing.T) {
+	var cut atomic.Bool
+	lane := startAnswerOnceLane(t)
+	mux := http.NewServeMux()
+	mux.Handle(leaseholdv1connect.NewClusterServiceHandler(silentAfterCut{cut: &cut, lane: lane}))
+	hs := httptest.NewUnstartedServer(mux)
+	hs.Config.Protocols = new(http.Protocols)
+	hs.Config.Protocols.SetHTTP1(true)
+	hs.Config.Protocols.SetUnencryptedHTTP2(true)
+	hs.Start()
+	defer hs.Close()
+
+	const attempt = 400 * time.Millisecond
+	ctx, c := dial(t, hs.Listener.Addr().String(), client.WithAttemptTimeout(attempt))
+	if _, err := c.CheckToken(ctx, "silent/warm", 1); err != nil {
+		t.Fatalf("the call that opens the fast lane: %v", err)
+	}
+	cut.Store(true)
+	start := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := c.Put(pctx, "silent/k", []byte("v"))
+	took := time.Since(start)
+	if !errors.Is(err, client.ErrUnavailable) || pctx.Err() != nil {
+		t.Fatalf("Put on a node that fell silent: %v after %v; want ErrUnavailable before the deadline", err, took)
+	}
+	if took > 4*attempt {
+		t.Fatalf("the silent node was noticed after %v, want about the attempt timeout (%v)", took, attempt)
+	}
+	t.Logf("a Put on a node that fell silent failed after %v (attempt timeout %v)", took.Round(time.Millisecond), attempt)
+}
+
+// silentAfterCut answers Status (naming the fast lane lane) until cut, then never.
+type silentAfterCut struct {
+	leaseholdv1connect.UnimplementedClusterServiceHandler
+	cut  *atomic.Bool
+	lane string
+}
+
+func (s silentAfterCut) Status(ctx context.Context, _ *leaseholdv1.StatusRequest) (*leaseholdv1.StatusResponse, error) {
+	if s.cut.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return &leaseholdv1.StatusResponse{NodeId: "fake", FastLaneAddr: s.lane}, nil
+}
+
+// startAnswerOnceLane is a fast lane that answers the first request of each connection
+// (as a CheckToken) and then reads, and drops, everything else.
+func startAnswerOnceLane(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				_ = c.Close()
+			}
+		}()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, conn)
+			go func() {
+				if fastlane.ServerHello(conn) != nil {
+					return
+				}
+				r, w := fastlane.NewReader(conn), fastlane.NewWriter(conn)
+				f, err := r.Read()
+				if err != nil {
+					return
+				}
+				frame, err := fastlane.AppendFrame(nil, fastlane.KindResponse, f.Method, f.ID, func(b []byte) ([]byte, error) {
+					return proto.MarshalOptions{}.MarshalAppend(b, &leaseholdv1.CheckTokenResponse{Current: true})
+				})
+				if err != nil {
+					return
+				}
+				w.Send(frame, false)
+				for {
+					if _, err := r.Read(); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }

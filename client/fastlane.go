@@ -36,6 +36,10 @@ var errFastLaneFull = errors.New("client: fast-lane connection has the most requ
 // retries do not hold it against that node.
 var errFastLaneLeft = errors.New("client: moved to another node")
 
+// errFastLaneSilent is why the client closes a connection on which calls wait while
+// its node answers nothing, not even a Status (see fastLanes.watch).
+var errFastLaneSilent = errors.New("client: the node stopped answering")
+
 // errFastLaneClosed means the server had closed the connection before the request was
 // sent: the request was not sent, and is safe to send again on a new connection.
 var errFastLaneClosed = errors.New("client: fast-lane connection closed by the server")
@@ -78,6 +82,9 @@ type flConn struct {
 	turn        uint64 // counts the reading calls, so that a late interrupt hits no one else
 	interrupted bool   // a read deadline is set to wake the reading call
 	err         error
+	// busySince is when calls last began to wait on an idle connection, and probed
+	// when a probe last found the node alive (both like lastRead); see fastLanes.watch.
+	busySince, probed int64
 }
 
 // idleCheckAfter is how long a connection must have been idle before a call checks that
@@ -247,6 +254,24 @@ func (c *flConn) fail(err error) {
 	clear(c.pending)
 }
 
+// quiet reports whether calls wait on the connection, and for how long it has heard
+// nothing: no frame, no probe answer, and — on a connection that was idle — not since
+// the calls began to wait.
+func (c *flConn) quiet() (bool, time.Duration) {
+	c.mu.Lock()
+	waiting := len(c.pending) > 0
+	heard := max(c.busySince, c.probed, c.lastRead.Load())
+	c.mu.Unlock()
+	return waiting, time.Since(clockBase) - time.Duration(heard)
+}
+
+// alive records that a probe found the connection's node answering.
+func (c *flConn) alive() {
+	c.mu.Lock()
+	c.probed = int64(time.Since(clockBase))
+	c.mu.Unlock()
+}
+
 // brokenError is the error of a call on the connection after it failed, wrapping why.
 func (c *flConn) brokenError() error {
 	<-c.dead
@@ -288,14 +313,18 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, c.err))
 	}
 	reader := !c.reading
-	if reader && time.Since(clockBase)-time.Duration(c.lastRead.Load()) > idleCheckAfter {
-		// Nobody has read the connection for a while: make sure the server has not
-		// closed it meanwhile (restarted, say), while the request is still unsent.
-		if err := peerClosed(c.conn); err != nil {
-			c.mu.Unlock()
-			<-c.slots
-			c.fail(err)
-			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneClosed, err))
+	if reader {
+		now := time.Since(clockBase)
+		c.busySince = int64(now)
+		if now-time.Duration(c.lastRead.Load()) > idleCheckAfter {
+			// Nobody has read the connection for a while: make sure the server has not
+			// closed it meanwhile (restarted, say), while the request is still unsent.
+			if err := peerClosed(c.conn); err != nil {
+				c.mu.Unlock()
+				<-c.slots
+				c.fail(err)
+				return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneClosed, err))
+			}
 		}
 	}
 	c.pending[id] = ch
@@ -423,7 +452,43 @@ func (f *fastLanes) get(ctx context.Context) *flConn {
 		f.conn.fail(errFastLaneLeft)
 	}
 	f.node, f.conn = node, conn
+	if quiet := f.c.opts.attempt / 2; quiet > 0 {
+		go f.watch(conn, node, quiet)
+	}
 	return conn
+}
+
+// watch notices a node that has gone silent under calls that have no deadline of their
+// own to notice it (the TCP connection may look alive for minutes): an Acquire waiting
+// in a queue, a Put. While calls wait on conn and nothing has come from the node for
+// quiet (half the attempt timeout), it asks the node for its Status — over Connect,
+// another connection on the same path. A node that answers is alive (the calls wait in a
+// queue, or for a slow commit); one that does not answer within quiet either is
+// distrusted and conn fails, so that its calls go, by their retries, to another node. It
+// stops when conn fails.
+func (f *fastLanes) watch(conn *flConn, node string, quiet time.Duration) {
+	t := time.NewTicker(quiet / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-conn.dead:
+			return
+		case <-t.C:
+		}
+		if waiting, silent := conn.quiet(); !waiting || silent < quiet {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(withNode(context.Background(), node), quiet)
+		_, err := f.c.cluster.Status(ctx, &leaseholdv1.StatusRequest{})
+		cancel()
+		if err == nil {
+			conn.alive()
+			continue
+		}
+		f.c.nodes.distrust(node)
+		conn.fail(errFastLaneSilent)
+		return
+	}
 }
 
 // connect learns the node's fast-lane address from its Status and dials it, within the

@@ -201,6 +201,9 @@ func (l *Lock) lost(cause error) {
 // It returns nil when the lock was released by this call; an error wrapping
 // ErrLockLost (and the cause) when the lock had been lost before; ErrUnavailable when
 // no server answered — the lock is then released at the latest when the lease expires.
+// A release is repeated on another node when no answer came; when the repeat finds the
+// lock no longer held by this lease, the attempt whose answer was lost released it, and
+// Unlock returns nil.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if lost, cause := l.Lost(); lost {
 		if errors.Is(cause, ErrUnlocked) {
@@ -214,9 +217,13 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		defer cancel()
 	}
 	req := &leaseholdv1.ReleaseRequest{Name: l.name, LeaseId: l.s.id, Token: l.token}
-	_, err := call(ctx, l.c, repeatable, func(ctx context.Context) (*leaseholdv1.ReleaseResponse, error) {
+	_, unsure, err := callUnsure(ctx, l.c, repeatable, func(ctx context.Context) (*leaseholdv1.ReleaseResponse, error) {
 		return l.c.locks.Release(ctx, req)
 	})
+	if _, d := detail(err); unsure && d.GetReason() == reason.NotHolder {
+		// An earlier attempt, whose answer was lost, released it.
+		err = nil
+	}
 	switch {
 	case err == nil:
 		l.s.remove(l)

@@ -91,8 +91,8 @@ const (
 // names; off a node that stayed silent, refused, or knows no leader or could not reach
 // it — and then not to that leader. silent means the attempt, begun at start, passed
 // its own deadline with no answer: the node is then distrusted, unless it answered
-// other calls meanwhile (it is slow, not cut off: the call is repeated there, and gets
-// longer). Once ctx has ended every outcome is final.
+// other calls in the second half of that wait (it is slow, not cut off: the call is
+// repeated there, and gets longer). Once ctx has ended every outcome is final.
 func (c *Client) judge(ctx context.Context, node string, start time.Time, err error, silent bool) verdict {
 	if err == nil {
 		c.nodes.served(node)
@@ -102,7 +102,10 @@ func (c *Client) judge(ctx context.Context, node string, start time.Time, err er
 		return final
 	}
 	if silent {
-		if !c.nodes.heardSince(node, start) && !c.fast.heardSince(node, start) {
+		// Answers from before the node fell silent prove nothing: only the second half
+		// of the wait counts.
+		half := start.Add(time.Since(start) / 2)
+		if !c.nodes.heardSince(node, half) && !c.fast.heardSince(node, half) {
 			c.nodes.distrust(node)
 		}
 		return unknown
@@ -187,6 +190,13 @@ type policy struct {
 // ErrUnavailable, ctx's error and the last failure; a repeatable RPC out of tries, or a
 // non-repeatable one whose outcome is unknown, wraps ErrUnavailable and the failure.
 func call[T any](ctx context.Context, c *Client, p policy, rpc func(context.Context) (T, error)) (T, error) {
+	res, _, err := callUnsure(ctx, c, p, rpc)
+	return res, err
+}
+
+// callUnsure is call, also reporting whether an attempt before the last had an unknown
+// outcome — so that an answer like "not the holder" may be that attempt's doing.
+func callUnsure[T any](ctx context.Context, c *Client, p policy, rpc func(context.Context) (T, error)) (res T, unsure bool, err error) {
 	var zero T
 	b := newBackoff()
 	limit := c.opts.attempt
@@ -199,20 +209,21 @@ func call[T any](ctx context.Context, c *Client, p policy, rpc func(context.Cont
 		cancel()
 		switch c.judge(ctx, node, start, err, silent) {
 		case final:
-			return res, err
+			return res, unsure, err
 		case unknown:
 			if !p.repeatable {
-				return zero, fmt.Errorf("%w: outcome unknown: %w", ErrUnavailable, err)
+				return zero, true, fmt.Errorf("%w: outcome unknown: %w", ErrUnavailable, err)
 			}
+			unsure = true
 		}
 		if silent {
 			limit *= 2 // a cluster that is slow, not cut off, still gets its answer in
 		}
 		if p.tries > 0 && try >= p.tries {
-			return zero, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return zero, unsure, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		if b.sleep(ctx) != nil {
-			return zero, fmt.Errorf("%w: %w (last error: %w)", ErrUnavailable, ctx.Err(), err)
+			return zero, unsure, fmt.Errorf("%w: %w (last error: %w)", ErrUnavailable, ctx.Err(), err)
 		}
 	}
 }
