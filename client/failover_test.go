@@ -247,47 +247,26 @@ func (s silentAfterCut) Status(ctx context.Context, _ *leaseholdv1.StatusRequest
 // (as a CheckToken) and then reads, and drops, everything else.
 func startAnswerOnceLane(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		var conns []net.Conn
-		defer func() {
-			for _, c := range conns {
-				_ = c.Close()
-			}
-		}()
+	return testnode.Serve(t, func(conn net.Conn) {
+		if fastlane.ServerHello(conn) != nil {
+			return
+		}
+		r, w := fastlane.NewReader(conn), fastlane.NewWriter(conn)
+		f, err := r.Read()
+		if err != nil {
+			return
+		}
+		frame, err := fastlane.AppendFrame(nil, fastlane.KindResponse, f.Method, f.ID, func(b []byte) ([]byte, error) {
+			return proto.MarshalOptions{}.MarshalAppend(b, &leaseholdv1.CheckTokenResponse{Current: true})
+		})
+		if err != nil {
+			return
+		}
+		w.Send(frame, false)
 		for {
-			conn, err := ln.Accept()
-			if err != nil {
+			if _, err := r.Read(); err != nil {
 				return
 			}
-			conns = append(conns, conn)
-			go func() {
-				if fastlane.ServerHello(conn) != nil {
-					return
-				}
-				r, w := fastlane.NewReader(conn), fastlane.NewWriter(conn)
-				f, err := r.Read()
-				if err != nil {
-					return
-				}
-				frame, err := fastlane.AppendFrame(nil, fastlane.KindResponse, f.Method, f.ID, func(b []byte) ([]byte, error) {
-					return proto.MarshalOptions{}.MarshalAppend(b, &leaseholdv1.CheckTokenResponse{Current: true})
-				})
-				if err != nil {
-					return
-				}
-				w.Send(frame, false)
-				for {
-					if _, err := r.Read(); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
-	return ln.Addr().String()
+	})
 }

@@ -43,11 +43,23 @@ func Start(tb testing.TB) *service.Node {
 // closes when the test ends.
 func Silent(tb testing.TB) (addr string, accepted *atomic.Int32) {
 	tb.Helper()
+	accepted = new(atomic.Int32)
+	addr = Serve(tb, func(conn net.Conn) {
+		accepted.Add(1)
+		_, _ = io.Copy(io.Discard, conn) // keep its buffers empty
+	})
+	return addr, accepted
+}
+
+// Serve listens on a free loopback port and runs serve on a goroutine of its own for
+// every connection, until the test ends; then it closes the listener and every
+// connection. It returns the address.
+func Serve(tb testing.TB, serve func(net.Conn)) string {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	accepted = new(atomic.Int32)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -62,11 +74,10 @@ func Silent(tb testing.TB) (addr string, accepted *atomic.Int32) {
 			if err != nil {
 				return
 			}
-			accepted.Add(1)
 			conns = append(conns, conn)
-			go func() { _, _ = io.Copy(io.Discard, conn) }() // keep its buffers empty
+			go serve(conn)
 		}
 	}()
 	tb.Cleanup(func() { _ = ln.Close(); <-done })
-	return ln.Addr().String(), accepted
+	return ln.Addr().String()
 }

@@ -41,8 +41,14 @@ type traffic struct {
 	sessions []*client.Session
 }
 
-func startTraffic(t *testing.T, c *client.Client, holders, workers int) *traffic {
+// startTraffic dials addrs and starts 3 holders and 4 workers on the client.
+func startTraffic(t *testing.T, addrs string) (*client.Client, *traffic) {
 	t.Helper()
+	const holders, workers = 3, 4
+	c, err := client.Dial(context.Background(), addrs)
+	if err != nil {
+		t.Fatal(err)
+	}
 	tr := &traffic{c: c, stop: make(chan struct{}), failed: map[string][]string{}}
 	for i := range holders {
 		s := c.NewSession()
@@ -65,7 +71,21 @@ func startTraffic(t *testing.T, c *client.Client, holders, workers int) *traffic
 	for w := range workers {
 		tr.wg.Go(func() { tr.work(w) })
 	}
-	return tr
+	return c, tr
+}
+
+// settle waits until the cluster is healthy, and two seconds more for the traffic to
+// settle on it, and returns the leader.
+func settle(t *testing.T, c *Cluster) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	leader, err := c.WaitHealthy(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	return leader
 }
 
 func (tr *traffic) loseLock(why string) {
@@ -219,20 +239,10 @@ func TestClientThroughFollowerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	order := []*Node{c.Nodes[(leader+1)%3], c.Nodes[(leader+2)%3], c.Nodes[leader]}
-	cl, err := client.Dial(context.Background(), order[0].API+","+order[1].API+","+order[2].API)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl, tr := startTraffic(t, order[0].API+","+order[1].API+","+order[2].API)
 	defer func() { _ = cl.Close(context.Background()) }()
-	tr := startTraffic(t, cl, 3, 4)
 	for round := range 4 {
-		hctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		leader, err := c.WaitHealthy(hctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(2 * time.Second) // the traffic settles on the healthy cluster
+		leader := settle(t, c)
 		f := order[round%2]
 		if f.Index == leader {
 			t.Fatalf("round %d: %s leads now; the test restarts followers", round+1, f.ID)
@@ -271,22 +281,12 @@ func TestPartitionsKeepLocks(t *testing.T) {
 		t.Skipf("needs network namespaces to cut nodes off: %s", why)
 	}
 	c := NewCluster(t, true)
-	cl, err := client.Dial(context.Background(), c.Addrs())
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl, tr := startTraffic(t, c.Addrs())
 	defer func() { _ = cl.Close(context.Background()) }()
-	tr := startTraffic(t, cl, 3, 4)
 	const cutFor = 8 * time.Second // longer than the TTL: without failover, the locks go
 	var slow []string
 	for round := range 4 {
-		hctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		leader, err := c.WaitHealthy(hctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(2 * time.Second) // the traffic settles on the healthy cluster
+		leader := settle(t, c)
 		mine := currentNode(c, cl)
 		// Even rounds cut the leader, odd ones the client's node (the first round is
 		// both: the client starts on n1, which bootstrapped the cluster).
