@@ -90,6 +90,12 @@ func detail(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
 	return ce.Code(), &leaseholdv1.ErrorDetail{}
 }
 
+// detailReason is the reason of err's ErrorDetail ("" when it has none).
+func detailReason(err error) string {
+	_, d := detail(err)
+	return d.GetReason()
+}
+
 // leaseGoneCause maps a NotFound keepalive to the cause a lock context reports.
 func leaseGoneCause(err error) error {
 	_, d := detail(err)

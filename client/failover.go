@@ -13,7 +13,7 @@ import (
 )
 
 // failover is the list of nodes a Client knows and the one it talks to now. Every
-// request goes to the current node (or to the node its attempt is pinned to, see
+// request goes to the current node (or to the node its context is pinned to, see
 // withNode); the client stays on a node while it serves, and moves when a call's retry
 // judges the node failed (see Client.judge): to the leader a not-leader answer names,
 // or else to the next node not under suspicion. A node is suspect for a while after it
@@ -78,7 +78,7 @@ func (f *failover) suspectLocked(node string) {
 	f.suspects.Store(int32(len(f.suspect)))
 }
 
-// nodeFor returns the node ctx's attempt is pinned to, or the current node.
+// nodeFor returns the node ctx is pinned to, or the current node.
 func (f *failover) nodeFor(ctx context.Context) string {
 	if n, ok := ctx.Value(nodeKey{}).(string); ok {
 		return n
@@ -88,8 +88,8 @@ func (f *failover) nodeFor(ctx context.Context) string {
 
 type nodeKey struct{}
 
-// withNode pins the requests made with ctx to node: an attempt goes, whole, to the node
-// it was judged on, even when another call moves the client meanwhile.
+// withNode pins the Connect requests made with ctx to node, wherever the client moves
+// meanwhile: for what must ask one node in particular (its Status, for its fast lane).
 func withNode(ctx context.Context, node string) context.Context {
 	return context.WithValue(ctx, nodeKey{}, node)
 }

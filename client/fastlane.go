@@ -403,7 +403,10 @@ func decodeFastError(payload []byte) error {
 // a node has no fast lane, or it cannot be reached, calls go through Connect and the
 // fast lane is tried again after redialPause.
 type fastLanes struct {
-	c        *Client
+	c *Client
+	// ready is the connection get returns to calls for its node, read without mu
+	// (see serves).
+	ready    atomic.Pointer[readyLane]
 	mu       sync.Mutex
 	node     string // API address the connection belongs to
 	conn     *flConn
@@ -412,17 +415,25 @@ type fastLanes struct {
 	disabled bool
 }
 
+type readyLane struct {
+	node string
+	conn *flConn
+}
+
+// serves reports whether a call to node now goes over a live fast-lane connection,
+// whose silence watch (see watch) then stands in for the call's attempt deadline.
+func (f *fastLanes) serves(node string) bool {
+	r := f.ready.Load()
+	return r != nil && r.node == node && !r.conn.broken()
+}
+
 // redialPause is how long calls go through Connect after the fast lane of a node could
 // not be reached (or the node has none) before it is dialled again.
 const redialPause = time.Second
 
-// get returns a live connection to the current node, or nil to use Connect: also when
-// ctx's attempt is pinned to another node (one the client has just left).
+// get returns a live connection to the current node, or nil to use Connect.
 func (f *fastLanes) get(ctx context.Context) *flConn {
 	node := f.c.nodes.current()
-	if f.c.nodes.nodeFor(ctx) != node {
-		return nil
-	}
 	f.mu.Lock()
 	if f.disabled {
 		f.mu.Unlock()
@@ -452,6 +463,7 @@ func (f *fastLanes) get(ctx context.Context) *flConn {
 		f.conn.fail(errFastLaneLeft)
 	}
 	f.node, f.conn = node, conn
+	f.ready.Store(&readyLane{node: node, conn: conn})
 	if quiet := f.c.opts.attempt / 2; quiet > 0 {
 		go f.watch(conn, node, quiet)
 	}
@@ -528,6 +540,7 @@ func (f *fastLanes) close() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.disabled = true
+	f.ready.Store(nil)
 	if f.conn != nil {
 		f.conn.fail(errors.New("client closed"))
 	}

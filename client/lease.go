@@ -156,7 +156,7 @@ func (s *lease) keepAlive() {
 			attempt = limit
 		}
 		node := s.c.nodes.current()
-		ctx, cancel := context.WithTimeout(withNode(context.Background(), node), attempt)
+		ctx, cancel := context.WithTimeout(context.Background(), attempt)
 		sent := time.Now()
 		resp, err := s.c.leases.KeepAlive(ctx, &leaseholdv1.KeepAliveRequest{LeaseId: s.id})
 		silent := err != nil && ctx.Err() != nil

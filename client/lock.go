@@ -220,7 +220,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	_, unsure, err := callUnsure(ctx, l.c, repeatable, func(ctx context.Context) (*leaseholdv1.ReleaseResponse, error) {
 		return l.c.locks.Release(ctx, req)
 	})
-	if _, d := detail(err); unsure && d.GetReason() == reason.NotHolder {
+	if unsure && err != nil && detailReason(err) == reason.NotHolder {
 		// An earlier attempt, whose answer was lost, released it.
 		err = nil
 	}
