@@ -54,6 +54,7 @@ type options struct {
 	ttl        time.Duration
 	margin     time.Duration
 	attempt    time.Duration
+	tcpAcked   func(net.Conn) (unacked bool, sinceAck time.Duration, ok bool) // see fastLanes.watch
 	httpClient connect.HTTPClient
 	holder     Holder
 	noFastLane bool
@@ -107,7 +108,7 @@ type Client struct {
 // ErrUnavailable and their outcome unknown. See WithAttemptTimeout for how silence is
 // told from slowness.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
-	o := options{ttl: 10 * time.Second, attempt: defaultAttemptTimeout}
+	o := options{ttl: 10 * time.Second, attempt: defaultAttemptTimeout, tcpAcked: tcpAcked}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -116,17 +117,20 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		o.holder = Holder{Host: host, PID: uint32(os.Getpid())}
 	}
 	if o.httpClient == nil {
-		// A connection that carries nothing for a second is pinged, and fails — with
-		// every call on it, which then moves to another node — if the ping is not
-		// answered within a second: so a node cut off the network is noticed even by a
-		// call that has no deadline of its own (an Acquire waiting for ever, a Put).
+		// A connection that carries nothing for 5 s is pinged, and fails — with every
+		// call on it, which then moves to another node — if the ping is not answered
+		// within 2 s: so a node cut off the network is noticed, in the end, even by a call
+		// that is never abandoned for silence (an Acquire waiting for ever, a Put). Not
+		// sooner: a node too busy to answer a ping in time would lose every call at once.
+		// Dialling a node that does not answer gives up after 1 s (nothing was sent, the
+		// call goes to the next node).
 		tr := &http.Transport{
 			DialContext:     (&net.Dialer{Timeout: time.Second, KeepAlive: 15 * time.Second}).DialContext,
 			Protocols:       new(http.Protocols),
 			IdleConnTimeout: 90 * time.Second,
 		}
 		tr.Protocols.SetUnencryptedHTTP2(true)
-		tr.HTTP2 = &http.HTTP2Config{PingTimeout: time.Second, SendPingTimeout: time.Second}
+		tr.HTTP2 = &http.HTTP2Config{PingTimeout: 2 * time.Second, SendPingTimeout: 5 * time.Second}
 		o.httpClient = &http.Client{Transport: tr}
 	}
 	addrs := splitAddrs(addr)

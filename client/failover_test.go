@@ -6,13 +6,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
@@ -46,14 +46,21 @@ func startFakeNode(t *testing.T, answer func() error) *fakeNode {
 	mux.Handle(leaseholdv1connect.NewLockServiceHandler(leaseholdv1connect.UnimplementedLockServiceHandler{}, fail))
 	mux.Handle(leaseholdv1connect.NewKVServiceHandler(leaseholdv1connect.UnimplementedKVServiceHandler{}, fail))
 	mux.Handle(leaseholdv1connect.NewClusterServiceHandler(fakeStatus{}, fail))
-	hs := httptest.NewUnstartedServer(mux)
+	f.addr = serveH2C(t, mux)
+	return f
+}
+
+// serveH2C serves h over HTTP/1.1 and unencrypted HTTP/2 until the test ends, and
+// returns its address.
+func serveH2C(t *testing.T, h http.Handler) string {
+	t.Helper()
+	hs := httptest.NewUnstartedServer(h)
 	hs.Config.Protocols = new(http.Protocols)
 	hs.Config.Protocols.SetHTTP1(true)
 	hs.Config.Protocols.SetUnencryptedHTTP2(true)
 	hs.Start()
 	t.Cleanup(hs.Close)
-	f.addr = hs.Listener.Addr().String()
-	return f
+	return hs.Listener.Addr().String()
 }
 
 type fakeStatus struct {
@@ -192,24 +199,15 @@ func TestFailoverOutcomeUnknown(t *testing.T) {
 }
 
 // TestFastLaneNodeFallsSilent: a call with no deadline of its own (a Put) waits on the
-// fast lane of a node that then stops answering anything — its fast lane and its Status
-// alike, as a node cut off the network. The client notices within about the attempt
-// timeout, not at the caller's deadline: the Put fails with ErrUnavailable (its outcome
-// unknown), and the node is left.
+// fast lane of a node whose path is then cut: its TCP acknowledges nothing more (made up
+// here: loopback cannot drop packets) and its Status goes unanswered. The client notices
+// within about the attempt timeout, not at the caller's deadline: the Put fails with
+// ErrUnavailable (its outcome unknown), and the node is left.
 func TestFastLaneNodeFallsSilent(t *testing.T) {
 	var cut atomic.Bool
-	lane := startAnswerOnceLane(t)
-	mux := http.NewServeMux()
-	mux.Handle(leaseholdv1connect.NewClusterServiceHandler(silentAfterCut{cut: &cut, lane: lane}))
-	hs := httptest.NewUnstartedServer(mux)
-	hs.Config.Protocols = new(http.Protocols)
-	hs.Config.Protocols.SetHTTP1(true)
-	hs.Config.Protocols.SetUnencryptedHTTP2(true)
-	hs.Start()
-	defer hs.Close()
-
+	addr := startLaneNode(t, &cut, -1)
 	const attempt = 400 * time.Millisecond
-	ctx, c := dial(t, hs.Listener.Addr().String(), client.WithAttemptTimeout(attempt))
+	ctx, c := dial(t, addr, client.WithAttemptTimeout(attempt), client.WithCutPathsForTest())
 	if _, err := c.CheckToken(ctx, "silent/warm", 1); err != nil {
 		t.Fatalf("the call that opens the fast lane: %v", err)
 	}
@@ -225,7 +223,44 @@ func TestFastLaneNodeFallsSilent(t *testing.T) {
 	if took > 4*attempt {
 		t.Fatalf("the silent node was noticed after %v, want about the attempt timeout (%v)", took, attempt)
 	}
-	t.Logf("a Put on a node that fell silent failed after %v (attempt timeout %v)", took.Round(time.Millisecond), attempt)
+	t.Logf("a Put on a node cut off failed after %v (attempt timeout %v)", took.Round(time.Millisecond), attempt)
+}
+
+// TestFastLaneSlowNodeWaitedFor: a node that takes several attempt timeouts to answer,
+// and does not answer a Status call in time either, but whose TCP acknowledges (it is
+// reachable, only slow: a machine too loaded to answer soon), is waited for: the Put
+// succeeds, it is not abandoned as silent.
+func TestFastLaneSlowNodeWaitedFor(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("elsewhere the kernel does not tell what TCP acknowledged: the watch asks the node's Status")
+	}
+	const attempt = 200 * time.Millisecond
+	var stalled atomic.Bool
+	addr := startLaneNode(t, &stalled, 5*attempt)
+	ctx, c := dial(t, addr, client.WithAttemptTimeout(attempt))
+	if _, err := c.CheckToken(ctx, "slow/warm", 1); err != nil {
+		t.Fatalf("the call that opens the fast lane: %v", err)
+	}
+	stalled.Store(true)
+	start := time.Now()
+	if _, err := c.Put(ctx, "slow/k", []byte("v")); err != nil {
+		t.Fatalf("Put on a slow node: %v after %v", err, time.Since(start))
+	}
+	if took := time.Since(start); took < 5*attempt {
+		t.Fatalf("the slow node answered after %v, before its delay", took)
+	}
+}
+
+// startLaneNode starts a fake node: a fast lane that answers the first request of a
+// connection at once and, when slow >= 0, every later one after slow (with an empty
+// message, which decodes as any response); and a Connect node whose Status names that
+// fast lane — and never answers once cut is set.
+func startLaneNode(t *testing.T, cut *atomic.Bool, slow time.Duration) string {
+	t.Helper()
+	lane := startLane(t, slow)
+	mux := http.NewServeMux()
+	mux.Handle(leaseholdv1connect.NewClusterServiceHandler(silentAfterCut{cut: cut, lane: lane}))
+	return serveH2C(t, mux)
 }
 
 // silentAfterCut answers Status (naming the fast lane lane) until cut, then never.
@@ -243,29 +278,32 @@ func (s silentAfterCut) Status(ctx context.Context, _ *leaseholdv1.StatusRequest
 	return &leaseholdv1.StatusResponse{NodeId: "fake", FastLaneAddr: s.lane}, nil
 }
 
-// startAnswerOnceLane is a fast lane that answers the first request of each connection
-// (as a CheckToken) and then reads, and drops, everything else.
-func startAnswerOnceLane(t *testing.T) string {
+// startLane is the fast lane of startLaneNode.
+func startLane(t *testing.T, slow time.Duration) string {
 	t.Helper()
 	return testnode.Serve(t, func(conn net.Conn) {
 		if fastlane.ServerHello(conn) != nil {
 			return
 		}
 		r, w := fastlane.NewReader(conn), fastlane.NewWriter(conn)
-		f, err := r.Read()
-		if err != nil {
-			return
-		}
-		frame, err := fastlane.AppendFrame(nil, fastlane.KindResponse, f.Method, f.ID, func(b []byte) ([]byte, error) {
-			return proto.MarshalOptions{}.MarshalAppend(b, &leaseholdv1.CheckTokenResponse{Current: true})
-		})
-		if err != nil {
-			return
-		}
-		w.Send(frame, false)
-		for {
-			if _, err := r.Read(); err != nil {
+		for first := true; ; first = false {
+			f, err := r.Read()
+			if err != nil {
 				return
+			}
+			if f.Kind != fastlane.KindRequest || !first && slow < 0 {
+				continue
+			}
+			answer := func() {
+				frame, err := fastlane.AppendFrame(nil, fastlane.KindResponse, f.Method, f.ID, nil)
+				if err == nil {
+					w.Send(frame, false)
+				}
+			}
+			if first {
+				answer()
+			} else {
+				time.AfterFunc(slow, answer)
 			}
 		}
 	})

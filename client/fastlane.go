@@ -470,17 +470,21 @@ func (f *fastLanes) get(ctx context.Context) *flConn {
 	return conn
 }
 
-// watch notices a node that has gone silent under calls that have no deadline of their
-// own to notice it (the TCP connection may look alive for minutes): an Acquire waiting
-// in a queue, a Put. While calls wait on conn and nothing has come from the node for
-// quiet (half the attempt timeout), it asks the node for its Status — over Connect,
-// another connection on the same path. A node that answers is alive (the calls wait in a
-// queue, or for a slow commit); one that does not answer within quiet either is
-// distrusted and conn fails, so that its calls go, by their retries, to another node. It
-// stops when conn fails.
+// watch notices a node cut off the network under calls that have no deadline of their
+// own to notice it (a TCP connection on a cut path looks alive for minutes): an Acquire
+// waiting in a queue, a Put. While calls wait on conn and nothing has come from the node
+// for quiet (half the attempt timeout), it sends a cancel for request 0, which the
+// server ignores (docs/PROTOCOL.md), and looks whether the node's TCP acknowledges it:
+// one that acknowledges is reachable, however slow its application (the calls wait in a
+// queue, for a slow commit, or on a machine too loaded to answer soon), and is waited
+// for; data left unacknowledged for quiet means the path is cut, and the node is
+// distrusted and conn fails, so that its calls go, by their retries, to another node.
+// Where the kernel does not tell (tcpAcked), the node must answer a Status call within
+// quiet instead. It stops when conn fails.
 func (f *fastLanes) watch(conn *flConn, node string, quiet time.Duration) {
 	t := time.NewTicker(quiet / 4)
 	defer t.Stop()
+	var probed time.Time // when the probe now unanswered was sent; zero: none
 	for {
 		select {
 		case <-conn.dead:
@@ -488,19 +492,39 @@ func (f *fastLanes) watch(conn *flConn, node string, quiet time.Duration) {
 		case <-t.C:
 		}
 		if waiting, silent := conn.quiet(); !waiting || silent < quiet {
+			probed = time.Time{}
 			continue
 		}
-		ctx, cancel := context.WithTimeout(withNode(context.Background(), node), quiet)
-		_, err := f.c.cluster.Status(ctx, &leaseholdv1.StatusRequest{})
-		cancel()
-		if err == nil {
-			conn.alive()
+		if probed.IsZero() {
+			conn.cancel(fastlane.MethodCheckToken, 0)
+			probed = time.Now()
 			continue
 		}
-		f.c.nodes.distrust(node)
-		conn.fail(errFastLaneSilent)
-		return
+		since := time.Since(probed)
+		if since < quiet {
+			continue
+		}
+		if !f.reachable(conn, node, since, quiet) {
+			f.c.nodes.distrust(node)
+			conn.fail(errFastLaneSilent)
+			return
+		}
+		conn.alive()
+		probed = time.Time{}
 	}
+}
+
+// reachable reports whether conn's node has acknowledged, at the TCP level, anything
+// since the probe sent since ago — or, where the kernel does not tell, answers a Status
+// call within quiet.
+func (f *fastLanes) reachable(conn *flConn, node string, since, quiet time.Duration) bool {
+	if unacked, sinceAck, ok := f.c.opts.tcpAcked(conn.conn); ok {
+		return !unacked || sinceAck < since
+	}
+	ctx, cancel := context.WithTimeout(withNode(context.Background(), node), quiet)
+	defer cancel()
+	_, err := f.c.cluster.Status(ctx, &leaseholdv1.StatusRequest{})
+	return err == nil
 }
 
 // connect learns the node's fast-lane address from its Status and dials it, within the

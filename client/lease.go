@@ -124,19 +124,18 @@ func (s *lease) remaining() time.Duration {
 
 // keepAlive renews the lease about every TTL/3 (jittered by ±10%), and sooner after a
 // failure, until the lease ends. No attempt runs past the cautious deadline (its answer
-// would be useless after it), and none gets more than a fifth of the TTL (at most the
-// client's attempt timeout) while more time is left than two such attempts take: a
-// node that stays silent costs that much, then the next node is tried, so one dead path
-// never costs the lease. After an attempt that timed out the next may take twice as
-// long, as in call. The last attempt before the deadline gets all the time that is left.
+// would be useless after it), and while more time is left than two attempt limits — a
+// fifth of the TTL, at most the client's attempt timeout — an attempt is abandoned
+// when its node has been silent for a limit (cutIfSilent; a node that is slow but
+// answers is waited for): a node that stays silent costs that much, then the next node
+// is tried, so one dead path never costs the lease.
 func (s *lease) keepAlive() {
 	interval := s.ttl / 3
 	next := aligned(jitter(interval), interval)
-	first := s.ttl / 5
+	limit := s.ttl / 5
 	if a := s.c.opts.attempt; a > 0 {
-		first = min(first, a)
+		limit = min(limit, a)
 	}
-	limit := first
 	retry := newBackoff()
 	t := time.NewTimer(next)
 	defer t.Stop()
@@ -151,22 +150,22 @@ func (s *lease) keepAlive() {
 		if left <= 0 {
 			return
 		}
-		attempt := left
-		if limit < left/2 {
-			attempt = limit
-		}
 		node := s.c.nodes.current()
-		ctx, cancel := context.WithTimeout(context.Background(), attempt)
+		ctx, cancel := context.WithTimeout(context.Background(), left)
+		var cut *silenceCut
+		if limit < left/2 {
+			cut = s.c.cutIfSilent(node, limit, cancel)
+		}
 		sent := time.Now()
 		resp, err := s.c.leases.KeepAlive(ctx, &leaseholdv1.KeepAliveRequest{LeaseId: s.id})
-		silent := err != nil && ctx.Err() != nil
+		silent := cut != nil && cut.stop() && err != nil
 		cancel()
-		s.c.judge(context.Background(), node, sent, err, silent)
+		s.c.judge(context.Background(), node, err, silent)
 		switch {
 		case err == nil:
 			s.renewed(sent)
 			s.deliver(resp)
-			retry, limit = newBackoff(), first
+			retry = newBackoff()
 			next = aligned(jitter(interval), interval)
 		case connect.CodeOf(err) == connect.CodeNotFound:
 			s.end(leaseGoneCause(err))
@@ -174,9 +173,6 @@ func (s *lease) keepAlive() {
 		default:
 			// Unknown: the lease may still be alive. Retry at once on the node judge
 			// chose, with backoff, keeping several attempts inside the remaining time.
-			if silent {
-				limit *= 2
-			}
 			next = min(retry.delay(), max(left/4, time.Millisecond))
 		}
 		t.Reset(next)

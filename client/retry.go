@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -16,13 +17,13 @@ import (
 // keepalives goes through), the keepalive loop, Lock's fresh leases — waits by one
 // backoff and decides by one judge, which also moves the client to another node.
 //
-// Silence is a failure like any other. Over Connect, an attempt of an RPC that is safe
-// to repeat has a deadline of its own (WithAttemptTimeout), after which its node is
-// suspect and the RPC goes to the next node. Over the fast lane, a connection on which
-// calls wait while the node sends nothing is checked instead (fastLanes.watch), and
-// fails when the node answers nothing at all, in about the same time and at no cost per
-// call. A keepalive always has its own deadline, a fraction of its TTL. An RPC that is
-// not safe to repeat (Put, Delete, ForceRelease, membership changes) is sent again only
+// Silence is a failure like any other; slowness is not. Over Connect, an attempt of an
+// RPC that is safe to repeat is abandoned once its node has sent nothing for the
+// attempt timeout (WithAttemptTimeout; see cutIfSilent): the node is suspect, and the RPC
+// goes to the next node. Over the fast lane, a connection on which calls wait while the
+// node sends nothing is checked instead (fastLanes.watch), and fails when the path to
+// the node is cut, in about the same time and at no cost per call. A keepalive is always
+// cut so, after a fraction of its TTL. An RPC that is not safe to repeat (Put, Delete, ForceRelease, membership changes) is sent again only
 // when it was certainly not carried out — the connection was refused, or the node
 // answered that it is not the leader or does not know it — and otherwise ends with its
 // outcome unknown, so no deadline of its own would give it another chance; its caller's
@@ -45,15 +46,15 @@ const (
 const defaultAttemptTimeout = time.Second
 
 // WithAttemptTimeout sets how long a node may stay silent before the client treats it as
-// failed (default 1s). Over Connect it bounds each attempt of a call that is safe to
-// repeat (reads, Lock, Unlock): an Acquire that waits in a queue gets its wait on top,
-// one that waits for ever has no attempt deadline, and after an attempt that timed out
-// the next gets twice as long, so that a cluster that is slow rather than cut off is
-// still waited for. Over the fast lane, a connection on which calls wait and nothing
-// arrives for half this time is checked with a Status call to the node, which must
-// answer within the other half. Keepalives use at most this, and at most a fifth of the
-// lease's TTL, per attempt. 0 turns both off: only ctx and the connections' own
-// liveness checks bound a call.
+// failed (default 1s). Over Connect, an attempt of a call that is safe to repeat (reads,
+// Lock, Unlock) is abandoned, and sent to the next node, when this long after it began
+// (plus an Acquire's wait in a queue; never for one that waits for ever) the node has
+// answered nothing in the last half of it, this call or another: a node that is slow but
+// answers is waited for. Over the fast lane, a connection on which calls wait and nothing
+// arrives for half this time is checked (see fastLanes.watch) and fails when the node
+// cannot be reached for the other half. Keepalives are cut so after at most this, and at
+// most a fifth of the lease's TTL. 0 turns both off (keepalives keep a fifth of the
+// TTL): only ctx and the connections' own liveness checks bound a call.
 func WithAttemptTimeout(d time.Duration) Option { return func(o *options) { o.attempt = max(0, d) } }
 
 // backoff is the wait between attempts: retryFirst, doubling up to retryMax, each
@@ -97,12 +98,10 @@ const (
 
 // judge tells what err, from an attempt on node, means for the call, and moves the
 // client as the failure suggests (see failover): to the leader a not-leader answer
-// names; off a node that stayed silent, refused, or knows no leader or could not reach
-// it — and then not to that leader. silent means the attempt, begun at start, passed
-// its own deadline with no answer: the node is then distrusted, unless it answered
-// other calls in the second half of that wait (it is slow, not cut off: the call is
-// repeated there, and gets longer). Once ctx has ended every outcome is final.
-func (c *Client) judge(ctx context.Context, node string, start time.Time, err error, silent bool) verdict {
+// names; off a node that stayed silent (cutIfSilent abandoned the attempt), refused, or
+// knows no leader or could not reach it — and then not to that leader. Once ctx has
+// ended every outcome is final.
+func (c *Client) judge(ctx context.Context, node string, err error, silent bool) verdict {
 	if err == nil {
 		c.nodes.served(node)
 		return final
@@ -111,12 +110,7 @@ func (c *Client) judge(ctx context.Context, node string, start time.Time, err er
 		return final
 	}
 	if silent {
-		// Answers from before the node fell silent prove nothing: only the second half
-		// of the wait counts.
-		half := start.Add(time.Since(start) / 2)
-		if !c.nodes.heardSince(node, half) && !c.fast.heardSince(node, half) {
-			c.nodes.distrust(node)
-		}
+		c.nodes.distrust(node)
 		return unknown
 	}
 	code, d := detail(err)
@@ -185,8 +179,8 @@ type policy struct {
 	// unused).
 	repeatable bool
 	// wait is how long the RPC itself may wait on the server (an Acquire's place in a
-	// queue), added to each attempt's deadline; negative: for ever, and the attempts
-	// have no deadline of their own.
+	// queue), added to the attempt timeout; negative: for ever, and attempts are never
+	// abandoned for silence (the connections' liveness checks still end them).
 	wait time.Duration
 	// tries bounds the attempts; 0: until ctx ends.
 	tries int
@@ -194,8 +188,8 @@ type policy struct {
 
 // call runs rpc until it succeeds, fails for good, or ctx ends: attempts that fail
 // because no node could serve them are repeated on the next node (chosen by judge),
-// after a backoff, as p allows. Each attempt is pinned to one node and, for a repeatable
-// RPC, bounded by the attempt timeout. When ctx ends between attempts, the error wraps
+// after a backoff, as p allows; an attempt of a repeatable RPC over Connect is abandoned
+// when its node falls silent (cutIfSilent). When ctx ends between attempts, the error wraps
 // ErrUnavailable, ctx's error and the last failure; a repeatable RPC out of tries, or a
 // non-repeatable one whose outcome is unknown, wraps ErrUnavailable and the failure.
 func call[T any](ctx context.Context, c *Client, p policy, rpc func(context.Context) (T, error)) (T, error) {
@@ -208,15 +202,12 @@ func call[T any](ctx context.Context, c *Client, p policy, rpc func(context.Cont
 func callUnsure[T any](ctx context.Context, c *Client, p policy, rpc func(context.Context) (T, error)) (res T, unsure bool, err error) {
 	var zero T
 	b := newBackoff()
-	limit := c.opts.attempt
 	for try := 1; ; try++ {
 		node := c.nodes.current()
-		actx, cancel := c.attemptContext(ctx, node, p, limit)
-		start := time.Now()
+		actx, done := c.attemptContext(ctx, node, p)
 		res, err := rpc(actx)
-		silent := err != nil && actx.Err() != nil && ctx.Err() == nil
-		cancel()
-		switch c.judge(ctx, node, start, err, silent) {
+		silent := done() && err != nil && ctx.Err() == nil
+		switch c.judge(ctx, node, err, silent) {
 		case final:
 			return res, unsure, err
 		case unknown:
@@ -224,9 +215,6 @@ func callUnsure[T any](ctx context.Context, c *Client, p policy, rpc func(contex
 				return zero, true, fmt.Errorf("%w: outcome unknown: %w", ErrUnavailable, err)
 			}
 			unsure = true
-		}
-		if silent {
-			limit *= 2 // a cluster that is slow, not cut off, still gets its answer in
 		}
 		if p.tries > 0 && try >= p.tries {
 			return zero, unsure, fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -237,18 +225,74 @@ func callUnsure[T any](ctx context.Context, c *Client, p policy, rpc func(contex
 	}
 }
 
-// attemptContext is ctx bounded, for a repeatable RPC that does not wait for ever, by
-// limit plus the RPC's own wait — unless the attempt goes over the fast lane, whose
-// silence watch notices a silent node as soon, without a timer per call and without
-// cutting short a call that a live node is slow to answer.
-func (c *Client) attemptContext(ctx context.Context, node string, p policy, limit time.Duration) (context.Context, context.CancelFunc) {
+// attemptContext returns the context of one attempt of an RPC on node, and done, to call
+// when the attempt has returned, which reports whether it was abandoned for silence.
+// For a repeatable RPC that does not wait for ever, over Connect, that is cutIfSilent
+// after the attempt timeout plus the RPC's wait; over the fast lane the connection's
+// silence watch does it instead, with no timer per call.
+func (c *Client) attemptContext(ctx context.Context, node string, p policy) (context.Context, func() bool) {
+	limit := c.opts.attempt
 	if !p.repeatable || p.wait < 0 || limit <= 0 || c.fast.serves(node) {
-		return ctx, noCancel
+		return ctx, notCut
 	}
-	return context.WithTimeout(ctx, limit+p.wait)
+	actx, cancel := context.WithCancel(ctx)
+	cut := c.cutIfSilent(node, limit+p.wait, cancel)
+	return actx, func() bool {
+		silent := cut.stop()
+		cancel()
+		return silent
+	}
 }
 
-func noCancel() {}
+func notCut() bool { return false }
+
+// silenceCut abandons an attempt whose node has fallen silent; see cutIfSilent.
+type silenceCut struct {
+	c      *Client
+	node   string
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	t       *time.Timer
+	stopped bool
+	silent  bool
+}
+
+// cutIfSilent calls cancel, after, if by then node has answered nothing — this call
+// or any other, over Connect or its fast lane — in the last half of the time the
+// attempt waited; while it does answer, it looks again every half of that, so an
+// attempt is abandoned when its node falls silent, never because it is slow.
+func (c *Client) cutIfSilent(node string, after time.Duration, cancel context.CancelFunc) *silenceCut {
+	sc := &silenceCut{c: c, node: node, cancel: cancel}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	sc.t = time.AfterFunc(after, func() { sc.check(after / 2) })
+	return sc
+}
+
+func (sc *silenceCut) check(half time.Duration) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.stopped {
+		return
+	}
+	since := time.Now().Add(-half)
+	if sc.c.nodes.heardSince(sc.node, since) || sc.c.fast.heardSince(sc.node, since) {
+		sc.t.Reset(half)
+		return
+	}
+	sc.silent = true
+	sc.cancel()
+}
+
+// stop ends the watch and reports whether it abandoned the attempt.
+func (sc *silenceCut) stop() bool {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	sc.stopped = true
+	sc.t.Stop()
+	return sc.silent
+}
 
 // repeatable is the policy of RPCs that are safe to repeat and do not wait.
 var repeatable = policy{repeatable: true}
