@@ -36,8 +36,8 @@ var errFastLaneFull = errors.New("client: fast-lane connection has the most requ
 // retries do not hold it against that node.
 var errFastLaneLeft = errors.New("client: moved to another node")
 
-// errFastLaneSilent is why the client closes a connection on which calls wait while
-// its node answers nothing, not even a Status (see fastLanes.watch).
+// errFastLaneSilent is why the client closes a connection on which calls wait while the
+// path to its node is cut: the node's TCP acknowledges nothing (see fastLanes.watch).
 var errFastLaneSilent = errors.New("client: the node stopped answering")
 
 // errFastLaneClosed means the server had closed the connection before the request was
@@ -82,9 +82,11 @@ type flConn struct {
 	turn        uint64 // counts the reading calls, so that a late interrupt hits no one else
 	interrupted bool   // a read deadline is set to wake the reading call
 	err         error
-	// busySince is when calls last began to wait on an idle connection, and probed
-	// when a probe last found the node alive (both like lastRead); see fastLanes.watch.
-	busySince, probed int64
+	// busySince is when calls last began to wait on an idle connection (like
+	// lastRead); see fastLanes.watch.
+	busySince int64
+	// probed is when a probe last found the node reachable (like lastRead).
+	probed atomic.Int64
 }
 
 // idleCheckAfter is how long a connection must have been idle before a call checks that
@@ -260,16 +262,19 @@ func (c *flConn) fail(err error) {
 func (c *flConn) quiet() (bool, time.Duration) {
 	c.mu.Lock()
 	waiting := len(c.pending) > 0
-	heard := max(c.busySince, c.probed, c.lastRead.Load())
+	heard := max(c.busySince, c.probed.Load(), c.lastRead.Load())
 	c.mu.Unlock()
 	return waiting, time.Since(clockBase) - time.Duration(heard)
 }
 
-// alive records that a probe found the connection's node answering.
-func (c *flConn) alive() {
-	c.mu.Lock()
-	c.probed = int64(time.Since(clockBase))
-	c.mu.Unlock()
+// alive records that a probe found the connection's node reachable.
+func (c *flConn) alive() { c.probed.Store(int64(time.Since(clockBase))) }
+
+// heardAfter reports whether a frame arrived, or a probe found the node reachable,
+// after t.
+func (c *flConn) heardAfter(t time.Time) bool {
+	at := int64(t.Sub(clockBase))
+	return c.lastRead.Load() > at || c.probed.Load() > at
 }
 
 // brokenError is the error of a call on the connection after it failed, wrapping why.
@@ -551,13 +556,10 @@ func (f *fastLanes) connect(ctx context.Context, node string) (*flConn, error) {
 	return dialFastLane(sctx, addr)
 }
 
-// heardSince reports whether the fast-lane connection to node read anything after t.
+// heardSince reports whether the fast-lane connection to node heard from it after t.
 func (f *fastLanes) heardSince(node string, t time.Time) bool {
-	f.mu.Lock()
-	conn := f.conn
-	ok := conn != nil && f.node == node
-	f.mu.Unlock()
-	return ok && conn.lastRead.Load() > int64(t.Sub(clockBase))
+	r := f.ready.Load()
+	return r != nil && r.node == node && r.conn.heardAfter(t)
 }
 
 func (f *fastLanes) close() {
