@@ -29,6 +29,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"time"
@@ -52,6 +53,8 @@ type Option func(*options)
 type options struct {
 	ttl        time.Duration
 	margin     time.Duration
+	attempt    time.Duration
+	tcpAcked   func(net.Conn) (unacked bool, sinceAck time.Duration, ok bool) // see fastLanes.watch
 	httpClient connect.HTTPClient
 	holder     Holder
 	noFastLane bool
@@ -96,14 +99,23 @@ type Client struct {
 }
 
 // Dial returns a Client for the cluster at addr — one "host:port" (or http:// URL), or
-// several separated by commas — and checks that a node answers. A node that refuses the
-// client's credentials (WithToken, WithTLS's certificate) fails Dial at once with its
-// Unauthenticated or PermissionDenied error. Any node serves any
-// request (followers forward to the leader); when a node cannot be reached the client
-// moves to the next one and retries what is safe to retry. Dial creates no lease until
-// the first Lock.
+// several separated by commas — and checks that a node answers (each address is tried
+// once, in turn). A node that refuses the client's credentials (WithToken, WithTLS's
+// certificate) fails Dial at once with its Unauthenticated or PermissionDenied error.
+// Dial creates no lease until the first Lock.
+//
+// Any node serves any request (followers forward to the leader). The client stays on a
+// node while it serves, and moves when it fails a call: to the leader a node names when
+// it answers that it is not the leader, otherwise to the next listed address, passing
+// over for a while a node that stayed silent or refused the connection. A call that no
+// node could serve is repeated, after a jittered backoff, until its context ends: always
+// when it was certainly not carried out, and also after an unknown outcome (a silent
+// node, a broken connection) when it is safe to repeat — reads, Lock, Unlock and the
+// keepalives, not Put, Delete, ForceRelease or membership changes, which then fail with
+// ErrUnavailable and their outcome unknown. See WithAttemptTimeout for how silence is
+// told from slowness.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
-	o := options{ttl: 10 * time.Second}
+	o := options{ttl: 10 * time.Second, attempt: defaultAttemptTimeout, tcpAcked: tcpAcked}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -138,46 +150,56 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		sessions: make(map[*Session]struct{}),
 	}
 	c.fast = &fastLanes{c: c, disabled: o.noFastLane}
-	for range addrs {
-		if _, err = rpc(ctx, c, c.cluster.Status, &leaseholdv1.StatusRequest{}); err == nil {
-			return c, nil
-		}
+	status := policy{repeatable: true, tries: len(addrs)}
+	if _, err := call(ctx, c, status, c.status); err != nil {
 		if refused(err) {
 			return nil, fmt.Errorf("client: %s: %w", addr, err)
 		}
-		if ctx.Err() != nil {
-			break
-		}
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, addr, err)
 	}
-	return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, addr, err)
+	return c, nil
 }
 
-// Status returns the server's status.
+// Status returns the status of the node the client talks to now.
 func (c *Client) Status(ctx context.Context) (*leaseholdv1.StatusResponse, error) {
+	return call(ctx, c, repeatable, c.status)
+}
+
+func (c *Client) status(ctx context.Context) (*leaseholdv1.StatusResponse, error) {
 	return rpc(ctx, c, c.cluster.Status, &leaseholdv1.StatusRequest{})
 }
 
 // List lists locks under prefix (limit 0 means the server's default).
 func (c *Client) List(ctx context.Context, prefix string, limit int) (*leaseholdv1.ListResponse, error) {
-	return rpc(ctx, c, c.locks.List, &leaseholdv1.ListRequest{Prefix: prefix, Limit: uint32(max(0, limit))})
+	return call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.ListResponse, error) {
+		return rpc(ctx, c, c.locks.List, &leaseholdv1.ListRequest{Prefix: prefix, Limit: uint32(max(0, limit))})
+	})
 }
 
 // Describe shows one lock.
 func (c *Client) Describe(ctx context.Context, name string) (*leaseholdv1.LockInfo, error) {
-	resp, err := rpc(ctx, c, c.locks.Describe, &leaseholdv1.DescribeRequest{Name: name})
+	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.DescribeResponse, error) {
+		return rpc(ctx, c, c.locks.Describe, &leaseholdv1.DescribeRequest{Name: name})
+	})
 	return resp.GetLock(), err
 }
 
 // ForceRelease releases a lock whoever holds it (an operator's action). It returns the
-// released token and the fence token every later grant exceeds.
+// released token and the fence token every later grant exceeds. It is never sent twice
+// (a second force release would take the next holder's grant): an error wrapping
+// ErrUnavailable means its outcome is unknown.
 func (c *Client) ForceRelease(ctx context.Context, name, reason string) (released, fence uint64, err error) {
-	resp, err := rpc(ctx, c, c.locks.ForceRelease, &leaseholdv1.ForceReleaseRequest{Name: name, Reason: reason})
+	resp, err := call(ctx, c, once, func(ctx context.Context) (*leaseholdv1.ForceReleaseResponse, error) {
+		return rpc(ctx, c, c.locks.ForceRelease, &leaseholdv1.ForceReleaseRequest{Name: name, Reason: reason})
+	})
 	return resp.GetReleasedToken(), resp.GetFenceToken(), err
 }
 
 // CheckToken tells whether token is the current holder's token for lock name.
 func (c *Client) CheckToken(ctx context.Context, name string, token uint64) (bool, error) {
-	resp, err := rpc(ctx, c, c.locks.CheckToken, &leaseholdv1.CheckTokenRequest{Name: name, Token: token})
+	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.CheckTokenResponse, error) {
+		return rpc(ctx, c, c.locks.CheckToken, &leaseholdv1.CheckTokenRequest{Name: name, Token: token})
+	})
 	return resp.GetCurrent(), err
 }
 
@@ -233,11 +255,24 @@ func (c *Client) revokeAll(ctx context.Context, set *leaseSet) error {
 	var errs []error
 	for _, s := range leases {
 		s.end(ErrLeaseRevoked)
-		if _, err := rpc(ctx, c, c.leases.Revoke, &leaseholdv1.RevokeRequest{LeaseId: s.id}); err != nil && connect.CodeOf(err) != connect.CodeNotFound {
+		if err := c.revoke(ctx, s); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// revoke revokes lease s, trying for at most its TTL: after that it is gone anyway.
+func (c *Client) revoke(ctx context.Context, s *lease) error {
+	ctx, cancel := context.WithTimeout(ctx, s.ttl)
+	defer cancel()
+	_, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.RevokeResponse, error) {
+		return c.leases.Revoke(ctx, &leaseholdv1.RevokeRequest{LeaseId: s.id})
+	})
+	if connect.CodeOf(err) == connect.CodeNotFound {
+		return nil // gone already (or revoked by an earlier attempt)
+	}
+	return err
 }
 
 // leaseFor returns set's live lease for ttl, granting a new one if needed.
@@ -253,8 +288,13 @@ func (c *Client) leaseFor(ctx context.Context, set *leaseSet, ttl time.Duration)
 	}
 	set.mu.Unlock()
 
-	sent := time.Now()
-	resp, err := rpc(ctx, c, c.leases.Grant, &leaseholdv1.GrantRequest{TtlMs: ttl.Milliseconds()})
+	// A repeated Grant after an unknown outcome may leave a lease nobody uses; it
+	// expires after its TTL.
+	var sent time.Time
+	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.GrantResponse, error) {
+		sent = time.Now() // the answered attempt's: the lease's countdown began after it
+		return rpc(ctx, c, c.leases.Grant, &leaseholdv1.GrantRequest{TtlMs: ttl.Milliseconds()})
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -280,11 +320,7 @@ func (c *Client) leaseFor(ctx context.Context, set *leaseSet, ttl time.Duration)
 }
 
 // revokeLater revokes a lease nobody uses, in the background.
-func (c *Client) revokeLater(s *lease) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, _ = rpc(ctx, c, c.leases.Revoke, &leaseholdv1.RevokeRequest{LeaseId: s.id})
-}
+func (c *Client) revokeLater(s *lease) { _ = c.revoke(context.Background(), s) }
 
 func (c *Client) margin(ttl time.Duration) time.Duration {
 	if c.opts.margin > 0 {
@@ -295,18 +331,26 @@ func (c *Client) margin(ttl time.Duration) time.Duration {
 
 // Members lists the cluster's nodes.
 func (c *Client) Members(ctx context.Context) ([]*leaseholdv1.Member, error) {
-	resp, err := rpc(ctx, c, c.cluster.Members, &leaseholdv1.MembersRequest{})
+	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.MembersResponse, error) {
+		return rpc(ctx, c, c.cluster.Members, &leaseholdv1.MembersRequest{})
+	})
 	return resp.GetMembers(), err
 }
 
-// AddMember adds a running node to the cluster as a voter.
+// AddMember adds a running node to the cluster as a voter. An error wrapping
+// ErrUnavailable means its outcome is unknown (see Dial).
 func (c *Client) AddMember(ctx context.Context, id, raftAddr, apiAddr string) ([]*leaseholdv1.Member, error) {
-	resp, err := rpc(ctx, c, c.cluster.AddMember, &leaseholdv1.AddMemberRequest{NodeId: id, RaftAddr: raftAddr, ApiAddr: apiAddr})
+	resp, err := call(ctx, c, once, func(ctx context.Context) (*leaseholdv1.AddMemberResponse, error) {
+		return rpc(ctx, c, c.cluster.AddMember, &leaseholdv1.AddMemberRequest{NodeId: id, RaftAddr: raftAddr, ApiAddr: apiAddr})
+	})
 	return resp.GetMembers(), err
 }
 
-// RemoveMember removes a node from the cluster.
+// RemoveMember removes a node from the cluster. An error wrapping ErrUnavailable means
+// its outcome is unknown (see Dial).
 func (c *Client) RemoveMember(ctx context.Context, id string) ([]*leaseholdv1.Member, error) {
-	resp, err := rpc(ctx, c, c.cluster.RemoveMember, &leaseholdv1.RemoveMemberRequest{NodeId: id})
+	resp, err := call(ctx, c, once, func(ctx context.Context) (*leaseholdv1.RemoveMemberResponse, error) {
+		return rpc(ctx, c, c.cluster.RemoveMember, &leaseholdv1.RemoveMemberRequest{NodeId: id})
+	})
 	return resp.GetMembers(), err
 }

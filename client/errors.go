@@ -1,13 +1,13 @@
 package client
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
 	"connectrpc.com/connect"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/internal/reason"
 )
 
 // Errors returned by the client, and causes reported by a held lock's context
@@ -30,9 +30,11 @@ var (
 	ErrSetConflict = errors.New("client: the holder already has one of the names under another lock")
 	// ErrNoNames is returned by LockSet when it is given no name.
 	ErrNoNames = errors.New("client: LockSet needs at least one name")
-	// ErrUnavailable wraps failures to reach a server that can serve the request. For
-	// Lock and Unlock the outcome on the server is then unknown; Lock retries for you
-	// until its context ends.
+	// ErrUnavailable wraps failures to reach a server that can serve the request: the
+	// call's context ended while no node could serve it, or a call that must not be
+	// repeated (Put, Delete, ForceRelease, membership changes) met a failure after
+	// which its outcome is unknown. For Lock and Unlock the outcome on the server is
+	// then unknown too; both retry for you until their context ends.
 	ErrUnavailable = errors.New("client: no server available")
 	// ErrClosed is returned by calls on a closed Client, and by Lock on a closed Session.
 	ErrClosed = errors.New("client: closed")
@@ -98,29 +100,16 @@ func detail(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
 	return ce.Code(), &leaseholdv1.ErrorDetail{}
 }
 
-// retryable reports whether err means "no server could serve this right now": the
-// connection failed, the node has no leader, or the outcome is unknown.
-func retryable(ctx context.Context, err error) bool {
-	if ctx.Err() != nil {
-		return false
-	}
-	switch connect.CodeOf(err) {
-	case connect.CodeUnavailable:
-		return true
-	case connect.CodeCanceled, connect.CodeDeadlineExceeded, connect.CodeUnknown, connect.CodeInternal:
-		if ce := new(connect.Error); !errors.As(err, &ce) {
-			return false
-		}
-		_, d := detail(err)
-		return d.GetReason() == ""
-	}
-	return false
+// detailReason is the reason of err's ErrorDetail ("" when it has none).
+func detailReason(err error) string {
+	_, d := detail(err)
+	return d.GetReason()
 }
 
 // leaseGoneCause maps a NotFound keepalive to the cause a lock context reports.
 func leaseGoneCause(err error) error {
 	_, d := detail(err)
-	if d.GetReason() == "lease_revoked" {
+	if d.GetReason() == reason.LeaseRevoked {
 		return fmt.Errorf("%w: %w", ErrLeaseRevoked, err)
 	}
 	return fmt.Errorf("%w: %w", ErrLeaseExpired, err)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/fastlane"
 )
 
@@ -29,6 +30,15 @@ var errFastLaneBroken = errors.New("client: fast-lane connection broken")
 // errFastLaneFull means the connection has as many requests in flight as the server
 // accepts: the request was not sent; fastCall sends it through Connect.
 var errFastLaneFull = errors.New("client: fast-lane connection has the most requests in flight the server accepts")
+
+// errFastLaneLeft is why the client closes its connection to a node it has moved away
+// from: the calls still waiting on it fail with it (their outcome unknown), and their
+// retries do not hold it against that node.
+var errFastLaneLeft = errors.New("client: moved to another node")
+
+// errFastLaneSilent is why the client closes a connection on which calls wait while the
+// path to its node is cut: the node's TCP acknowledges nothing (see fastLanes.watch).
+var errFastLaneSilent = errors.New("client: the node stopped answering")
 
 // errFastLaneClosed means the server had closed the connection before the request was
 // sent: the request was not sent, and is safe to send again on a new connection.
@@ -72,6 +82,11 @@ type flConn struct {
 	turn        uint64 // counts the reading calls, so that a late interrupt hits no one else
 	interrupted bool   // a read deadline is set to wake the reading call
 	err         error
+	// busySince is when calls last began to wait on an idle connection (like
+	// lastRead); see fastLanes.watch.
+	busySince int64
+	// probed is when a probe last found the node reachable (like lastRead).
+	probed atomic.Int64
 }
 
 // idleCheckAfter is how long a connection must have been idle before a call checks that
@@ -141,7 +156,7 @@ func (c *flConn) readOwn(ctx context.Context, id uint64) (flResult, error) {
 				continue
 			}
 			c.fail(err)
-			return flResult{}, connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, err))
+			return flResult{}, c.brokenError()
 		}
 		if f.ID == id {
 			c.endTurn(id, true)
@@ -238,6 +253,33 @@ func (c *flConn) fail(err error) {
 	clear(c.pending)
 }
 
+// quiet reports whether calls wait on the connection, and for how long it has heard
+// nothing: no frame, no probe answer, and — on a connection that was idle — not since
+// the calls began to wait.
+func (c *flConn) quiet() (bool, time.Duration) {
+	c.mu.Lock()
+	waiting := len(c.pending) > 0
+	heard := max(c.busySince, c.probed.Load(), c.lastRead.Load())
+	c.mu.Unlock()
+	return waiting, time.Since(clockBase) - time.Duration(heard)
+}
+
+// alive records that a probe found the connection's node reachable.
+func (c *flConn) alive() { c.probed.Store(int64(time.Since(clockBase))) }
+
+// heardAfter reports whether a frame arrived, or a probe found the node reachable,
+// after t.
+func (c *flConn) heardAfter(t time.Time) bool {
+	at := int64(t.Sub(clockBase))
+	return c.lastRead.Load() > at || c.probed.Load() > at
+}
+
+// brokenError is the error of a call on the connection after it failed, wrapping why.
+func (c *flConn) brokenError() error {
+	<-c.dead
+	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, c.err))
+}
+
 func (c *flConn) broken() bool {
 	select {
 	case <-c.dead:
@@ -273,14 +315,18 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneBroken, c.err))
 	}
 	reader := !c.reading
-	if reader && time.Since(clockBase)-time.Duration(c.lastRead.Load()) > idleCheckAfter {
-		// Nobody has read the connection for a while: make sure the server has not
-		// closed it meanwhile (restarted, say), while the request is still unsent.
-		if err := peerClosed(rawConn(c.conn)); err != nil {
-			c.mu.Unlock()
-			<-c.slots
-			c.fail(err)
-			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneClosed, err))
+	if reader {
+		now := time.Since(clockBase)
+		c.busySince = int64(now)
+		if now-time.Duration(c.lastRead.Load()) > idleCheckAfter {
+			// Nobody has read the connection for a while: make sure the server has not
+			// closed it meanwhile (restarted, say), while the request is still unsent.
+			if err := peerClosed(rawConn(c.conn)); err != nil {
+				c.mu.Unlock()
+				<-c.slots
+				c.fail(err)
+				return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneClosed, err))
+			}
 		}
 	}
 	c.pending[id] = ch
@@ -309,7 +355,7 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 			c.cancel(m, id)
 			return ctxError(ctx)
 		case <-c.dead:
-			return connect.NewError(connect.CodeUnavailable, errFastLaneBroken)
+			return c.brokenError()
 		}
 	}
 	if r.kind == fastlane.KindError {
@@ -352,11 +398,17 @@ func decodeFastError(payload []byte) error {
 	return ce
 }
 
-// fastLanes keeps one fast-lane connection to the node the client currently talks to.
-// When a node has no fast lane, or it cannot be reached, calls go through Connect and the
-// fast lane is tried again after a pause.
+// fastLanes keeps one fast-lane connection to the node the client currently talks to,
+// and follows it: when the client moves to another node (see failover), the next call
+// connects to that node's fast lane, and the connection to the old node is failed, so
+// the calls still waiting on it are sent again, to the new node, by their retries. When
+// a node has no fast lane, or it cannot be reached, calls go through Connect and the
+// fast lane is tried again after redialPause.
 type fastLanes struct {
-	c        *Client
+	c *Client
+	// ready is the connection get returns to calls for its node, read without mu
+	// (see serves).
+	ready    atomic.Pointer[readyLane]
 	mu       sync.Mutex
 	node     string // API address the connection belongs to
 	conn     *flConn
@@ -364,6 +416,22 @@ type fastLanes struct {
 	dialing  bool
 	disabled bool
 }
+
+type readyLane struct {
+	node string
+	conn *flConn
+}
+
+// serves reports whether a call to node now goes over a live fast-lane connection,
+// whose silence watch (see watch) then stands in for the call's attempt deadline.
+func (f *fastLanes) serves(node string) bool {
+	r := f.ready.Load()
+	return r != nil && r.node == node && !r.conn.broken()
+}
+
+// redialPause is how long calls go through Connect after the fast lane of a node could
+// not be reached (or the node has none) before it is dialled again.
+const redialPause = time.Second
 
 // get returns a live connection to the current node, or nil to use Connect.
 func (f *fastLanes) get(ctx context.Context) *flConn {
@@ -390,19 +458,85 @@ func (f *fastLanes) get(ctx context.Context) *flConn {
 	defer f.mu.Unlock()
 	f.dialing = false
 	if err != nil {
-		f.retryAt = time.Now().Add(time.Second)
+		f.retryAt = time.Now().Add(redialPause)
 		return nil
 	}
 	if f.conn != nil {
-		f.conn.fail(errors.New("replaced"))
+		f.conn.fail(errFastLaneLeft)
 	}
 	f.node, f.conn = node, conn
+	f.ready.Store(&readyLane{node: node, conn: conn})
+	if quiet := f.c.opts.attempt / 2; quiet > 0 {
+		go f.watch(conn, node, quiet)
+	}
 	return conn
 }
 
-// connect learns the node's fast-lane address from its Status and dials it.
+// probeMethod is the method of watch's probe: a cancel for request 0, which names no
+// request (docs/PROTOCOL.md: the server ignores a cancel of an id not in flight).
+var probeMethod = fastlane.MustMethodOf(leaseholdv1connect.LockServiceCheckTokenProcedure)
+
+// watch notices a node cut off the network under calls that have no deadline of their
+// own to notice it (a TCP connection on a cut path looks alive for minutes): an Acquire
+// waiting in a queue, a Put. While calls wait on conn and nothing has come from the node
+// for quiet (half the attempt timeout), it sends a cancel for request 0, which the
+// server ignores (docs/PROTOCOL.md), and looks whether the node's TCP acknowledges it:
+// one that acknowledges is reachable, however slow its application (the calls wait in a
+// queue, for a slow commit, or on a machine too loaded to answer soon), and is waited
+// for; data left unacknowledged for quiet means the path is cut, and the node is
+// distrusted and conn fails, so that its calls go, by their retries, to another node.
+// Where the kernel does not tell (tcpAcked), the node must answer a Status call within
+// quiet instead. It stops when conn fails.
+func (f *fastLanes) watch(conn *flConn, node string, quiet time.Duration) {
+	t := time.NewTicker(quiet / 4)
+	defer t.Stop()
+	var probed time.Time // when the probe now unanswered was sent; zero: none
+	for {
+		select {
+		case <-conn.dead:
+			return
+		case <-t.C:
+		}
+		if waiting, silent := conn.quiet(); !waiting || silent < quiet {
+			probed = time.Time{}
+			continue
+		}
+		if probed.IsZero() {
+			conn.cancel(probeMethod, 0)
+			probed = time.Now()
+			continue
+		}
+		since := time.Since(probed)
+		if since < quiet {
+			continue
+		}
+		if !f.reachable(conn, node, since, quiet) {
+			f.c.nodes.distrust(node)
+			conn.fail(errFastLaneSilent)
+			return
+		}
+		conn.alive()
+		probed = time.Time{}
+	}
+}
+
+// reachable reports whether conn's node has acknowledged, at the TCP level, anything
+// since the probe sent since ago — or, where the kernel does not tell, answers a Status
+// call within quiet.
+func (f *fastLanes) reachable(conn *flConn, node string, since, quiet time.Duration) bool {
+	if unacked, sinceAck, ok := f.c.opts.tcpAcked(conn.conn); ok {
+		return !unacked || sinceAck < since
+	}
+	ctx, cancel := context.WithTimeout(withNode(context.Background(), node), quiet)
+	defer cancel()
+	_, err := f.c.cluster.Status(ctx, &leaseholdv1.StatusRequest{})
+	return err == nil
+}
+
+// connect learns the node's fast-lane address from its Status and dials it, within the
+// call's deadline.
 func (f *fastLanes) connect(ctx context.Context, node string) (*flConn, error) {
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	sctx, cancel := context.WithTimeout(withNode(ctx, node), 2*time.Second)
 	defer cancel()
 	st, err := rpc(sctx, f.c, f.c.cluster.Status, &leaseholdv1.StatusRequest{})
 	if err != nil {
@@ -423,10 +557,17 @@ func (f *fastLanes) connect(ctx context.Context, node string) (*flConn, error) {
 	return dialFastLane(sctx, addr, f.c.id, &f.c.opts)
 }
 
+// heardSince reports whether the fast-lane connection to node heard from it after t.
+func (f *fastLanes) heardSince(node string, t time.Time) bool {
+	r := f.ready.Load()
+	return r != nil && r.node == node && r.conn.heardAfter(t)
+}
+
 func (f *fastLanes) close() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.disabled = true
+	f.ready.Store(nil)
 	if f.conn != nil {
 		f.conn.fail(errors.New("client closed"))
 	}
@@ -435,7 +576,9 @@ func (f *fastLanes) close() {
 // rpc runs one RPC: over the fast lane when the .proto file gives the RPC a fast-lane
 // number (its `fast_lane` option; see package fastlane) and a connection is up, else
 // through viaConnect, the generated Connect client's method. Call sites name the RPC
-// once, by its Connect method: rpc(ctx, c, c.locks.Acquire, req).
+// once, by its Connect method: rpc(ctx, c, c.locks.Acquire, req). It makes one
+// attempt: moving to another node after a failure is the caller's retry's (call, or
+// the keepalive loop), as for Connect.
 func rpc[Req, Res any, PReq interface {
 	*Req
 	proto.Message
@@ -462,8 +605,6 @@ func rpc[Req, Res any, PReq interface {
 			return viaConnect(ctx, req)
 		case errors.Is(err, errFastLaneClosed) && attempt == 0:
 			continue // not sent: send it once more, on a new connection or through Connect
-		case errors.Is(err, errFastLaneBroken):
-			f.c.nodes.next()
 		}
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/internal/reason"
 )
 
 // Errors of the key-value store.
@@ -95,7 +96,9 @@ func IfVersion(v uint64) WriteOption { return func(o *writeOptions) { o.ifVersio
 
 // Get reads key, linearizably.
 func (c *Client) Get(ctx context.Context, key string) (Value, error) {
-	resp, err := rpc(ctx, c, c.kv.Get, &leaseholdv1.GetRequest{Key: key})
+	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.GetResponse, error) {
+		return rpc(ctx, c, c.kv.Get, &leaseholdv1.GetRequest{Key: key})
+	})
 	if err != nil {
 		return Value{}, err
 	}
@@ -103,26 +106,33 @@ func (c *Client) Get(ctx context.Context, key string) (Value, error) {
 }
 
 // Put writes value to key under the given conditions and returns the new version.
-// Success means committed and fsynced. An Unavailable error means the outcome is unknown.
+// Success means committed and fsynced. It is sent again, to another node, only when it
+// was certainly not carried out; an error wrapping ErrUnavailable (code Unavailable)
+// means the outcome is unknown.
 func (c *Client) Put(ctx context.Context, key string, value []byte, opts ...WriteOption) (uint64, error) {
 	var o writeOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
-	resp, err := rpc(ctx, c, c.kv.Put, &leaseholdv1.PutRequest{Key: key, Value: value, Fence: o.fence, IfVersion: o.ifVersion})
+	resp, err := call(ctx, c, once, func(ctx context.Context) (*leaseholdv1.PutResponse, error) {
+		return rpc(ctx, c, c.kv.Put, &leaseholdv1.PutRequest{Key: key, Value: value, Fence: o.fence, IfVersion: o.ifVersion})
+	})
 	if err != nil {
 		return 0, kvError(key, o.fence, err)
 	}
 	return resp.GetVersion(), nil
 }
 
-// Delete removes key under the given conditions and reports whether it existed.
+// Delete removes key under the given conditions and reports whether it existed. Like
+// Put, it is sent again only when it was certainly not carried out.
 func (c *Client) Delete(ctx context.Context, key string, opts ...WriteOption) (bool, error) {
 	var o writeOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
-	resp, err := rpc(ctx, c, c.kv.Delete, &leaseholdv1.DeleteRequest{Key: key, Fence: o.fence, IfVersion: o.ifVersion})
+	resp, err := call(ctx, c, once, func(ctx context.Context) (*leaseholdv1.DeleteResponse, error) {
+		return rpc(ctx, c, c.kv.Delete, &leaseholdv1.DeleteRequest{Key: key, Fence: o.fence, IfVersion: o.ifVersion})
+	})
 	if err != nil {
 		return false, kvError(key, o.fence, err)
 	}
@@ -131,7 +141,9 @@ func (c *Client) Delete(ctx context.Context, key string, opts ...WriteOption) (b
 
 // ListKV returns keys under prefix (limit 0: the server's default).
 func (c *Client) ListKV(ctx context.Context, prefix string, limit int) ([]*leaseholdv1.KeyValue, bool, error) {
-	resp, err := rpc(ctx, c, c.kv.List, &leaseholdv1.KVServiceListRequest{Prefix: prefix, Limit: uint32(max(0, limit))})
+	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.KVServiceListResponse, error) {
+		return rpc(ctx, c, c.kv.List, &leaseholdv1.KVServiceListRequest{Prefix: prefix, Limit: uint32(max(0, limit))})
+	})
 	return resp.GetItems(), resp.GetTruncated(), err
 }
 
@@ -141,11 +153,11 @@ func kvError(key string, fence *leaseholdv1.Fence, err error) error {
 		return err
 	}
 	switch d.GetReason() {
-	case "stale_token":
+	case reason.StaleToken:
 		return &StaleTokenError{Key: key, Token: fence.GetToken(), Highest: d.GetHighestToken()}
-	case "version_mismatch":
+	case reason.VersionMismatch:
 		return &VersionMismatchError{Key: key, Current: d.GetCurrentVersion()}
-	case "not_holder":
+	case reason.NotHolder:
 		return fmt.Errorf("%w: %w", ErrNotCurrentHolder, err)
 	}
 	return err

@@ -123,12 +123,20 @@ func (s *lease) remaining() time.Duration {
 }
 
 // keepAlive renews the lease about every TTL/3 (jittered by ±10%), and sooner after a
-// failure, until the lease ends. A keepalive is never allowed to run past the
-// cautious deadline: its answer would be useless after it.
+// failure, until the lease ends. No attempt runs past the cautious deadline (its answer
+// would be useless after it), and while more time is left than two attempt limits — a
+// fifth of the TTL, at most the client's attempt timeout — an attempt is abandoned
+// when its node has been silent for a limit (cutIfSilent; a node that is slow but
+// answers is waited for): a node that stays silent costs that much, then the next node
+// is tried, so one dead path never costs the lease.
 func (s *lease) keepAlive() {
 	interval := s.ttl / 3
 	next := aligned(jitter(interval), interval)
-	retry := 20 * time.Millisecond
+	limit := s.ttl / 5
+	if a := s.c.opts.attempt; a > 0 {
+		limit = min(limit, a)
+	}
+	retry := newBackoff()
 	t := time.NewTimer(next)
 	defer t.Stop()
 	for {
@@ -142,25 +150,30 @@ func (s *lease) keepAlive() {
 		if left <= 0 {
 			return
 		}
+		node := s.c.nodes.current()
 		ctx, cancel := context.WithTimeout(context.Background(), left)
+		var cut *silenceCut
+		if limit < left/2 {
+			cut = s.c.cutIfSilent(node, limit, cancel)
+		}
 		sent := time.Now()
 		resp, err := rpc(ctx, s.c, s.c.leases.KeepAlive, &leaseholdv1.KeepAliveRequest{LeaseId: s.id})
+		silent := cut != nil && cut.stop() && err != nil
 		cancel()
+		s.c.judge(context.Background(), node, err, silent)
 		switch {
 		case err == nil:
 			s.renewed(sent)
 			s.deliver(resp)
-			retry = 20 * time.Millisecond
+			retry = newBackoff()
 			next = aligned(jitter(interval), interval)
 		case connect.CodeOf(err) == connect.CodeNotFound:
 			s.end(leaseGoneCause(err))
 			return
 		default:
-			// Unknown: the lease may still be alive. Retry quickly with backoff (on the
-			// next node), keeping several attempts inside the remaining time.
-			s.c.nodes.next()
-			next = min(jitter(retry), max(left/4, time.Millisecond))
-			retry = min(retry*2, interval)
+			// Unknown: the lease may still be alive. Retry at once on the node judge
+			// chose, with backoff, keeping several attempts inside the remaining time.
+			next = min(retry.delay(), max(left/4, time.Millisecond))
 		}
 		t.Reset(next)
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/internal/reason"
 )
 
 // LockOption configures one Lock call.
@@ -101,12 +102,6 @@ type Lock struct {
 	cause  error // why the lock was lost; nil while held
 }
 
-// maxRetryBackoff caps the wait between retries of Lock and Unlock when no node could
-// answer (a leader election, a restarting node). Retries are cheap — a node without a
-// leader fails them at once — and the cap bounds how long a caller sleeps after a new
-// leader is ready: at 1 s, failover samples clustered at 1.3 s and 2.3 s.
-const maxRetryBackoff = 250 * time.Millisecond
-
 // Lock acquires the lock name. A class option (Correctness or Efficiency) is required.
 // By default it waits in the server's FIFO queue until the lock is granted or ctx ends;
 // TryOnce and WaitFor change that.
@@ -169,44 +164,30 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, names []string, opts [
 	} else {
 		req.Names = names
 	}
-	backoff := 20 * time.Millisecond
-	var lastErr error
-	var tried *lease
-	for {
-		s, err := c.leaseFor(ctx, set, o.ttl)
-		if err == nil {
-			var l *Lock
-			tried = s
-			req.LeaseId = s.id
-			l, err = c.acquire(ctx, s, req)
-			if err == nil {
-				return l, nil
-			}
-			if errIsLeaseGone(err) {
-				s.end(leaseGoneCause(err))
-				continue // a fresh lease, at once
-			}
+	b := newBackoff()
+	for gone := 0; ; gone++ {
+		if gone > 1 && b.sleep(ctx) != nil {
+			return nil, ctx.Err() // fresh leases keep vanishing: not at once, then
 		}
-		if !retryable(ctx, err) {
-			if tried != nil && ctx.Err() != nil {
-				go c.abandon(tried, req)
-			}
+		s, err := c.leaseFor(ctx, set, o.ttl)
+		if err != nil {
 			return nil, err
 		}
-		lastErr = err
-		c.nodes.next()
-		select {
-		case <-ctx.Done():
-			if tried != nil {
-				go c.abandon(tried, req)
-			}
-			return nil, fmt.Errorf("%w: %w (last error: %w)", ErrUnavailable, ctx.Err(), lastErr)
-		case <-time.After(jitter(backoff)):
+		req.LeaseId = s.id
+		l, err := c.acquire(ctx, s, req)
+		if errIsLeaseGone(err) {
+			s.end(leaseGoneCause(err))
+			continue // a fresh lease, at once
 		}
-		backoff = min(backoff*2, maxRetryBackoff)
+		if err != nil && ctx.Err() != nil {
+			go c.abandon(s, req) // the lease may be queued, or even granted
+		}
+		return l, err
 	}
 }
 
+// acquire takes the lock (or the lock set) of req on lease s, retrying on the next node
+// (see call): an Acquire by the same lease is the same request, whatever the attempt.
 func (c *Client) acquire(ctx context.Context, s *lease, req *leaseholdv1.AcquireRequest) (*Lock, error) {
 	name, names := req.GetName(), req.GetNames()
 	if len(names) > 0 {
@@ -214,23 +195,26 @@ func (c *Client) acquire(ctx context.Context, s *lease, req *leaseholdv1.Acquire
 		slices.Sort(names)
 		name = names[0] // the server releases and cancels a set by any of its names
 	}
-	resp, err := rpc(ctx, c, c.locks.Acquire, req)
+	p := policy{repeatable: true, wait: time.Duration(req.GetWaitMs()) * time.Millisecond}
+	resp, err := call(ctx, c, p, func(ctx context.Context) (*leaseholdv1.AcquireResponse, error) {
+		return rpc(ctx, c, c.locks.Acquire, req)
+	})
 	if err != nil {
 		code, d := detail(err)
 		switch {
-		case code == connect.CodeDeadlineExceeded && d.GetReason() == "lock_held":
+		case code == connect.CodeDeadlineExceeded && d.GetReason() == reason.LockHeld:
 			held := name
 			if d.GetHeldLock() != "" {
 				held = d.GetHeldLock()
 			}
 			return nil, &HeldError{Name: held, HolderToken: d.GetHolderToken(), Holder: Holder{Host: d.GetHolder().GetHost(), PID: d.GetHolder().GetPid(), Note: d.GetHolder().GetNote()}}
-		case d.GetReason() == "class_conflict":
+		case d.GetReason() == reason.ClassConflict:
 			return nil, fmt.Errorf("%w: %w", ErrClassConflict, err)
-		case d.GetReason() == "mode_conflict":
+		case d.GetReason() == reason.ModeConflict:
 			return nil, fmt.Errorf("%w: %w", ErrModeConflict, err)
-		case d.GetReason() == "set_conflict":
+		case d.GetReason() == reason.SetConflict:
 			return nil, fmt.Errorf("%w: %w", ErrSetConflict, err)
-		case ctx.Err() != nil:
+		case ctx.Err() != nil && !errors.Is(err, ErrUnavailable):
 			return nil, ctx.Err()
 		}
 		return nil, err
@@ -299,6 +283,9 @@ func (l *Lock) lost(cause error) {
 // It returns nil when the lock was released by this call; an error wrapping
 // ErrLockLost (and the cause) when the lock had been lost before; ErrUnavailable when
 // no server answered — the lock is then released at the latest when the lease expires.
+// A release is repeated on another node when no answer came; when the repeat finds the
+// lock no longer held by this lease, the attempt whose answer was lost released it, and
+// Unlock returns nil.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if lost, cause := l.Lost(); lost {
 		if errors.Is(cause, ErrUnlocked) {
@@ -311,30 +298,27 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.s.ttl)
 		defer cancel()
 	}
-	backoff := 20 * time.Millisecond
-	for {
-		_, err := rpc(ctx, l.c, l.c.locks.Release, &leaseholdv1.ReleaseRequest{Name: l.name, LeaseId: l.s.id, Token: l.token})
-		if err == nil {
-			l.s.remove(l)
-			l.lost(ErrUnlocked)
-			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
-		if !retryable(ctx, err) {
-			l.s.remove(l)
-			l.lost(fmt.Errorf("%w: release failed: %w", ErrLockLost, err))
-			return fmt.Errorf("%w: %w", ErrLockLost, err)
-		}
-		l.c.nodes.next()
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		case <-time.After(jitter(backoff)):
-		}
-		backoff = min(2*backoff, maxRetryBackoff)
+	req := &leaseholdv1.ReleaseRequest{Name: l.name, LeaseId: l.s.id, Token: l.token}
+	_, unsure, err := callUnsure(ctx, l.c, repeatable, func(ctx context.Context) (*leaseholdv1.ReleaseResponse, error) {
+		return rpc(ctx, l.c, l.c.locks.Release, req)
+	})
+	if unsure && err != nil && detailReason(err) == reason.NotHolder {
+		// An earlier attempt, whose answer was lost, released it.
+		err = nil
 	}
+	switch {
+	case err == nil:
+		l.s.remove(l)
+		l.lost(ErrUnlocked)
+		return nil
+	case errors.Is(err, ErrUnavailable):
+		return err
+	case ctx.Err() != nil:
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	l.s.remove(l)
+	l.lost(fmt.Errorf("%w: release failed: %w", ErrLockLost, err))
+	return fmt.Errorf("%w: %w", ErrLockLost, err)
 }
 
 // lockContext is a held lock's context. It is a context.WithCancelCause underneath (so
@@ -353,7 +337,8 @@ func (c lockContext) Err() error {
 // abandon takes lease s out of the queue (every queue of a lock set) that the acquire
 // req put it in, or releases the grant it got, after a Lock whose outcome was unknown
 // gave up. The same Acquire with wait 0 on the same lease returns the lease's grant
-// (idempotent) or cancels its place in the queue.
+// (idempotent) or cancels its place in the queue. It tries while the lease lives: once
+// it has ended, so has anything it held.
 func (c *Client) abandon(s *lease, req *leaseholdv1.AcquireRequest) {
 	try := proto.CloneOf(req)
 	try.LeaseId, try.WaitMs = s.id, 0
@@ -361,18 +346,15 @@ func (c *Client) abandon(s *lease, req *leaseholdv1.AcquireRequest) {
 	if len(req.GetNames()) > 0 {
 		name = req.GetNames()[0]
 	}
-	backoff := 50 * time.Millisecond
-	for s.alive() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := rpc(ctx, c, c.locks.Acquire, try)
-		if err == nil {
-			_, err = rpc(ctx, c, c.locks.Release, &leaseholdv1.ReleaseRequest{Name: name, LeaseId: s.id, Token: resp.GetToken()})
-		}
-		cancel()
-		if err == nil || !retryable(context.Background(), err) {
-			return
-		}
-		time.Sleep(backoff)
-		backoff = min(2*backoff, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), s.remaining())
+	defer cancel()
+	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.AcquireResponse, error) {
+		return rpc(ctx, c, c.locks.Acquire, try)
+	})
+	if err != nil {
+		return // not granted (held by another: the wait is cancelled), or the lease ended
 	}
+	_, _ = call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.ReleaseResponse, error) {
+		return rpc(ctx, c, c.locks.Release, &leaseholdv1.ReleaseRequest{Name: name, LeaseId: s.id, Token: resp.GetToken()})
+	})
 }

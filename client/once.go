@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/internal/reason"
 )
 
 // Errors of idempotency keys (Once).
@@ -191,40 +192,30 @@ func (c *Client) run(h *Lock, fn func(context.Context, uint64) ([]byte, error)) 
 // whose outcome is unknown, it gives the key back in the background.
 func (c *Client) begin(ctx context.Context, set *leaseSet, key string) (*lease, *leaseholdv1.BeginResponse, error) {
 	h := c.opts.holder
-	backoff := 20 * time.Millisecond
-	var lastErr error
-	var tried *lease
-	for {
-		s, err := c.leaseFor(ctx, set, c.opts.ttl)
-		if err == nil {
-			tried = s
-			var resp *leaseholdv1.BeginResponse
-			resp, err = rpc(ctx, c, c.keys.Begin, &leaseholdv1.BeginRequest{Key: key, LeaseId: s.id, Holder: &leaseholdv1.Holder{Host: h.Host, Pid: h.PID, Note: h.Note}})
-			if err == nil {
-				return s, resp, nil
-			}
-			if errIsLeaseGone(err) {
-				s.end(leaseGoneCause(err))
-				continue
-			}
+	b := newBackoff()
+	for gone := 0; ; gone++ {
+		if gone > 1 && b.sleep(ctx) != nil {
+			return nil, nil, ctx.Err() // fresh leases keep vanishing: not at once, then
 		}
-		if !retryable(ctx, err) {
-			if tried != nil && ctx.Err() != nil {
-				go c.abandonKey(tried, key)
+		s, err := c.leaseFor(ctx, set, c.opts.ttl)
+		if err != nil {
+			return nil, nil, err
+		}
+		req := &leaseholdv1.BeginRequest{Key: key, LeaseId: s.id, Holder: &leaseholdv1.Holder{Host: h.Host, Pid: h.PID, Note: h.Note}}
+		resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.BeginResponse, error) {
+			return rpc(ctx, c, c.keys.Begin, req)
+		})
+		if errIsLeaseGone(err) {
+			s.end(leaseGoneCause(err))
+			continue // a fresh lease, at once
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				go c.abandonKey(s, key) // the lease may have claimed it
 			}
 			return nil, nil, err
 		}
-		lastErr = err
-		c.nodes.next()
-		select {
-		case <-ctx.Done():
-			if tried != nil {
-				go c.abandonKey(tried, key)
-			}
-			return nil, nil, fmt.Errorf("%w: %w (last error: %w)", ErrUnavailable, ctx.Err(), lastErr)
-		case <-time.After(jitter(backoff)):
-		}
-		backoff = min(backoff*2, maxRetryBackoff)
+		return s, resp, nil
 	}
 }
 
@@ -234,30 +225,23 @@ func (c *Client) begin(ctx context.Context, set *leaseSet, key string) (*lease, 
 func (c *Client) complete(ctx context.Context, s *lease, key string, token uint64, result []byte) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.ttl)
 	defer cancel()
-	backoff := 20 * time.Millisecond
-	for {
-		_, err := rpc(ctx, c, c.keys.Complete, &leaseholdv1.CompleteRequest{Key: key, Token: token, Result: result})
-		if err == nil {
-			return nil
-		}
-		code, d := detail(err)
-		switch {
-		case code == connect.CodeFailedPrecondition && d.GetReason() == "stale_token":
-			return fmt.Errorf("%w: %q (token %d): %w", ErrKeyLost, key, token, err)
-		case code == connect.CodeInvalidArgument:
-			c.giveBack(s, key, token)
-			return err
-		case !retryable(ctx, err):
-			return fmt.Errorf("%w: recording the result of %q: %w", ErrUnavailable, key, err)
-		}
-		c.nodes.next()
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w: recording the result of %q: %w", ErrUnavailable, key, err)
-		case <-time.After(jitter(backoff)):
-		}
-		backoff = min(backoff*2, maxRetryBackoff)
+	_, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.CompleteResponse, error) {
+		return rpc(ctx, c, c.keys.Complete, &leaseholdv1.CompleteRequest{Key: key, Token: token, Result: result})
+	})
+	if err == nil {
+		return nil
 	}
+	code, d := detail(err)
+	switch {
+	case code == connect.CodeFailedPrecondition && d.GetReason() == reason.StaleToken:
+		return fmt.Errorf("%w: %q (token %d): %w", ErrKeyLost, key, token, err)
+	case code == connect.CodeInvalidArgument:
+		c.giveBack(s, key, token)
+		return err
+	case errors.Is(err, ErrUnavailable):
+		return fmt.Errorf("recording the result of %q: %w", key, err)
+	}
+	return fmt.Errorf("%w: recording the result of %q: %w", ErrUnavailable, key, err)
 }
 
 // giveBack abandons key under token, now or, if no node answers within a second, in
@@ -265,32 +249,31 @@ func (c *Client) complete(ctx context.Context, s *lease, key string, token uint6
 // long as the Client's lease lives.
 func (c *Client) giveBack(s *lease, key string, token uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	_, err := rpc(ctx, c, c.keys.Abandon, &leaseholdv1.AbandonRequest{Key: key, Token: token})
+	_, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.AbandonResponse, error) {
+		return rpc(ctx, c, c.keys.Abandon, &leaseholdv1.AbandonRequest{Key: key, Token: token})
+	})
 	cancel()
-	if err != nil && retryable(context.Background(), err) {
+	if errors.Is(err, ErrUnavailable) {
 		go c.abandonKey(s, key)
 	}
 }
 
 // abandonKey gives back the key lease s may have claimed by a Begin whose outcome was
 // unknown: a Begin on the same lease answers the lease's own claim (NEW, with its
-// token), which it then abandons. It stops when the lease ends, when the key turns out
-// to be someone else's or done, or on an error a retry cannot fix.
+// token), which it then abandons. It tries while the lease lives; it stops when the key
+// turns out to be someone else's or done, or on an error a retry cannot fix.
 func (c *Client) abandonKey(s *lease, key string) {
-	backoff := 50 * time.Millisecond
-	for s.alive() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := rpc(ctx, c, c.keys.Begin, &leaseholdv1.BeginRequest{Key: key, LeaseId: s.id})
-		if err == nil && resp.GetStatus() == leaseholdv1.KeyStatus_KEY_STATUS_NEW {
-			_, err = rpc(ctx, c, c.keys.Abandon, &leaseholdv1.AbandonRequest{Key: key, Token: resp.GetToken()})
-		}
-		cancel()
-		if err == nil || !retryable(context.Background(), err) {
-			return
-		}
-		time.Sleep(backoff)
-		backoff = min(2*backoff, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), s.remaining())
+	defer cancel()
+	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.BeginResponse, error) {
+		return rpc(ctx, c, c.keys.Begin, &leaseholdv1.BeginRequest{Key: key, LeaseId: s.id})
+	})
+	if err != nil || resp.GetStatus() != leaseholdv1.KeyStatus_KEY_STATUS_NEW {
+		return
 	}
+	_, _ = call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.AbandonResponse, error) {
+		return rpc(ctx, c, c.keys.Abandon, &leaseholdv1.AbandonRequest{Key: key, Token: resp.GetToken()})
+	})
 }
 
 // claimKey records that a Once of set's holder runs key, and reports false, with the

@@ -37,9 +37,16 @@ func (o *options) scheme() string {
 
 // defaultHTTPClient is the HTTP client of a Client given no WithHTTPClient: HTTP/2 over
 // TLS with WithTLS, else HTTP/2 without TLS (h2c).
+//
+// A connection that carries nothing for 5 s is pinged, and fails — with every call on it,
+// which then moves to another node — if the ping is not answered within 2 s: so a node
+// cut off the network is noticed, in the end, even by a call that is never abandoned for
+// silence (an Acquire waiting for ever, a Put). Not sooner: a node too busy to answer a
+// ping in time would lose every call at once. Dialling a node that does not answer gives
+// up after 1 s (nothing was sent, the call goes to the next node).
 func (o *options) defaultHTTPClient() *http.Client {
 	tr := &http.Transport{
-		DialContext:     (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+		DialContext:     (&net.Dialer{Timeout: time.Second, KeepAlive: 15 * time.Second}).DialContext,
 		Protocols:       new(http.Protocols),
 		IdleConnTimeout: 90 * time.Second,
 	}

@@ -304,8 +304,15 @@ func tcpTransport(cfg Config, hlog hclog.Logger) (raft.Transport, error) {
 	// follower no longer receiving entries. Synchronous AppendEntries cost little on the
 	// small batches a lock service sends.
 	tc := &raft.NetworkTransportConfig{
-		MaxPool:         3,
-		Timeout:         10 * time.Second,
+		MaxPool: 3,
+		// Timeout bounds every dial and every RPC's I/O (InstallSnapshot scales it by
+		// size). It is twice the election timeout (at least 1 s, for a loaded machine): a
+		// peer that has not answered by then has been given up by the cluster anyway, and
+		// a short dial is what brings a node back soon after a partition heals. With the
+		// former 10 s, a dial begun during a partition went on waiting out TCP's SYN
+		// backoff after the heal (3.4 s once, long enough for the leader to lose its
+		// majority when the next node was cut off).
+		Timeout:         max(2*cfg.ElectionTimeout, time.Second),
 		Logger:          hlog,
 		MaxRPCsInFlight: 1,
 	}

@@ -9,6 +9,7 @@ import (
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/internal/auth"
+	"github.com/leasehold/leasehold/internal/reason"
 	"github.com/leasehold/leasehold/leader"
 	"github.com/leasehold/leasehold/replication"
 )
@@ -21,35 +22,37 @@ var errorCodes = []struct {
 	code   connect.Code
 	reason string
 }{
-	{core.ErrInvalid, connect.CodeInvalidArgument, "invalid_argument"},
-	{core.ErrStaleToken, connect.CodeFailedPrecondition, "stale_token"},
-	{core.ErrVersionMismatch, connect.CodeFailedPrecondition, "version_mismatch"},
-	{core.ErrLeaseNotFound, connect.CodeNotFound, "lease_unknown"},
-	{core.ErrNotHolder, connect.CodeFailedPrecondition, "not_holder"},
-	{core.ErrClassConflict, connect.CodeFailedPrecondition, "class_conflict"},
-	{core.ErrModeConflict, connect.CodeFailedPrecondition, "mode_conflict"},
-	{core.ErrSetConflict, connect.CodeFailedPrecondition, "set_conflict"},
-	{core.ErrLockHeld, connect.CodeDeadlineExceeded, "lock_held"},
-	{core.ErrTooManyLeases, connect.CodeResourceExhausted, "limit_leases"},
-	{core.ErrTooManyLocks, connect.CodeResourceExhausted, "limit_locks_per_lease"},
-	{core.ErrTooManyWaiters, connect.CodeResourceExhausted, "limit_waiters"},
-	{core.ErrTooManyKeys, connect.CodeResourceExhausted, "limit_idempotency_keys"},
-	{core.ErrLeaseExists, connect.CodeAlreadyExists, "lease_exists"},
-	{leader.ErrNotLeader, connect.CodeUnavailable, "not_leader"},
-	{replication.ErrNotLeader, connect.CodeUnavailable, "not_leader"},
-	{replication.ErrOutcomeUnknown, connect.CodeUnavailable, "outcome_unknown"},
-	{leader.ErrEpochLost, connect.CodeUnavailable, "epoch_lost"},
-	{errNoSuchMember, connect.CodeNotFound, "no_such_member"},
-	{errMemberCheck, connect.CodeFailedPrecondition, "member_check"},
-	{errLastVoter, connect.CodeFailedPrecondition, "last_voter"},
-	{errNotCaughtUp, connect.CodeUnavailable, "not_caught_up"},
-	{errWrongCluster, connect.CodeFailedPrecondition, "wrong_cluster"},
-	{errNoClusterID, connect.CodeUnavailable, "no_cluster_id"},
-	{auth.ErrUnauthenticated, connect.CodeUnauthenticated, "unauthenticated"},
-	{auth.ErrPermissionDenied, connect.CodePermissionDenied, "permission_denied"},
-	{auth.ErrQuota, connect.CodeResourceExhausted, "quota"},
-	{context.DeadlineExceeded, connect.CodeDeadlineExceeded, "deadline_exceeded"},
-	{context.Canceled, connect.CodeCanceled, "canceled"},
+	{core.ErrInvalid, connect.CodeInvalidArgument, reason.InvalidArgument},
+	{core.ErrStaleToken, connect.CodeFailedPrecondition, reason.StaleToken},
+	{core.ErrVersionMismatch, connect.CodeFailedPrecondition, reason.VersionMismatch},
+	{core.ErrLeaseNotFound, connect.CodeNotFound, reason.LeaseUnknown},
+	{core.ErrNotHolder, connect.CodeFailedPrecondition, reason.NotHolder},
+	{core.ErrClassConflict, connect.CodeFailedPrecondition, reason.ClassConflict},
+	{core.ErrModeConflict, connect.CodeFailedPrecondition, reason.ModeConflict},
+	{core.ErrSetConflict, connect.CodeFailedPrecondition, reason.SetConflict},
+	{core.ErrLockHeld, connect.CodeDeadlineExceeded, reason.LockHeld},
+	{core.ErrTooManyLeases, connect.CodeResourceExhausted, reason.LimitLeases},
+	{core.ErrTooManyLocks, connect.CodeResourceExhausted, reason.LimitLocksPerLease},
+	{core.ErrTooManyWaiters, connect.CodeResourceExhausted, reason.LimitWaiters},
+	{core.ErrTooManyKeys, connect.CodeResourceExhausted, reason.LimitKeys},
+	{core.ErrLeaseExists, connect.CodeAlreadyExists, reason.LeaseExists},
+	{errLeaderUnknown, connect.CodeUnavailable, reason.LeaderUnknown},
+	{errLeaderUnreachable, connect.CodeUnavailable, reason.LeaderUnreachable},
+	{leader.ErrNotLeader, connect.CodeUnavailable, reason.NotLeader},
+	{replication.ErrNotLeader, connect.CodeUnavailable, reason.NotLeader},
+	{replication.ErrOutcomeUnknown, connect.CodeUnavailable, reason.OutcomeUnknown},
+	{leader.ErrEpochLost, connect.CodeUnavailable, reason.EpochLost},
+	{errNoSuchMember, connect.CodeNotFound, reason.NoSuchMember},
+	{errMemberCheck, connect.CodeFailedPrecondition, reason.MemberCheck},
+	{errLastVoter, connect.CodeFailedPrecondition, reason.LastVoter},
+	{errNotCaughtUp, connect.CodeUnavailable, reason.NotCaughtUp},
+	{errWrongCluster, connect.CodeFailedPrecondition, reason.WrongCluster},
+	{errNoClusterID, connect.CodeUnavailable, reason.NoClusterID},
+	{auth.ErrUnauthenticated, connect.CodeUnauthenticated, reason.Unauthenticated},
+	{auth.ErrPermissionDenied, connect.CodePermissionDenied, reason.PermissionDenied},
+	{auth.ErrQuota, connect.CodeResourceExhausted, reason.Quota},
+	{context.DeadlineExceeded, connect.CodeDeadlineExceeded, reason.DeadlineExceeded},
+	{context.Canceled, connect.CodeCanceled, reason.Canceled},
 }
 
 // ToConnect converts an error from the leader, core or replication into a
@@ -89,7 +92,7 @@ func detailOf(err error) *leaseholdv1.ErrorDetail {
 
 // Classify returns the RPC code and the ErrorDetail for err.
 func Classify(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
-	detail := &leaseholdv1.ErrorDetail{Reason: "internal"}
+	detail := &leaseholdv1.ErrorDetail{Reason: reason.Internal}
 	code := connect.CodeInternal
 	for _, e := range errorCodes {
 		if errors.Is(err, e.err) {
@@ -101,7 +104,12 @@ func Classify(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
 		detail.Field = fe.Field
 	}
 	if lg := new(leader.LeaseGoneError); errors.As(err, &lg) {
-		detail.Reason = "lease_" + lg.Reason.String()
+		if r, ok := leaseGoneReasons[lg.Reason]; ok {
+			detail.Reason = r
+		}
+	}
+	if hint := new(leaderHint); errors.As(err, &hint) {
+		detail.LeaderApiAddr = hint.addr
 	}
 	if lh := new(leader.LockHeldError); errors.As(err, &lh) {
 		detail.HolderToken = lh.HolderToken
@@ -145,6 +153,13 @@ var (
 	// a cluster and this node does not know its own yet.
 	errNoClusterID = errors.New("server: this node does not know its cluster yet")
 )
+
+// leaseGoneReasons are the reasons of a lease that is gone, by why it ended.
+var leaseGoneReasons = map[core.EndReason]string{
+	core.EndUnknown: reason.LeaseUnknown,
+	core.EndExpired: reason.LeaseExpired,
+	core.EndRevoked: reason.LeaseRevoked,
+}
 
 // limitError is a request that exceeds a size bound of the server (not a field rule).
 type limitError struct {

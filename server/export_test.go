@@ -6,6 +6,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"google.golang.org/protobuf/proto"
+
+	"github.com/leasehold/leasehold/leader"
 )
 
 // ReplaceHandlers makes every RPC of s answer with fn instead of its handler: the
@@ -46,4 +48,20 @@ func RequestCount(s *Server, procedure, code string) float64 {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// Internals of routing, for the external tests (forward_test.go).
+var (
+	ForwardError     = forwardError
+	ForwardContext   = forwardContext
+	ErrLeaderUnknown = errLeaderUnknown
+)
+
+// NotLeaderAt is the not-leader error of a node that believes addr leads.
+func NotLeaderAt(addr string) error { return &leaderHint{err: leader.ErrNotLeader, addr: addr} }
+
+// Call serves req as a transport does, through the method table: routed here or
+// forwarded to the leader, its error mapped (finish).
+func Call(ctx context.Context, s *Server, procedure string, req proto.Message) (proto.Message, error) {
+	return s.call(ctx, s.methods.byProcedure[procedure], req, caller{})
 }

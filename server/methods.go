@@ -323,20 +323,47 @@ func (s *Server) finish(m *method, start time.Time, err error) error {
 	return err
 }
 
-// serveOrForward serves req here when this node may (it leads, or the method says it
-// serves anywhere), or forwards it to the leader with one hop. It fails with
-// leader.ErrNotLeader (Unavailable) when no leader is known, or the request was already
-// forwarded once.
+// serveOrForward serves req here when this node may, or forwards it to the leader
+// (routeTo), bounded by forwardContext; a forward that got no answer is
+// errLeaderUnreachable (forwardError).
 func (s *Server) serveOrForward(ctx context.Context, m *method, req proto.Message, forwarded bool) (proto.Message, error) {
-	if m.route == onAnyNode || s.leader.Active() || (m.here != nil && m.here(req)) {
+	addr, here, err := s.routeTo(m, req, forwarded)
+	switch {
+	case err != nil:
+		return nil, err
+	case here:
 		return m.serve(s, ctx, req)
 	}
+	bounded, cancel := forwardContext(ctx, req)
+	defer cancel()
+	resp, err := m.forward(s.peers.get(addr), bounded, req, s.forwardHeaders)
+	if err != nil {
+		return nil, forwardError(ctx, addr, err)
+	}
+	return resp, nil
+}
+
+// routeTo says where req is served: here (this node leads, or the method says it serves
+// anywhere or this request here), or at the leader's API address, with one hop. It fails,
+// Unavailable, with errLeaderUnknown when this node knows no leader's address, and with
+// leader.ErrNotLeader — naming the leader when it can (leaderHint) — when the request was
+// already forwarded once, or raft names this node leader before it serves.
+func (s *Server) routeTo(m *method, req proto.Message, forwarded bool) (addr string, here bool, err error) {
+	if m.route == onAnyNode || s.leader.Active() || (m.here != nil && m.here(req)) {
+		return "", true, nil
+	}
+	addr = s.leaderAPIAddr()
 	if forwarded {
-		return nil, leader.ErrNotLeader
+		if addr == s.cfg.APIAddr {
+			addr = ""
+		}
+		return "", false, &leaderHint{err: leader.ErrNotLeader, addr: addr}
 	}
-	addr := s.leaderAPIAddr()
-	if addr == "" || addr == s.cfg.APIAddr {
-		return nil, leader.ErrNotLeader
+	switch addr {
+	case "":
+		return "", false, errLeaderUnknown
+	case s.cfg.APIAddr:
+		return "", false, leader.ErrNotLeader // elected, not serving yet: another node forwards here
 	}
-	return m.forward(s.peers.get(addr), ctx, req, s.forwardHeaders)
+	return addr, false, nil
 }

@@ -299,6 +299,9 @@ type ErrorDetail struct {
 	// For a compare-and-set that failed ("version_mismatch"): the key's current version
 	// (0 when it does not exist).
 	CurrentVersion uint64 `protobuf:"varint,6,opt,name=current_version,json=currentVersion,proto3" json:"current_version,omitempty"`
+	// For Unavailable "not_leader": the API address of the node this node believes
+	// leads, when it knows one ("" otherwise). Clients move there and retry.
+	LeaderApiAddr string `protobuf:"bytes,7,opt,name=leader_api_addr,json=leaderApiAddr,proto3" json:"leader_api_addr,omitempty"`
 	// For "lock_held": the lock that was held — for a lock set, the first of its names
 	// that was (holder_token and holder describe that lock's holder).
 	HeldLock      string `protobuf:"bytes,20,opt,name=held_lock,json=heldLock,proto3" json:"held_lock,omitempty"`
@@ -376,6 +379,13 @@ func (x *ErrorDetail) GetCurrentVersion() uint64 {
 		return x.CurrentVersion
 	}
 	return 0
+}
+
+func (x *ErrorDetail) GetLeaderApiAddr() string {
+	if x != nil {
+		return x.LeaderApiAddr
+	}
+	return ""
 }
 
 func (x *ErrorDetail) GetHeldLock() string {
@@ -3382,14 +3392,15 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06Holder\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x12\n" +
-	"\x04note\x18\x03 \x01(\tR\x04note\"\xf7\x01\n" +
+	"\x04note\x18\x03 \x01(\tR\x04note\"\x9f\x02\n" +
 	"\vErrorDetail\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12!\n" +
 	"\fholder_token\x18\x03 \x01(\x04R\vholderToken\x12,\n" +
 	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12#\n" +
 	"\rhighest_token\x18\x05 \x01(\x04R\fhighestToken\x12'\n" +
-	"\x0fcurrent_version\x18\x06 \x01(\x04R\x0ecurrentVersion\x12\x1b\n" +
+	"\x0fcurrent_version\x18\x06 \x01(\x04R\x0ecurrentVersion\x12&\n" +
+	"\x0fleader_api_addr\x18\a \x01(\tR\rleaderApiAddr\x12\x1b\n" +
 	"\theld_lock\x18\x14 \x01(\tR\bheldLock\"%\n" +
 	"\fGrantRequest\x12\x15\n" +
 	"\x06ttl_ms\x18\x01 \x01(\x03R\x05ttlMs\"A\n" +

@@ -1,0 +1,70 @@
+// Package reason names, once, the stable machine-readable reasons that travel in
+// ErrorDetail.reason: the server sets them (server/errors.go) and the client matches
+// them (package client), and neither types the strings again.
+//
+// The package is internal on purpose. The strings themselves are the public contract
+// (documented with ErrorDetail in proto/leasehold/v1/leasehold.proto, for clients in any
+// language); Go users of package client match its typed errors (ErrNotAcquired,
+// ErrStaleToken, ...) instead. Keeping the constants internal lets the list grow with
+// the coming RPCs, and move (into the method table, say), without a breaking change. It
+// imports nothing, so the client pulls no server dependency through it.
+package reason
+
+// Reasons, by the code they come with.
+const (
+	// InvalidArgument: a field is malformed or out of range (ErrorDetail.field names it).
+	InvalidArgument = "invalid_argument"
+
+	// NotFound: the lease is gone, and why.
+	LeaseUnknown = "lease_unknown" // never existed, or ended so long ago nobody remembers
+	LeaseExpired = "lease_expired"
+	LeaseRevoked = "lease_revoked"
+	NoSuchMember = "no_such_member"
+
+	// FailedPrecondition.
+	StaleToken      = "stale_token"
+	VersionMismatch = "version_mismatch"
+	NotHolder       = "not_holder"
+	ClassConflict   = "class_conflict"
+	ModeConflict    = "mode_conflict" // another mode or semaphore limit than the name is in use with
+	SetConflict     = "set_conflict"  // a lock set that overlaps what the lease holds or waits for
+	MemberCheck     = "member_check"  // the node to add does not answer as itself
+	LastVoter       = "last_voter"
+	WrongCluster    = "wrong_cluster"
+
+	// DeadlineExceeded: the lock stayed held for the whole wait.
+	LockHeld = "lock_held"
+
+	// ResourceExhausted: a server limit.
+	LimitLeases        = "limit_leases"
+	LimitLocksPerLease = "limit_locks_per_lease"
+	LimitWaiters       = "limit_waiters"
+	LimitKeys          = "limit_idempotency_keys"
+	Quota              = "quota" // an identity's quota (auth); the message says which
+
+	// AlreadyExists.
+	LeaseExists = "lease_exists"
+
+	// Unavailable, the request not served by any leader: nothing was done, and the
+	// request is safe to send again, to any node.
+	NotLeader     = "not_leader"     // ErrorDetail.leader_api_addr names the leader when known
+	LeaderUnknown = "leader_unknown" // this node knows no leader, or not yet its API address
+	// Unavailable, the outcome unknown: the request may have taken effect.
+	LeaderUnreachable = "leader_unreachable" // the forward to the leader got no answer
+	OutcomeUnknown    = "outcome_unknown"    // leadership was lost before the commit was confirmed
+	EpochLost         = "epoch_lost"
+	// Unavailable, nothing done: try another node.
+	NotCaughtUp = "not_caught_up" // a new member added as a non-voter has not caught up
+	NoClusterID = "no_cluster_id" // this node does not know its cluster yet
+
+	// Unauthenticated and PermissionDenied (auth, G11).
+	Unauthenticated  = "unauthenticated"
+	PermissionDenied = "permission_denied"
+
+	// The context's own ends.
+	DeadlineExceeded = "deadline_exceeded"
+	Canceled         = "canceled"
+
+	// Internal: anything not mapped.
+	Internal = "internal"
+)
