@@ -153,10 +153,15 @@ func TestSessionsBeyondInFlightLimit(t *testing.T) {
 	defer cancel()
 	defer c.Close(ctx)
 	n := fastlane.MaxInFlight + 64
+	// A minute's TTL: on a loaded machine under the race detector, 4,160 leases' keepalives
+	// can queue behind the acquires for longer than the default 10 s, and a lease that
+	// expires is a fair outcome there (the Unlock answers "lease expired"), not the
+	// in-flight limit this test is about.
+	ttl := client.LockTTL(time.Minute)
 	holder := c.NewSession()
 	held := make([]*client.Lock, n)
 	for i := range n {
-		l, err := holder.Lock(ctx, fmt.Sprintf("limit/%d", i), client.Efficiency)
+		l, err := holder.Lock(ctx, fmt.Sprintf("limit/%d", i), client.Efficiency, ttl)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +174,7 @@ func TestSessionsBeyondInFlightLimit(t *testing.T) {
 		go func() {
 			s := c.NewSession()
 			queued.Done()
-			l, err := s.Lock(ctx, fmt.Sprintf("limit/%d", i), client.Efficiency)
+			l, err := s.Lock(ctx, fmt.Sprintf("limit/%d", i), client.Efficiency, ttl)
 			if err == nil {
 				err = l.Unlock(ctx)
 			}

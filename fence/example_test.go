@@ -122,3 +122,50 @@ func ExampleServerInterceptor() {
 		func() (string, uint64, bool) { return lock.Name(), lock.Token(), true }))
 	_ = clientInterceptors // pass to your generated New...Client(httpClient, url, clientInterceptors)
 }
+
+// Example_sqlKeys is a task done at most once by whichever partition owner runs it: the
+// guard orders the owners' writes, the key dedupes the task, both in one transaction.
+func Example_sqlKeys() {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", "postgres://app@db/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	guard, err := fence.NewSQL(fence.Postgres, "leasehold_fence")
+	if err != nil {
+		log.Fatal(err)
+	}
+	keys, err := fence.NewSQLKeys(fence.Postgres, "leasehold_keys")
+	if err != nil {
+		log.Fatal(err)
+	}
+	var token uint64 // the owner's epoch (a partition's) or a lock's token
+	const invoiceID = "INV-1"
+	run := func() error {
+		tx, _ := db.BeginTx(ctx, nil)
+		defer tx.Rollback()
+		if err := guard.Admit(ctx, tx, "partition/7", token); err != nil {
+			return err // a newer owner has written: stop
+		}
+		if err := keys.Claim(ctx, tx, "invoice/2026-05/K", token); errors.Is(err, fence.ErrDone) {
+			return nil // done already, by the owner the error names
+		} else if err != nil {
+			return err
+		}
+		// ... insert the invoice through tx ...
+		_ = keys.Record(ctx, tx, "invoice/2026-05/K", token, []byte(invoiceID))
+		return tx.Commit()
+	}
+	if err := run(); err != nil {
+		log.Print(err)
+	}
+}
+
+// ExampleIdempotency serves POST /payments at most once per Idempotency-Key: a retry
+// gets the stored answer, a request while the first runs gets 409.
+func ExampleIdempotency() {
+	ctx := context.Background()
+	var payments http.Handler // the application's handler
+	c, _ := client.Dial(ctx, "127.0.0.1:7740")
+	http.Handle("POST /payments", fence.Idempotency(c, fence.WithKeyPrefix("payments/"))(payments))
+}

@@ -82,7 +82,8 @@ type Config struct {
 }
 
 // DefaultConfig returns the configuration that a zero Config stands for: every field
-// that has a default, set to it. Version, NodeID, APIAddr and FastLaneAddr have none.
+// that has a default, set to it. Version, NodeID, APIAddr, FastLaneAddr, Auth, TLS and
+// Registry have none.
 func DefaultConfig() Config {
 	return Config{
 		DefaultTTL:        10 * time.Second,
@@ -96,6 +97,7 @@ func DefaultConfig() Config {
 		WriteTimeout:      10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxConnsPerClient: 512,
+		Logger:            slog.Default(),
 	}
 }
 
