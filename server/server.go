@@ -51,6 +51,7 @@ type Server struct {
 	clusterID atomic.Pointer[string]
 	log       *slog.Logger
 	quotas    quotas
+	lanes     lanes // the open fast-lane connections, for DrainFastLane
 }
 
 // New returns a Server with cfg, whose zero fields take their defaults. An invalid cfg
