@@ -295,7 +295,8 @@ func dialLaneWith(t *testing.T, addr string, ext fastlane.Extensions) *lane {
 
 // TestAdminHTTP checks the HTTP endpoints beside the RPCs with auth on: /admin/snapshot
 // and /debug/pprof/ need admin on every name, /metrics needs read (any rule gives it),
-// /healthz is open.
+// /healthz and the dashboard's assets (/ui, whose page reads with the caller's token) are
+// open.
 func TestAdminHTTP(t *testing.T) {
 	a, err := auth.Load(writeAuthFile(t))
 	if err != nil {
@@ -307,6 +308,9 @@ func TestAdminHTTP(t *testing.T) {
 		want        int
 	}{
 		{"/healthz", "", http.StatusOK},
+		{"/ui", "", http.StatusOK},
+		{"/ui/app.js", "", http.StatusOK},
+		{"/ui/config.json", "", http.StatusOK},
 		{"/metrics", "", http.StatusUnauthorized},
 		{"/metrics", "nobody", http.StatusUnauthorized},
 		{"/metrics", "locker", http.StatusOK},

@@ -18,6 +18,7 @@ import (
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/leader"
 	"github.com/leasehold/leasehold/replication"
+	"github.com/leasehold/leasehold/ui"
 )
 
 // Raft is what the server needs from the replication layer (replication.Node).
@@ -69,9 +70,10 @@ func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 
 // Handler returns the HTTP handler serving every RPC of the method table with Connect
 // (gRPC, gRPC-Web and Connect's JSON/binary protocol), gRPC health (grpc.health.v1) and
-// server reflection, plus /metrics, /healthz (alive), /readyz (ready to serve) and
-// /admin/snapshot (with Config.Auth: admin for /admin/snapshot, read for /metrics, the
-// health checks open to all). Every request passes the guard (guard.go): deadlines for slow
+// server reflection, plus /metrics, /healthz (alive), /readyz (ready to serve),
+// /admin/snapshot and the dashboard at /ui (with Config.Auth: admin for /admin/snapshot,
+// read for /metrics, the health checks and the dashboard's assets open to all — the
+// page reads its data with the caller's token, through the RPCs). Every request passes the guard (guard.go): deadlines for slow
 // clients, checked gRPC envelopes, bounded bodies.
 func (s *Server) Handler() http.Handler {
 	opts := []connect.HandlerOption{
@@ -91,7 +93,20 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /metrics", s.requireHTTP(permRead, s.metrics.handler()))
 	mux.HandleFunc("GET /healthz", s.serveHealthz)
 	mux.HandleFunc("GET /readyz", s.serveReadyz)
+	dashboard := s.dashboard()
+	mux.Handle("GET /ui", dashboard)
+	mux.Handle("GET /ui/", dashboard)
 	return s.withClusterID(newGuard(s.identified(mux), s.cfg, routesOf(leaseholdv1.File_leasehold_v1_leasehold_proto, maps.Clone(grpcServiceRoutes))))
+}
+
+// dashboard returns the handler of /ui (package ui), told whether auth is on and
+// which RPCs this server serves.
+func (s *Server) dashboard() http.Handler {
+	procs := make([]string, 0, len(s.methods.list))
+	for _, m := range s.methods.list {
+		procs = append(procs, m.procedure)
+	}
+	return ui.Handler(ui.Config{Auth: s.authOn(), Procedures: procs})
 }
 
 // serveSnapshot writes the whole state (leases, locks, token sequence, KV, members) as

@@ -1,0 +1,457 @@
+// leasehold dashboard. Talks to the node that served it with Connect's JSON protocol
+// (POST /leasehold.v1.<Service>/<Method>, Content-Type application/json), like any
+// other client, and shows what the caller may read. No framework, no dependencies.
+"use strict";
+
+(() => {
+  const POLL_MS = 500; // List while the node serves no Watch
+  const CLUSTER_MS = 2000; // Status and Members
+  const FEED_MAX = 300; // events kept in the feed
+  const TOKEN_KEY = "leasehold.token";
+
+  const state = {
+    cfg: { auth: false, procedures: [] },
+    token: sessionStorage.getItem(TOKEN_KEY) || "",
+    prefix: "",
+    locks: new Map(), // name → LockInfo (JSON), as last seen
+    seenAt: 0, // performance.now() when the lock table was last fetched
+    selected: "", // the lock whose ledger is open
+    generation: 0, // bumped to stop the running loops (new token, new prefix)
+    feedCount: 0,
+  };
+
+  const $ = (sel) => document.querySelector(sel);
+
+  // ---- Connect ------------------------------------------------------------------------
+
+  // RPCError is a Connect error: code ("permission_denied", …) and message.
+  class RPCError extends Error {
+    constructor(code, message) {
+      super(message);
+      this.code = code;
+    }
+  }
+
+  function headers(contentType) {
+    const h = { "Content-Type": contentType, "Connect-Protocol-Version": "1" };
+    if (state.token) h.Authorization = "Bearer " + state.token;
+    return h;
+  }
+
+  const serves = (service, method) => state.cfg.procedures.includes(`/leasehold.v1.${service}/${method}`);
+
+  // errorOf turns a failed answer's body (Connect's JSON error) into an RPCError.
+  function errorOf(status, text) {
+    try {
+      const e = JSON.parse(text);
+      if (e && e.code) return new RPCError(e.code, e.message || e.code);
+    } catch (_) {
+      // not JSON: a proxy's page, say
+    }
+    return new RPCError("unknown", `HTTP ${status}${text ? ": " + text.slice(0, 200) : ""}`);
+  }
+
+  // call makes a unary RPC and returns the answer's JSON.
+  async function call(service, method, body, signal) {
+    const resp = await fetch(`/leasehold.v1.${service}/${method}`, {
+      method: "POST", headers: headers("application/json"), body: JSON.stringify(body || {}), signal,
+    });
+    const text = await resp.text();
+    if (!resp.ok) throw errorOf(resp.status, text);
+    return text ? JSON.parse(text) : {};
+  }
+
+  // stream makes a server-streaming RPC with Connect's streaming protocol: each message
+  // is an envelope of 1 byte of flags and a 4-byte big-endian length; the last one has
+  // flag 0x02 and carries the end-of-stream JSON ({"error": …} when the call failed).
+  // onMessage gets each message's JSON. It resolves when the stream ends cleanly.
+  async function stream(service, method, body, signal, onMessage) {
+    const payload = new TextEncoder().encode(JSON.stringify(body || {}));
+    const req = new Uint8Array(5 + payload.length);
+    new DataView(req.buffer).setUint32(1, payload.length);
+    req.set(payload, 5);
+    const resp = await fetch(`/leasehold.v1.${service}/${method}`, {
+      method: "POST", headers: headers("application/connect+json"), body: req, signal,
+    });
+    if (!resp.ok) throw errorOf(resp.status, await resp.text());
+    const reader = resp.body.getReader();
+    const utf8 = new TextDecoder();
+    let buf = new Uint8Array(0);
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) throw new RPCError("unavailable", "the stream ended without its end-of-stream message");
+      const joined = new Uint8Array(buf.length + value.length);
+      joined.set(buf);
+      joined.set(value, buf.length);
+      buf = joined;
+      while (buf.length >= 5) {
+        const flags = buf[0];
+        const size = new DataView(buf.buffer, buf.byteOffset, 5).getUint32(1);
+        if (buf.length < 5 + size) break;
+        const msg = utf8.decode(buf.subarray(5, 5 + size));
+        buf = buf.slice(5 + size);
+        if (flags & 0x01) throw new RPCError("internal", "the server sent a compressed message, which this page did not ask for");
+        if (flags & 0x02) {
+          const end = msg ? JSON.parse(msg) : {};
+          if (end.error) throw new RPCError(end.error.code || "unknown", end.error.message || end.error.code || "stream failed");
+          return;
+        }
+        onMessage(JSON.parse(msg));
+      }
+    }
+  }
+
+  // ---- errors and auth ------------------------------------------------------------------
+
+  function explain(err) {
+    if (err instanceof RPCError) {
+      switch (err.code) {
+        case "permission_denied": return "not allowed: " + err.message;
+        case "unauthenticated": return "token needed or not known: " + err.message;
+        default: return `${err.code}: ${err.message}`;
+      }
+    }
+    return "cannot reach the node: " + (err && err.message ? err.message : String(err));
+  }
+
+  let shownError = "";
+  function showError(where, err) {
+    const text = err ? `${where}: ${explain(err)}` : "";
+    if (text === shownError) return;
+    shownError = text;
+    const el = $("#error");
+    el.textContent = text;
+    el.hidden = !text;
+    if (err instanceof RPCError && err.code === "unauthenticated" && state.cfg.auth) askToken();
+  }
+
+  function askToken() {
+    $("#auth").hidden = false;
+    $("#token").focus();
+  }
+
+  // ---- formatting -------------------------------------------------------------------------
+
+  const enumName = (v, prefix, dflt) => (v ? String(v).replace(prefix, "").toLowerCase() : dflt);
+  const className = (c) => enumName(c, "LOCK_CLASS_", "?");
+  function modeName(l) {
+    const m = enumName(l.mode, "LOCK_MODE_", "exclusive");
+    return m === "semaphore" ? `semaphore(${l.limit || 0})` : m;
+  }
+  function holderText(h) {
+    if (!h) return "";
+    const parts = [];
+    if (h.host) parts.push(h.pid ? `${h.host}:${h.pid}` : h.host);
+    else if (h.pid) parts.push(`pid ${h.pid}`);
+    if (h.note) parts.push(h.note);
+    return parts.join(" — ") || "(no description)";
+  }
+  function holdersOf(l) {
+    if (l.holders && l.holders.length) return l.holders;
+    if (!l.held) return [];
+    return [{ token: l.token, holder: l.holder, ttlRemainingMs: l.ttlRemainingMs }];
+  }
+  function ttlText(ms) {
+    if (ms < 0) return "—";
+    return (ms / 1000).toFixed(1) + " s";
+  }
+  const clock = (d) => d.toLocaleTimeString([], { hour12: false }) + "." + String(d.getMilliseconds()).padStart(3, "0");
+  function el(tag, attrs, ...children) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "class") e.className = v;
+      else if (k.startsWith("data-")) e.setAttribute(k, v);
+      else e[k] = v;
+    }
+    for (const c of children) e.append(c instanceof Node ? c : String(c));
+    return e;
+  }
+
+  // ---- the lock table ---------------------------------------------------------------------
+
+  function renderLocks() {
+    const body = $("#locks tbody");
+    const rows = [];
+    for (const l of state.locks.values()) {
+      const hs = holdersOf(l);
+      const tr = el("tr", { "data-name": l.name },
+        el("td", { class: "name" }, el("code", {}, l.name)),
+        el("td", { class: "class" }, className(l.class)),
+        el("td", { class: "mode" }, modeName(l)),
+        el("td", { class: "holder" }, hs.length ? hs.map((h) => holderText(h.holder)).join("; ") : el("span", { class: "muted" }, l.delayRemainingMs > 0 ? "free, in lock-delay" : "free")),
+        el("td", { class: "token" }, hs.map((h) => h.token || "0").join(", ")),
+        el("td", { class: "ttl" }),
+        el("td", { class: "waiters" }, l.waiters || 0));
+      if (l.name === state.selected) tr.classList.add("selected");
+      rows.push(tr);
+    }
+    body.replaceChildren(...rows);
+    $("#locks-empty").hidden = rows.length > 0;
+    $("#lock-count").textContent = `(${rows.length})`;
+    tickTTL();
+  }
+
+  // tickTTL counts the TTLs down between updates, from what the leader said when the
+  // table was fetched.
+  function tickTTL() {
+    const elapsed = performance.now() - state.seenAt;
+    for (const tr of document.querySelectorAll("#locks tbody tr")) {
+      const l = state.locks.get(tr.dataset.name);
+      if (!l) continue;
+      const hs = holdersOf(l);
+      const cell = tr.querySelector("td.ttl");
+      if (!hs.length) {
+        cell.textContent = l.delayRemainingMs > 0 ? "delay " + ttlText(Math.max(0, Number(l.delayRemainingMs) - elapsed)) : "";
+        continue;
+      }
+      const ms = hs.map((h) => {
+        const t = Number(h.ttlRemainingMs ?? -1);
+        return t < 0 ? -1 : Math.max(0, t - elapsed);
+      });
+      cell.textContent = ms.map(ttlText).join(", ");
+      const least = Math.min(...ms.filter((t) => t >= 0));
+      cell.classList.toggle("low", least < 3000 && least > 0);
+      cell.classList.toggle("gone", least === 0);
+    }
+  }
+
+  // ---- the event feed ---------------------------------------------------------------------
+
+  // addEvent puts e at the top of the feed: {kind, name, token, holder, note, revision}.
+  function addEvent(e) {
+    const feed = $("#feed");
+    const li = el("li", { "data-kind": e.kind, "data-name": e.name || "" },
+      el("span", { class: "muted" }, clock(new Date()) + (e.revision ? ` r${e.revision}` : "") + " "),
+      el("span", { class: "kind kind-" + e.kind }, e.kind.replace("_", " ")), " ",
+      e.name ? el("code", {}, e.name) : "",
+      e.token ? ` #${e.token}` : "",
+      e.holder ? ` by ${holderText(e.holder)}` : "",
+      e.note ? ` (${e.note})` : "");
+    feed.prepend(li);
+    state.feedCount++;
+    while (feed.children.length > FEED_MAX) feed.lastElementChild.remove();
+  }
+
+  // diff derives the feed from two listings, when the node serves no Watch: a token that
+  // appears was acquired; one that disappears ended — released, or expired when its TTL
+  // had (nearly) run out when it was last seen. Changes between two polls that undo each
+  // other are not seen.
+  function diff(before, after) {
+    for (const [name, l] of after) {
+      const was = before.get(name);
+      const old = new Map(was ? holdersOf(was).map((h) => [h.token, h]) : []);
+      for (const h of holdersOf(l)) {
+        if (!old.has(h.token)) addEvent({ kind: "acquired", name, token: h.token, holder: h.holder });
+      }
+      if ((l.waiters || 0) !== ((was && was.waiters) || 0)) {
+        addEvent({ kind: "waiters", name, note: `${(was && was.waiters) || 0} → ${l.waiters || 0} waiting` });
+      }
+    }
+    for (const [name, was] of before) {
+      const now = after.get(name);
+      const current = new Set(now ? holdersOf(now).map((h) => h.token) : []);
+      for (const h of holdersOf(was)) {
+        if (current.has(h.token)) continue;
+        const ttl = Number(h.ttlRemainingMs ?? -1);
+        const expired = ttl >= 0 && ttl <= POLL_MS * 2;
+        addEvent({ kind: expired ? "expired" : "released", name, token: h.token, holder: h.holder, note: "seen by polling" });
+      }
+    }
+  }
+
+  // ---- data sources -------------------------------------------------------------------------
+
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+  function setLive(text, cls) {
+    const b = $("#live");
+    b.textContent = text;
+    b.className = "badge " + (cls || "");
+  }
+
+  // pollLocks lists the locks every POLL_MS, derives the feed from the differences and
+  // updates the ledger panel, until the generation changes.
+  async function pollLocks(gen) {
+    $("#feed-source").textContent = "(derived from List every 500 ms)";
+    let first = true;
+    while (gen === state.generation) {
+      try {
+        const resp = await call("LockService", "List", { prefix: state.prefix, limit: 10000 });
+        if (gen !== state.generation) return;
+        const next = new Map((resp.locks || []).map((l) => [l.name, l]));
+        if (!first) diff(state.locks, next);
+        first = false;
+        state.locks = next;
+        state.seenAt = performance.now();
+        renderLocks();
+        setLive(resp.truncated ? "polling (truncated)" : "polling", "live");
+        showError("", null);
+        if (state.selected) refreshLedger();
+      } catch (err) {
+        if (gen !== state.generation) return;
+        setLive("stale", "stale");
+        showError("locks", err);
+      }
+      await sleep(POLL_MS);
+    }
+  }
+
+  // pollCluster reads this node's Status and the Members every CLUSTER_MS.
+  async function pollCluster(gen) {
+    while (gen === state.generation) {
+      let status = null;
+      let members = null;
+      let failure = null;
+      try {
+        [status, members] = await Promise.all([call("ClusterService", "Status"), call("ClusterService", "Members")]);
+      } catch (err) {
+        failure = err;
+      }
+      if (gen !== state.generation) return;
+      renderCluster(status, members, failure);
+      await sleep(CLUSTER_MS);
+    }
+  }
+
+  function renderCluster(st, members, failure) {
+    const dl = $("#status");
+    if (failure) {
+      dl.replaceChildren(el("dt", {}, "this node"), el("dd", { class: "health-bad" }, explain(failure)));
+      $("#members tbody").replaceChildren();
+      return;
+    }
+    $("#node").textContent = `node ${st.nodeId || "?"} (${st.role || "?"})`;
+    const lag = Number(st.commitIndex || 0) - Number(st.appliedIndex || 0);
+    const pairs = [
+      ["node", `${st.nodeId || "?"} at ${st.apiAddr || location.host}`],
+      ["role", st.role || "?"],
+      ["leader", st.leader ? `${st.leader} (${st.leaderApiAddr || "address unknown"})` : "none known"],
+      ["term", st.term || "0"],
+      ["commit / applied", `${st.commitIndex || 0} / ${st.appliedIndex || 0}` + (lag ? ` (${lag} behind)` : "")],
+      ["leases / locks", `${st.leases || 0} / ${st.locks || 0}`],
+      ["last token", st.lastToken || "0"],
+      ["version", st.version || "?"],
+      ["up", ttlText(Number(st.uptimeMs || 0))],
+    ];
+    dl.replaceChildren(...pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+    const rows = (members.members || []).map((m) => {
+      const self = m.nodeId === st.nodeId;
+      const role = m.leader ? "leader" : self ? st.role : "follower";
+      let health;
+      if (self) health = st.leader ? ["health-ok", lag > 1000 ? `catching up (${lag})` : "ok (this node)"] : ["health-bad", "no leader known"];
+      else if (m.leader) health = st.leader === m.nodeId ? ["health-ok", "leading (this node hears it)"] : ["health-bad", "not heard by this node"];
+      else health = ["muted", "not checked from here"];
+      return el("tr", { "data-node": m.nodeId },
+        el("td", {}, m.nodeId + (self ? " (this node)" : "")),
+        el("td", { class: "mono" }, m.apiAddr || ""),
+        el("td", {}, m.suffrage || ""),
+        el("td", {}, role),
+        el("td", { class: health[0] }, health[1]));
+    });
+    $("#members tbody").replaceChildren(...rows);
+  }
+
+  // ---- one lock: its holders now and its ledger ---------------------------------------------
+
+  let ledgerBusy = false;
+  async function refreshLedger() {
+    if (ledgerBusy || !state.selected) return;
+    ledgerBusy = true;
+    const name = state.selected;
+    try {
+      const d = await call("LockService", "Describe", { name });
+      if (name !== state.selected) return;
+      const l = d.lock || { name };
+      const hs = holdersOf(l);
+      const known = l.held || l.waiters || l.delayRemainingMs > 0;
+      $("#ledger-now").replaceChildren(
+        known
+          ? el("p", {}, `${className(l.class)}, ${modeName(l)}, ${l.waiters || 0} waiting` + (l.delayRemainingMs > 0 ? `, lock-delay ${ttlText(Number(l.delayRemainingMs))}` : ""))
+          : "",
+        hs.length
+          ? el("ul", {}, ...hs.map((h) => el("li", {}, `#${h.token} ${holderText(h.holder)}, TTL ${ttlText(Number(h.ttlRemainingMs ?? -1))}`)))
+          : el("p", { class: "muted" }, "not held"));
+      if (!serves("LockService", "History")) {
+        $("#ledger-note").textContent = "This node serves no LockService.History: no ledger to show.";
+        $("#ledger").hidden = true;
+      }
+    } catch (err) {
+      $("#ledger-now").replaceChildren(el("p", { class: "error" }, explain(err)));
+    } finally {
+      ledgerBusy = false;
+    }
+  }
+
+  function openLedger(name) {
+    state.selected = name;
+    $("#ledger-section").hidden = false;
+    $("#ledger-name").textContent = name;
+    $("#ledger-now").replaceChildren();
+    for (const tr of document.querySelectorAll("#locks tbody tr")) tr.classList.toggle("selected", tr.dataset.name === name);
+    refreshLedger();
+  }
+
+  // ---- start --------------------------------------------------------------------------------
+
+  function restart() {
+    const gen = ++state.generation;
+    state.locks = new Map();
+    renderLocks();
+    pollLocks(gen);
+    pollCluster(gen);
+  }
+
+  async function main() {
+    try {
+      const resp = await fetch("/ui/config.json");
+      if (resp.ok) state.cfg = await resp.json();
+    } catch (err) {
+      showError("config", err);
+    }
+    const hash = location.hash.match(/^#prefix=(.*)$/);
+    state.prefix = hash ? decodeURIComponent(hash[1]) : "";
+    $("#prefix").value = state.prefix;
+    $("#logout").hidden = !state.cfg.auth;
+    $("#filter").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      state.prefix = $("#prefix").value.trim();
+      history.replaceState(null, "", state.prefix ? "#prefix=" + encodeURIComponent(state.prefix) : location.pathname);
+      restart();
+    });
+    $("#auth").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      state.token = $("#token").value.trim();
+      sessionStorage.setItem(TOKEN_KEY, state.token);
+      $("#token").value = "";
+      $("#auth").hidden = true;
+      showError("", null);
+      restart();
+    });
+    $("#logout").addEventListener("click", () => {
+      sessionStorage.removeItem(TOKEN_KEY);
+      state.token = "";
+      state.generation++;
+      state.locks = new Map();
+      renderLocks();
+      askToken();
+    });
+    $("#locks tbody").addEventListener("click", (ev) => {
+      const tr = ev.target.closest("tr[data-name]");
+      if (tr) openLedger(tr.dataset.name);
+    });
+    $("#ledger-close").addEventListener("click", () => {
+      state.selected = "";
+      $("#ledger-section").hidden = true;
+      renderLocks();
+    });
+    setInterval(tickTTL, 100);
+    if (state.cfg.auth && !state.token) {
+      setLive("needs a token", "stale");
+      askToken();
+      return;
+    }
+    restart();
+  }
+
+  main();
+})();

@@ -1,0 +1,204 @@
+package ui_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/testnode"
+)
+
+// TestDashboardInBrowser opens /ui of a node in headless Chromium and checks what a
+// user sees: a lock a client takes appears with its holder and token within a second;
+// its release shows in the event feed; a click on the lock opens its panel. It saves a
+// screenshot and fails on any console error or uncaught exception of the page.
+func TestDashboardInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a leasehold node and a browser")
+	}
+	b := startBrowser(t)
+	node := testnode.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	b.open(t, "http://"+node.Addr()+"/ui")
+	b.wait(t, `document.querySelector("#live").textContent === "polling"`, 5*time.Second)
+
+	c, err := client.Dial(ctx, node.Addr(), client.WithHolder(client.Holder{Host: "ui-test", PID: 4242}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	const name = "jobs/nightly"
+	l, err := c.Lock(ctx, name, client.Correctness, client.WithNote("browser test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := fmt.Sprintf(`document.querySelector('#locks tr[data-name=%q]')`, name)
+	b.wait(t, fmt.Sprintf(`(r => r && r.querySelector("td.token").textContent === "%d" && r.querySelector("td.holder").textContent.includes("ui-test:4242 — browser test"))(%s)`, l.Token(), row), time.Second)
+	b.wait(t, row+`.querySelector("td.ttl").textContent.endsWith(" s")`, time.Second)
+
+	if err := b.do(chromedp.Click(chromedp.CSS(`#locks tr[data-name="` + name + `"]`))); err != nil {
+		t.Fatal(err)
+	}
+	b.wait(t, fmt.Sprintf(`!document.querySelector("#ledger-section").hidden && document.querySelector("#ledger-now").textContent.includes("#%d ui-test:4242")`, l.Token()), 2*time.Second)
+	b.screenshot(t, "held.png")
+
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.wait(t, fmt.Sprintf(`document.querySelector('#feed li[data-kind="released"][data-name=%q]') !== null`, name), 2*time.Second)
+	b.wait(t, `document.querySelector("#ledger-now").textContent.includes("not held")`, 2*time.Second)
+	b.wait(t, `document.querySelector("#members tbody tr") !== null`, 3*time.Second)
+	b.screenshot(t, "released.png")
+	b.checkConsole(t)
+}
+
+// browser is a headless Chromium tab, with the console errors and exceptions it saw.
+type browser struct {
+	ctx      context.Context
+	mu       sync.Mutex
+	problems []string
+}
+
+// startBrowser starts headless Chromium (LEASEHOLD_TEST_CHROMIUM, else chromium on
+// PATH) for the test. Without it the test is skipped, except under CI, where it fails:
+// scripts/chromium.sh installs it.
+func startBrowser(t *testing.T) *browser {
+	t.Helper()
+	path := os.Getenv("LEASEHOLD_TEST_CHROMIUM")
+	if path == "" {
+		path, _ = exec.LookPath("chromium")
+	}
+	if path == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no chromium: set LEASEHOLD_TEST_CHROMIUM (eval \"$(bash scripts/chromium.sh)\")")
+		}
+		t.Skip("no chromium (eval \"$(bash scripts/chromium.sh)\" installs it)")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.WindowSize(1400, 900),
+		chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	b := &browser{ctx: ctx}
+	if err := chromedp.Listen(ctx, b.observe); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// observe records the console errors, uncaught exceptions and failed loads of the page.
+func (b *browser) observe(ev any) {
+	var p string
+	switch ev := ev.(type) {
+	case *runtime.EventConsoleAPICalled:
+		if ev.Type != runtime.ConsoleAPICalledTypeError && ev.Type != runtime.ConsoleAPICalledTypeAssert {
+			return
+		}
+		args := make([]string, 0, len(ev.Args))
+		for _, a := range ev.Args {
+			args = append(args, a.Description+string(a.Value))
+		}
+		p = "console." + string(ev.Type) + ": " + strings.Join(args, " ")
+	case *runtime.EventExceptionThrown:
+		d := ev.ExceptionDetails
+		p = fmt.Sprintf("exception at %s:%d:%d: %s", d.URL, d.LineNumber+1, d.ColumnNumber+1, d.Text)
+		if d.Exception != nil {
+			p += " " + d.Exception.Description
+		}
+	case *log.EventEntryAdded:
+		if ev.Entry.Level != log.EntryLevelError {
+			return
+		}
+		p = fmt.Sprintf("log %s: %s %s", ev.Entry.Source, ev.Entry.Text, ev.Entry.URL)
+	default:
+		return
+	}
+	b.mu.Lock()
+	b.problems = append(b.problems, p)
+	b.mu.Unlock()
+}
+
+func (b *browser) do(steps ...chromedp.Action[chromedp.Void]) error {
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	return chromedp.Do(ctx, steps...)
+}
+
+func (b *browser) open(t *testing.T, url string) {
+	t.Helper()
+	if err := b.do(chromedp.Navigate(url)); err != nil {
+		t.Fatalf("open %s: %v", url, err)
+	}
+}
+
+// wait waits up to d for the JavaScript expression cond to be true.
+func (b *browser) wait(t *testing.T, cond string, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, d+5*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](cond, chromedp.WithPollingTimeout(d), chromedp.WithPollingInterval(20*time.Millisecond))); err != nil {
+		b.checkConsole(t)
+		t.Fatalf("not true within %v: %s (%v)\npage: %s", d, cond, err, b.text())
+	}
+	t.Logf("after %v: %s", time.Since(start).Round(time.Millisecond), cond)
+}
+
+// text returns the page's visible text, for failure messages.
+func (b *browser) text() string {
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancel()
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
+	if err != nil {
+		return err.Error()
+	}
+	return s
+}
+
+// screenshot saves the page as an artifact: under LEASEHOLD_TEST_ARTIFACTS when set
+// (CI), else in the test's artifact directory (go test -artifacts keeps it).
+func (b *browser) screenshot(t *testing.T, file string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := os.Getenv("LEASEHOLD_TEST_ARTIFACTS")
+	if dir == "" {
+		dir = t.ArtifactDir()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, t.Name()+"-"+file)
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", path)
+}
+
+// checkConsole fails the test if the page logged an error or threw.
+func (b *browser) checkConsole(t *testing.T) {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, p := range b.problems {
+		t.Error(p)
+	}
+}
