@@ -290,6 +290,9 @@
       } catch (err) {
         if (gen !== state.generation) return;
         setLive("stale", "stale");
+        if (err instanceof RPCError && err.code === "permission_denied" && !state.prefix) {
+          err.message += " (enter a prefix this token may read)";
+        }
         showError("locks", err);
       }
       await sleep(POLL_MS);
