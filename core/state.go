@@ -77,6 +77,10 @@ func (s *State) Leases(fn func(*Lease)) {
 // NumLeases returns the number of live leases.
 func (s *State) NumLeases() int { return len(s.leases) }
 
+// Record makes Apply call fn with every lock event of the commands it applies, in
+// order, as it applies them (see Locks.Record). nil stops recording.
+func (s *State) Record(fn func(Event)) { s.locks.Record(fn) }
+
 // Locks returns the correctness lock table for reading. Callers must not mutate it.
 func (s *State) Locks() *Locks { return s.locks }
 

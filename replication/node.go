@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/watch"
 )
 
 // Errors returned by Node.
@@ -78,6 +79,10 @@ type Config struct {
 	// Observe, if set, is called with the effects of every applied command, in log
 	// order, from raft's apply goroutine. It must not block and must not call Apply.
 	Observe func([]core.Effect)
+	// Events, if set, receives the lock events of every applied command entry (G10),
+	// stamped with the entry's index, while the entry is applied: a reader of the state
+	// never sees a change before its event is in the hub. A restored snapshot resets it.
+	Events *watch.Hub
 	// LeaderChange, if set, receives true when this node becomes leader and false when
 	// it stops being leader. Raft blocks until the value is received.
 	LeaderChange chan<- bool
@@ -220,7 +225,8 @@ func Open(cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
-	n.fsm = &fsm{state: core.NewState(cfg.Limits), limits: cfg.Limits, observe: cfg.Observe, log: cfg.Logger}
+	n.fsm = &fsm{limits: cfg.Limits, observe: cfg.Observe, events: cfg.Events, log: cfg.Logger}
+	n.fsm.setState(core.NewState(cfg.Limits))
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)

@@ -47,6 +47,7 @@ var aclNeeds = map[string]struct {
 	"/leasehold.v1.LockService/List":            {auth.Read, true},
 	"/leasehold.v1.LockService/ForceRelease":    {auth.Admin, false},
 	"/leasehold.v1.LockService/CheckToken":      {auth.Read, true},
+	"/leasehold.v1.LockService/Watch":           {auth.Read, true},
 	"/leasehold.v1.KVService/Get":               {auth.Read, true},
 	"/leasehold.v1.KVService/Put":               {auth.KVWrite, true},
 	"/leasehold.v1.KVService/Delete":            {auth.KVWrite, true},
@@ -243,6 +244,10 @@ func newRequest(t *testing.T, procedure string) proto.Message {
 // returns the answer's code (0 for success) and error message.
 func authCall(t *testing.T, addr, procedure, token string, req proto.Message) (connect.Code, string) {
 	t.Helper()
+	if isStream(procedure) {
+		code, msg, _ := streamCall(t, addr, procedure, token, req)
+		return code, msg
+	}
 	body, err := proto.Marshal(req)
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/leasehold/leasehold/internal/reason"
 	"github.com/leasehold/leasehold/leader"
 	"github.com/leasehold/leasehold/replication"
+	"github.com/leasehold/leasehold/watch"
 )
 
 // errorCodes is the one table that maps errors to RPC codes and stable reasons. Entries
@@ -47,6 +48,7 @@ var errorCodes = []struct {
 	{errLastVoter, connect.CodeFailedPrecondition, reason.LastVoter},
 	{errNotCaughtUp, connect.CodeUnavailable, reason.NotCaughtUp},
 	{errWrongCluster, connect.CodeFailedPrecondition, reason.WrongCluster},
+	{watch.ErrCompacted, connect.CodeFailedPrecondition, reason.Compacted},
 	{errNoClusterID, connect.CodeUnavailable, reason.NoClusterID},
 	{ErrShuttingDown, connect.CodeUnavailable, reason.ShuttingDown},
 	{auth.ErrUnauthenticated, connect.CodeUnauthenticated, reason.Unauthenticated},

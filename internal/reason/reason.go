@@ -31,6 +31,7 @@ const (
 	MemberCheck     = "member_check"  // the node to add does not answer as itself
 	LastVoter       = "last_voter"
 	WrongCluster    = "wrong_cluster"
+	Compacted       = "compacted" // a Watch start below the retained history (the message names the oldest revision)
 
 	// DeadlineExceeded: the lock stayed held for the whole wait.
 	LockHeld = "lock_held"

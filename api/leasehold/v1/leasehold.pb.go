@@ -157,6 +157,84 @@ func (LockMode) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{1}
 }
 
+// EventKind is what a Watch event reports.
+type EventKind int32
+
+const (
+	EventKind_EVENT_KIND_UNSPECIFIED EventKind = 0
+	// The holder was granted the lock with `token` (a lock set: one event per name, one
+	// token).
+	EventKind_EVENT_KIND_ACQUIRED EventKind = 1
+	// The holder released it.
+	EventKind_EVENT_KIND_RELEASED EventKind = 2
+	// The hold ended because its lease expired.
+	EventKind_EVENT_KIND_EXPIRED EventKind = 3
+	// The hold ended because its lease was revoked (by its client, or on disconnect).
+	EventKind_EVENT_KIND_REVOKED EventKind = 4
+	// An operator took the lock away; `reason` says who and why.
+	EventKind_EVENT_KIND_FORCE_RELEASED EventKind = 5
+	// The holder took place `position` (1 = first) in the lock's queue.
+	EventKind_EVENT_KIND_QUEUED EventKind = 6
+	// A waiter left the queue without a grant (it gave up, or its lease ended).
+	EventKind_EVENT_KIND_WAIT_ENDED EventKind = 7
+	// A new leader serves efficiency locks, in epoch `epoch`, from an empty table: every
+	// efficiency lock of an earlier epoch is gone.
+	EventKind_EVENT_KIND_EPOCH EventKind = 8
+)
+
+// Enum value maps for EventKind.
+var (
+	EventKind_name = map[int32]string{
+		0: "EVENT_KIND_UNSPECIFIED",
+		1: "EVENT_KIND_ACQUIRED",
+		2: "EVENT_KIND_RELEASED",
+		3: "EVENT_KIND_EXPIRED",
+		4: "EVENT_KIND_REVOKED",
+		5: "EVENT_KIND_FORCE_RELEASED",
+		6: "EVENT_KIND_QUEUED",
+		7: "EVENT_KIND_WAIT_ENDED",
+		8: "EVENT_KIND_EPOCH",
+	}
+	EventKind_value = map[string]int32{
+		"EVENT_KIND_UNSPECIFIED":    0,
+		"EVENT_KIND_ACQUIRED":       1,
+		"EVENT_KIND_RELEASED":       2,
+		"EVENT_KIND_EXPIRED":        3,
+		"EVENT_KIND_REVOKED":        4,
+		"EVENT_KIND_FORCE_RELEASED": 5,
+		"EVENT_KIND_QUEUED":         6,
+		"EVENT_KIND_WAIT_ENDED":     7,
+		"EVENT_KIND_EPOCH":          8,
+	}
+)
+
+func (x EventKind) Enum() *EventKind {
+	p := new(EventKind)
+	*p = x
+	return p
+}
+
+func (x EventKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EventKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_leasehold_proto_enumTypes[2].Descriptor()
+}
+
+func (EventKind) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_leasehold_proto_enumTypes[2]
+}
+
+func (x EventKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EventKind.Descriptor instead.
+func (EventKind) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+}
+
 // KeyStatus is where an idempotency key stands.
 type KeyStatus int32
 
@@ -198,11 +276,11 @@ func (x KeyStatus) String() string {
 }
 
 func (KeyStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_leasehold_v1_leasehold_proto_enumTypes[2].Descriptor()
+	return file_leasehold_v1_leasehold_proto_enumTypes[3].Descriptor()
 }
 
 func (KeyStatus) Type() protoreflect.EnumType {
-	return &file_leasehold_v1_leasehold_proto_enumTypes[2]
+	return &file_leasehold_v1_leasehold_proto_enumTypes[3]
 }
 
 func (x KeyStatus) Number() protoreflect.EnumNumber {
@@ -211,7 +289,7 @@ func (x KeyStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use KeyStatus.Descriptor instead.
 func (KeyStatus) EnumDescriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{3}
 }
 
 // Holder describes who holds or waits for a lock, so operators can see it in listings.
@@ -756,6 +834,300 @@ func (*RevokeResponse) Descriptor() ([]byte, []int) {
 	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{8}
 }
 
+// Revision orders Watch events: the index of the log entry whose apply caused the event
+// and the event's offset among that entry's events. An efficiency lock's event, which
+// never enters the log, takes the revision after the last event its leader published
+// (the index of the last applied entry, the next offset), and carries the leader's
+// epoch.
+type Revision struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Offset        uint32                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Revision) Reset() {
+	*x = Revision{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Revision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Revision) ProtoMessage() {}
+
+func (x *Revision) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Revision.ProtoReflect.Descriptor instead.
+func (*Revision) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Revision) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *Revision) GetOffset() uint32 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only locks whose name starts with prefix ("" for all). EVENT_KIND_EPOCH events,
+	// which name no lock, come under every prefix.
+	Prefix string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// Where to start (inclusive). Unset: at the next event.
+	Start         *Revision `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *WatchRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetStart() *Revision {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+type WatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The events, in revision order (none in the stream's first answer).
+	Events []*WatchEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// The revision to resume from after these events.
+	Next          *Revision `protobuf:"bytes,2,opt,name=next,proto3" json:"next,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *WatchResponse) GetEvents() []*WatchEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetNext() *Revision {
+	if x != nil {
+		return x.Next
+	}
+	return nil
+}
+
+type WatchEvent struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Revision *Revision              `protobuf:"bytes,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Kind     EventKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=leasehold.v1.EventKind" json:"kind,omitempty"`
+	Name     string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Class    LockClass              `protobuf:"varint,4,opt,name=class,proto3,enum=leasehold.v1.LockClass" json:"class,omitempty"`
+	Token    uint64                 `protobuf:"varint,5,opt,name=token,proto3" json:"token,omitempty"`
+	Holder   *Holder                `protobuf:"bytes,6,opt,name=holder,proto3" json:"holder,omitempty"`
+	Mode     LockMode               `protobuf:"varint,7,opt,name=mode,proto3,enum=leasehold.v1.LockMode" json:"mode,omitempty"`
+	// A semaphore's limit.
+	Limit uint32 `protobuf:"varint,8,opt,name=limit,proto3" json:"limit,omitempty"`
+	// A queued waiter's place.
+	Position uint32 `protobuf:"varint,9,opt,name=position,proto3" json:"position,omitempty"`
+	// A force release's reason, with who asked.
+	Reason string `protobuf:"bytes,10,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The leader's efficiency epoch, on efficiency events.
+	Epoch         string `protobuf:"bytes,11,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEvent) Reset() {
+	*x = WatchEvent{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEvent) ProtoMessage() {}
+
+func (x *WatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
+func (*WatchEvent) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *WatchEvent) GetRevision() *Revision {
+	if x != nil {
+		return x.Revision
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetKind() EventKind {
+	if x != nil {
+		return x.Kind
+	}
+	return EventKind_EVENT_KIND_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetClass() LockClass {
+	if x != nil {
+		return x.Class
+	}
+	return LockClass_LOCK_CLASS_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *WatchEvent) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetMode() LockMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *WatchEvent) GetPosition() uint32 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *WatchEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
 type AcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Lock name: 1 to 256 bytes made of ASCII letters, digits and . _ - / : @ +
@@ -802,7 +1174,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +1186,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +1199,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{9}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AcquireRequest) GetName() string {
@@ -911,7 +1283,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1295,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1308,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{10}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AcquireResponse) GetToken() uint64 {
@@ -974,7 +1346,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1358,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1371,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{11}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReleaseRequest) GetName() string {
@@ -1031,7 +1403,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1415,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1428,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{12}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{16}
 }
 
 type DescribeRequest struct {
@@ -1068,7 +1440,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1452,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1465,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{13}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DescribeRequest) GetName() string {
@@ -1112,7 +1484,7 @@ type DescribeResponse struct {
 
 func (x *DescribeResponse) Reset() {
 	*x = DescribeResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1496,7 @@ func (x *DescribeResponse) String() string {
 func (*DescribeResponse) ProtoMessage() {}
 
 func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1509,7 @@ func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
 func (*DescribeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{14}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DescribeResponse) GetLock() *LockInfo {
@@ -1159,7 +1531,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1543,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1556,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{15}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -1212,7 +1584,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +1596,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +1609,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{16}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListResponse) GetLocks() []*LockInfo {
@@ -1288,7 +1660,7 @@ type LockInfo struct {
 
 func (x *LockInfo) Reset() {
 	*x = LockInfo{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1672,7 @@ func (x *LockInfo) String() string {
 func (*LockInfo) ProtoMessage() {}
 
 func (x *LockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1685,7 @@ func (x *LockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockInfo.ProtoReflect.Descriptor instead.
 func (*LockInfo) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{17}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LockInfo) GetName() string {
@@ -1416,7 +1788,7 @@ type LockHolder struct {
 
 func (x *LockHolder) Reset() {
 	*x = LockHolder{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1428,7 +1800,7 @@ func (x *LockHolder) String() string {
 func (*LockHolder) ProtoMessage() {}
 
 func (x *LockHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1441,7 +1813,7 @@ func (x *LockHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHolder.ProtoReflect.Descriptor instead.
 func (*LockHolder) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LockHolder) GetToken() uint64 {
@@ -1483,7 +1855,7 @@ type ForceReleaseRequest struct {
 
 func (x *ForceReleaseRequest) Reset() {
 	*x = ForceReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1495,7 +1867,7 @@ func (x *ForceReleaseRequest) String() string {
 func (*ForceReleaseRequest) ProtoMessage() {}
 
 func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1508,7 +1880,7 @@ func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ForceReleaseRequest) GetName() string {
@@ -1537,7 +1909,7 @@ type ForceReleaseResponse struct {
 
 func (x *ForceReleaseResponse) Reset() {
 	*x = ForceReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1921,7 @@ func (x *ForceReleaseResponse) String() string {
 func (*ForceReleaseResponse) ProtoMessage() {}
 
 func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1934,7 @@ func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ForceReleaseResponse) GetReleasedToken() uint64 {
@@ -1589,7 +1961,7 @@ type CheckTokenRequest struct {
 
 func (x *CheckTokenRequest) Reset() {
 	*x = CheckTokenRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +1973,7 @@ func (x *CheckTokenRequest) String() string {
 func (*CheckTokenRequest) ProtoMessage() {}
 
 func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +1986,7 @@ func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenRequest.ProtoReflect.Descriptor instead.
 func (*CheckTokenRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CheckTokenRequest) GetName() string {
@@ -1643,7 +2015,7 @@ type CheckTokenResponse struct {
 
 func (x *CheckTokenResponse) Reset() {
 	*x = CheckTokenResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +2027,7 @@ func (x *CheckTokenResponse) String() string {
 func (*CheckTokenResponse) ProtoMessage() {}
 
 func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +2040,7 @@ func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenResponse.ProtoReflect.Descriptor instead.
 func (*CheckTokenResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CheckTokenResponse) GetCurrent() bool {
@@ -1701,7 +2073,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +2085,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +2098,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Fence) GetLock() string {
@@ -1763,7 +2135,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1775,7 +2147,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1788,7 +2160,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -1822,7 +2194,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +2206,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +2219,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1900,7 +2272,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1912,7 +2284,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1925,7 +2297,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -1966,7 +2338,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2350,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2363,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PutResponse) GetVersion() uint64 {
@@ -2012,7 +2384,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2396,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2409,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2071,7 +2443,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2083,7 +2455,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2096,7 +2468,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -2119,7 +2491,7 @@ type KVServiceListRequest struct {
 
 func (x *KVServiceListRequest) Reset() {
 	*x = KVServiceListRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2503,7 @@ func (x *KVServiceListRequest) String() string {
 func (*KVServiceListRequest) ProtoMessage() {}
 
 func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2516,7 @@ func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListRequest.ProtoReflect.Descriptor instead.
 func (*KVServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *KVServiceListRequest) GetPrefix() string {
@@ -2178,7 +2550,7 @@ type KVServiceListResponse struct {
 
 func (x *KVServiceListResponse) Reset() {
 	*x = KVServiceListResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2190,7 +2562,7 @@ func (x *KVServiceListResponse) String() string {
 func (*KVServiceListResponse) ProtoMessage() {}
 
 func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2203,7 +2575,7 @@ func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListResponse.ProtoReflect.Descriptor instead.
 func (*KVServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *KVServiceListResponse) GetItems() []*KeyValue {
@@ -2232,7 +2604,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2244,7 +2616,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2257,7 +2629,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2302,7 +2674,7 @@ type BeginRequest struct {
 
 func (x *BeginRequest) Reset() {
 	*x = BeginRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2686,7 @@ func (x *BeginRequest) String() string {
 func (*BeginRequest) ProtoMessage() {}
 
 func (x *BeginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2699,7 @@ func (x *BeginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginRequest.ProtoReflect.Descriptor instead.
 func (*BeginRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *BeginRequest) GetKey() string {
@@ -2367,7 +2739,7 @@ type BeginResponse struct {
 
 func (x *BeginResponse) Reset() {
 	*x = BeginResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2379,7 +2751,7 @@ func (x *BeginResponse) String() string {
 func (*BeginResponse) ProtoMessage() {}
 
 func (x *BeginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2392,7 +2764,7 @@ func (x *BeginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginResponse.ProtoReflect.Descriptor instead.
 func (*BeginResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *BeginResponse) GetStatus() KeyStatus {
@@ -2436,7 +2808,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2448,7 +2820,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2461,7 +2833,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CompleteRequest) GetKey() string {
@@ -2493,7 +2865,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2505,7 +2877,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2518,7 +2890,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
 }
 
 type AbandonRequest struct {
@@ -2531,7 +2903,7 @@ type AbandonRequest struct {
 
 func (x *AbandonRequest) Reset() {
 	*x = AbandonRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2543,7 +2915,7 @@ func (x *AbandonRequest) String() string {
 func (*AbandonRequest) ProtoMessage() {}
 
 func (x *AbandonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2556,7 +2928,7 @@ func (x *AbandonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbandonRequest.ProtoReflect.Descriptor instead.
 func (*AbandonRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AbandonRequest) GetKey() string {
@@ -2581,7 +2953,7 @@ type AbandonResponse struct {
 
 func (x *AbandonResponse) Reset() {
 	*x = AbandonResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2593,7 +2965,7 @@ func (x *AbandonResponse) String() string {
 func (*AbandonResponse) ProtoMessage() {}
 
 func (x *AbandonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2606,7 +2978,7 @@ func (x *AbandonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbandonResponse.ProtoReflect.Descriptor instead.
 func (*AbandonResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
 }
 
 type IdempotencyServiceGetRequest struct {
@@ -2618,7 +2990,7 @@ type IdempotencyServiceGetRequest struct {
 
 func (x *IdempotencyServiceGetRequest) Reset() {
 	*x = IdempotencyServiceGetRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2630,7 +3002,7 @@ func (x *IdempotencyServiceGetRequest) String() string {
 func (*IdempotencyServiceGetRequest) ProtoMessage() {}
 
 func (x *IdempotencyServiceGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2643,7 +3015,7 @@ func (x *IdempotencyServiceGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyServiceGetRequest.ProtoReflect.Descriptor instead.
 func (*IdempotencyServiceGetRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *IdempotencyServiceGetRequest) GetKey() string {
@@ -2666,7 +3038,7 @@ type IdempotencyServiceGetResponse struct {
 
 func (x *IdempotencyServiceGetResponse) Reset() {
 	*x = IdempotencyServiceGetResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2678,7 +3050,7 @@ func (x *IdempotencyServiceGetResponse) String() string {
 func (*IdempotencyServiceGetResponse) ProtoMessage() {}
 
 func (x *IdempotencyServiceGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2691,7 +3063,7 @@ func (x *IdempotencyServiceGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyServiceGetResponse.ProtoReflect.Descriptor instead.
 func (*IdempotencyServiceGetResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *IdempotencyServiceGetResponse) GetStatus() KeyStatus {
@@ -2743,7 +3115,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2755,7 +3127,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2768,7 +3140,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Member) GetNodeId() string {
@@ -2821,7 +3193,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +3205,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +3218,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
 }
 
 type MembersResponse struct {
@@ -2858,7 +3230,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2870,7 +3242,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2883,7 +3255,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -2904,7 +3276,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2916,7 +3288,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2929,7 +3301,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AddMemberRequest) GetNodeId() string {
@@ -2962,7 +3334,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2974,7 +3346,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2987,7 +3359,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AddMemberResponse) GetMembers() []*Member {
@@ -3006,7 +3378,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3018,7 +3390,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3031,7 +3403,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RemoveMemberRequest) GetNodeId() string {
@@ -3050,7 +3422,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3062,7 +3434,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3075,7 +3447,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RemoveMemberResponse) GetMembers() []*Member {
@@ -3093,7 +3465,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3105,7 +3477,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3118,7 +3490,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
 }
 
 type StatusResponse struct {
@@ -3157,7 +3529,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3169,7 +3541,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3182,7 +3554,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -3318,7 +3690,7 @@ type FastLaneError struct {
 
 func (x *FastLaneError) Reset() {
 	*x = FastLaneError{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3330,7 +3702,7 @@ func (x *FastLaneError) String() string {
 func (*FastLaneError) ProtoMessage() {}
 
 func (x *FastLaneError) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3343,7 +3715,7 @@ func (x *FastLaneError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastLaneError.ProtoReflect.Descriptor instead.
 func (*FastLaneError) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *FastLaneError) GetCode() uint32 {
@@ -3419,7 +3791,30 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"*\n" +
 	"\rRevokeRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\x10\n" +
-	"\x0eRevokeResponse\"\xb1\x02\n" +
+	"\x0eRevokeResponse\"8\n" +
+	"\bRevision\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\rR\x06offset\"T\n" +
+	"\fWatchRequest\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12,\n" +
+	"\x05start\x18\x02 \x01(\v2\x16.leasehold.v1.RevisionR\x05start\"m\n" +
+	"\rWatchResponse\x120\n" +
+	"\x06events\x18\x01 \x03(\v2\x18.leasehold.v1.WatchEventR\x06events\x12*\n" +
+	"\x04next\x18\x02 \x01(\v2\x16.leasehold.v1.RevisionR\x04next\"\x80\x03\n" +
+	"\n" +
+	"WatchEvent\x122\n" +
+	"\brevision\x18\x01 \x01(\v2\x16.leasehold.v1.RevisionR\brevision\x12+\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x17.leasehold.v1.EventKindR\x04kind\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12-\n" +
+	"\x05class\x18\x04 \x01(\x0e2\x17.leasehold.v1.LockClassR\x05class\x12\x14\n" +
+	"\x05token\x18\x05 \x01(\x04R\x05token\x12,\n" +
+	"\x06holder\x18\x06 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12*\n" +
+	"\x04mode\x18\a \x01(\x0e2\x16.leasehold.v1.LockModeR\x04mode\x12\x14\n" +
+	"\x05limit\x18\b \x01(\rR\x05limit\x12\x1a\n" +
+	"\bposition\x18\t \x01(\rR\bposition\x12\x16\n" +
+	"\x06reason\x18\n" +
+	" \x01(\tR\x06reason\x12\x14\n" +
+	"\x05epoch\x18\v \x01(\tR\x05epoch\"\xb1\x02\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\x05class\x18\x02 \x01(\x0e2\x17.leasehold.v1.LockClassR\x05class\x12\x19\n" +
@@ -3608,7 +4003,17 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x15LOCK_MODE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13LOCK_MODE_EXCLUSIVE\x10\x01\x12\x14\n" +
 	"\x10LOCK_MODE_SHARED\x10\x02\x12\x17\n" +
-	"\x13LOCK_MODE_SEMAPHORE\x10\x03*l\n" +
+	"\x13LOCK_MODE_SEMAPHORE\x10\x03*\xf0\x01\n" +
+	"\tEventKind\x12\x1a\n" +
+	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13EVENT_KIND_ACQUIRED\x10\x01\x12\x17\n" +
+	"\x13EVENT_KIND_RELEASED\x10\x02\x12\x16\n" +
+	"\x12EVENT_KIND_EXPIRED\x10\x03\x12\x16\n" +
+	"\x12EVENT_KIND_REVOKED\x10\x04\x12\x1d\n" +
+	"\x19EVENT_KIND_FORCE_RELEASED\x10\x05\x12\x15\n" +
+	"\x11EVENT_KIND_QUEUED\x10\x06\x12\x19\n" +
+	"\x15EVENT_KIND_WAIT_ENDED\x10\a\x12\x14\n" +
+	"\x10EVENT_KIND_EPOCH\x10\b*l\n" +
 	"\tKeyStatus\x12\x1a\n" +
 	"\x16KEY_STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eKEY_STATUS_NEW\x10\x01\x12\x1a\n" +
@@ -3617,7 +4022,7 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\fLeaseService\x12F\n" +
 	"\x05Grant\x12\x1a.leasehold.v1.GrantRequest\x1a\x1b.leasehold.v1.GrantResponse\"\x04\xb0\xe3\x18\x01\x12R\n" +
 	"\tKeepAlive\x12\x1e.leasehold.v1.KeepAliveRequest\x1a\x1f.leasehold.v1.KeepAliveResponse\"\x04\xb0\xe3\x18\x02\x12I\n" +
-	"\x06Revoke\x12\x1b.leasehold.v1.RevokeRequest\x1a\x1c.leasehold.v1.RevokeResponse\"\x04\xb0\xe3\x18\x032\xe1\x03\n" +
+	"\x06Revoke\x12\x1b.leasehold.v1.RevokeRequest\x1a\x1c.leasehold.v1.RevokeResponse\"\x04\xb0\xe3\x18\x032\xa5\x04\n" +
 	"\vLockService\x12L\n" +
 	"\aAcquire\x12\x1c.leasehold.v1.AcquireRequest\x1a\x1d.leasehold.v1.AcquireResponse\"\x04\xb0\xe3\x18\x04\x12L\n" +
 	"\aRelease\x12\x1c.leasehold.v1.ReleaseRequest\x1a\x1d.leasehold.v1.ReleaseResponse\"\x04\xb0\xe3\x18\x05\x12I\n" +
@@ -3625,7 +4030,8 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x04List\x12\x19.leasehold.v1.ListRequest\x1a\x1a.leasehold.v1.ListResponse\x12U\n" +
 	"\fForceRelease\x12!.leasehold.v1.ForceReleaseRequest\x1a\".leasehold.v1.ForceReleaseResponse\x12U\n" +
 	"\n" +
-	"CheckToken\x12\x1f.leasehold.v1.CheckTokenRequest\x1a .leasehold.v1.CheckTokenResponse\"\x04\xb0\xe3\x18\x062\xab\x02\n" +
+	"CheckToken\x12\x1f.leasehold.v1.CheckTokenRequest\x1a .leasehold.v1.CheckTokenResponse\"\x04\xb0\xe3\x18\x06\x12B\n" +
+	"\x05Watch\x12\x1a.leasehold.v1.WatchRequest\x1a\x1b.leasehold.v1.WatchResponse0\x012\xab\x02\n" +
 	"\tKVService\x12@\n" +
 	"\x03Get\x12\x18.leasehold.v1.GetRequest\x1a\x19.leasehold.v1.GetResponse\"\x04\xb0\xe3\x18\b\x12@\n" +
 	"\x03Put\x12\x18.leasehold.v1.PutRequest\x1a\x19.leasehold.v1.PutResponse\"\x04\xb0\xe3\x18\a\x12I\n" +
@@ -3656,139 +4062,154 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 	return file_leasehold_v1_leasehold_proto_rawDescData
 }
 
-var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(LockClass)(0),                        // 0: leasehold.v1.LockClass
 	(LockMode)(0),                         // 1: leasehold.v1.LockMode
-	(KeyStatus)(0),                        // 2: leasehold.v1.KeyStatus
-	(*Holder)(nil),                        // 3: leasehold.v1.Holder
-	(*ErrorDetail)(nil),                   // 4: leasehold.v1.ErrorDetail
-	(*GrantRequest)(nil),                  // 5: leasehold.v1.GrantRequest
-	(*GrantResponse)(nil),                 // 6: leasehold.v1.GrantResponse
-	(*KeepAliveRequest)(nil),              // 7: leasehold.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),             // 8: leasehold.v1.KeepAliveResponse
-	(*LostLock)(nil),                      // 9: leasehold.v1.LostLock
-	(*RevokeRequest)(nil),                 // 10: leasehold.v1.RevokeRequest
-	(*RevokeResponse)(nil),                // 11: leasehold.v1.RevokeResponse
-	(*AcquireRequest)(nil),                // 12: leasehold.v1.AcquireRequest
-	(*AcquireResponse)(nil),               // 13: leasehold.v1.AcquireResponse
-	(*ReleaseRequest)(nil),                // 14: leasehold.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),               // 15: leasehold.v1.ReleaseResponse
-	(*DescribeRequest)(nil),               // 16: leasehold.v1.DescribeRequest
-	(*DescribeResponse)(nil),              // 17: leasehold.v1.DescribeResponse
-	(*ListRequest)(nil),                   // 18: leasehold.v1.ListRequest
-	(*ListResponse)(nil),                  // 19: leasehold.v1.ListResponse
-	(*LockInfo)(nil),                      // 20: leasehold.v1.LockInfo
-	(*LockHolder)(nil),                    // 21: leasehold.v1.LockHolder
-	(*ForceReleaseRequest)(nil),           // 22: leasehold.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil),          // 23: leasehold.v1.ForceReleaseResponse
-	(*CheckTokenRequest)(nil),             // 24: leasehold.v1.CheckTokenRequest
-	(*CheckTokenResponse)(nil),            // 25: leasehold.v1.CheckTokenResponse
-	(*Fence)(nil),                         // 26: leasehold.v1.Fence
-	(*GetRequest)(nil),                    // 27: leasehold.v1.GetRequest
-	(*GetResponse)(nil),                   // 28: leasehold.v1.GetResponse
-	(*PutRequest)(nil),                    // 29: leasehold.v1.PutRequest
-	(*PutResponse)(nil),                   // 30: leasehold.v1.PutResponse
-	(*DeleteRequest)(nil),                 // 31: leasehold.v1.DeleteRequest
-	(*DeleteResponse)(nil),                // 32: leasehold.v1.DeleteResponse
-	(*KVServiceListRequest)(nil),          // 33: leasehold.v1.KVServiceListRequest
-	(*KVServiceListResponse)(nil),         // 34: leasehold.v1.KVServiceListResponse
-	(*KeyValue)(nil),                      // 35: leasehold.v1.KeyValue
-	(*BeginRequest)(nil),                  // 36: leasehold.v1.BeginRequest
-	(*BeginResponse)(nil),                 // 37: leasehold.v1.BeginResponse
-	(*CompleteRequest)(nil),               // 38: leasehold.v1.CompleteRequest
-	(*CompleteResponse)(nil),              // 39: leasehold.v1.CompleteResponse
-	(*AbandonRequest)(nil),                // 40: leasehold.v1.AbandonRequest
-	(*AbandonResponse)(nil),               // 41: leasehold.v1.AbandonResponse
-	(*IdempotencyServiceGetRequest)(nil),  // 42: leasehold.v1.IdempotencyServiceGetRequest
-	(*IdempotencyServiceGetResponse)(nil), // 43: leasehold.v1.IdempotencyServiceGetResponse
-	(*Member)(nil),                        // 44: leasehold.v1.Member
-	(*MembersRequest)(nil),                // 45: leasehold.v1.MembersRequest
-	(*MembersResponse)(nil),               // 46: leasehold.v1.MembersResponse
-	(*AddMemberRequest)(nil),              // 47: leasehold.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),             // 48: leasehold.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),           // 49: leasehold.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),          // 50: leasehold.v1.RemoveMemberResponse
-	(*StatusRequest)(nil),                 // 51: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),                // 52: leasehold.v1.StatusResponse
-	(*FastLaneError)(nil),                 // 53: leasehold.v1.FastLaneError
-	(*descriptorpb.MethodOptions)(nil),    // 54: google.protobuf.MethodOptions
+	(EventKind)(0),                        // 2: leasehold.v1.EventKind
+	(KeyStatus)(0),                        // 3: leasehold.v1.KeyStatus
+	(*Holder)(nil),                        // 4: leasehold.v1.Holder
+	(*ErrorDetail)(nil),                   // 5: leasehold.v1.ErrorDetail
+	(*GrantRequest)(nil),                  // 6: leasehold.v1.GrantRequest
+	(*GrantResponse)(nil),                 // 7: leasehold.v1.GrantResponse
+	(*KeepAliveRequest)(nil),              // 8: leasehold.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),             // 9: leasehold.v1.KeepAliveResponse
+	(*LostLock)(nil),                      // 10: leasehold.v1.LostLock
+	(*RevokeRequest)(nil),                 // 11: leasehold.v1.RevokeRequest
+	(*RevokeResponse)(nil),                // 12: leasehold.v1.RevokeResponse
+	(*Revision)(nil),                      // 13: leasehold.v1.Revision
+	(*WatchRequest)(nil),                  // 14: leasehold.v1.WatchRequest
+	(*WatchResponse)(nil),                 // 15: leasehold.v1.WatchResponse
+	(*WatchEvent)(nil),                    // 16: leasehold.v1.WatchEvent
+	(*AcquireRequest)(nil),                // 17: leasehold.v1.AcquireRequest
+	(*AcquireResponse)(nil),               // 18: leasehold.v1.AcquireResponse
+	(*ReleaseRequest)(nil),                // 19: leasehold.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),               // 20: leasehold.v1.ReleaseResponse
+	(*DescribeRequest)(nil),               // 21: leasehold.v1.DescribeRequest
+	(*DescribeResponse)(nil),              // 22: leasehold.v1.DescribeResponse
+	(*ListRequest)(nil),                   // 23: leasehold.v1.ListRequest
+	(*ListResponse)(nil),                  // 24: leasehold.v1.ListResponse
+	(*LockInfo)(nil),                      // 25: leasehold.v1.LockInfo
+	(*LockHolder)(nil),                    // 26: leasehold.v1.LockHolder
+	(*ForceReleaseRequest)(nil),           // 27: leasehold.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),          // 28: leasehold.v1.ForceReleaseResponse
+	(*CheckTokenRequest)(nil),             // 29: leasehold.v1.CheckTokenRequest
+	(*CheckTokenResponse)(nil),            // 30: leasehold.v1.CheckTokenResponse
+	(*Fence)(nil),                         // 31: leasehold.v1.Fence
+	(*GetRequest)(nil),                    // 32: leasehold.v1.GetRequest
+	(*GetResponse)(nil),                   // 33: leasehold.v1.GetResponse
+	(*PutRequest)(nil),                    // 34: leasehold.v1.PutRequest
+	(*PutResponse)(nil),                   // 35: leasehold.v1.PutResponse
+	(*DeleteRequest)(nil),                 // 36: leasehold.v1.DeleteRequest
+	(*DeleteResponse)(nil),                // 37: leasehold.v1.DeleteResponse
+	(*KVServiceListRequest)(nil),          // 38: leasehold.v1.KVServiceListRequest
+	(*KVServiceListResponse)(nil),         // 39: leasehold.v1.KVServiceListResponse
+	(*KeyValue)(nil),                      // 40: leasehold.v1.KeyValue
+	(*BeginRequest)(nil),                  // 41: leasehold.v1.BeginRequest
+	(*BeginResponse)(nil),                 // 42: leasehold.v1.BeginResponse
+	(*CompleteRequest)(nil),               // 43: leasehold.v1.CompleteRequest
+	(*CompleteResponse)(nil),              // 44: leasehold.v1.CompleteResponse
+	(*AbandonRequest)(nil),                // 45: leasehold.v1.AbandonRequest
+	(*AbandonResponse)(nil),               // 46: leasehold.v1.AbandonResponse
+	(*IdempotencyServiceGetRequest)(nil),  // 47: leasehold.v1.IdempotencyServiceGetRequest
+	(*IdempotencyServiceGetResponse)(nil), // 48: leasehold.v1.IdempotencyServiceGetResponse
+	(*Member)(nil),                        // 49: leasehold.v1.Member
+	(*MembersRequest)(nil),                // 50: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),               // 51: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),              // 52: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),             // 53: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),           // 54: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),          // 55: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),                 // 56: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),                // 57: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),                 // 58: leasehold.v1.FastLaneError
+	(*descriptorpb.MethodOptions)(nil),    // 59: google.protobuf.MethodOptions
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
-	3,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
-	9,  // 1: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
-	0,  // 2: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
-	3,  // 3: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
-	1,  // 4: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
-	0,  // 5: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
-	20, // 6: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
-	20, // 7: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
-	0,  // 8: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
-	3,  // 9: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
-	1,  // 10: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
-	21, // 11: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
-	3,  // 12: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
-	26, // 13: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
-	26, // 14: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
-	35, // 15: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
-	3,  // 16: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
-	2,  // 17: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
-	3,  // 18: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
-	2,  // 19: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
-	3,  // 20: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
-	44, // 21: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	44, // 22: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	44, // 23: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	4,  // 24: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	54, // 25: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	5,  // 26: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	7,  // 27: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	10, // 28: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	12, // 29: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	14, // 30: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	16, // 31: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	18, // 32: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	22, // 33: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	24, // 34: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	27, // 35: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	29, // 36: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	31, // 37: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	33, // 38: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	36, // 39: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
-	38, // 40: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
-	40, // 41: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
-	42, // 42: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
-	51, // 43: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	45, // 44: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	47, // 45: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	49, // 46: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	6,  // 47: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	8,  // 48: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	11, // 49: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	13, // 50: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	15, // 51: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	17, // 52: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	19, // 53: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	23, // 54: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	25, // 55: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	28, // 56: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	30, // 57: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	32, // 58: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	34, // 59: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	37, // 60: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
-	39, // 61: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
-	41, // 62: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
-	43, // 63: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
-	52, // 64: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	46, // 65: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	48, // 66: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	50, // 67: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	47, // [47:68] is the sub-list for method output_type
-	26, // [26:47] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	25, // [25:26] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	4,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
+	10, // 1: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
+	13, // 2: leasehold.v1.WatchRequest.start:type_name -> leasehold.v1.Revision
+	16, // 3: leasehold.v1.WatchResponse.events:type_name -> leasehold.v1.WatchEvent
+	13, // 4: leasehold.v1.WatchResponse.next:type_name -> leasehold.v1.Revision
+	13, // 5: leasehold.v1.WatchEvent.revision:type_name -> leasehold.v1.Revision
+	2,  // 6: leasehold.v1.WatchEvent.kind:type_name -> leasehold.v1.EventKind
+	0,  // 7: leasehold.v1.WatchEvent.class:type_name -> leasehold.v1.LockClass
+	4,  // 8: leasehold.v1.WatchEvent.holder:type_name -> leasehold.v1.Holder
+	1,  // 9: leasehold.v1.WatchEvent.mode:type_name -> leasehold.v1.LockMode
+	0,  // 10: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
+	4,  // 11: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
+	1,  // 12: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
+	0,  // 13: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
+	25, // 14: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
+	25, // 15: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
+	0,  // 16: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
+	4,  // 17: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
+	1,  // 18: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
+	26, // 19: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
+	4,  // 20: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
+	31, // 21: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
+	31, // 22: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
+	40, // 23: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
+	4,  // 24: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
+	3,  // 25: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
+	4,  // 26: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
+	3,  // 27: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
+	4,  // 28: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
+	49, // 29: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	49, // 30: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	49, // 31: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	5,  // 32: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	59, // 33: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	6,  // 34: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	8,  // 35: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	11, // 36: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	17, // 37: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	19, // 38: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	21, // 39: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	23, // 40: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	27, // 41: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	29, // 42: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	14, // 43: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
+	32, // 44: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	34, // 45: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	36, // 46: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	38, // 47: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	41, // 48: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
+	43, // 49: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
+	45, // 50: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
+	47, // 51: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
+	56, // 52: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	50, // 53: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	52, // 54: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	54, // 55: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	7,  // 56: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	9,  // 57: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	12, // 58: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	18, // 59: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	20, // 60: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	22, // 61: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	24, // 62: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	28, // 63: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	30, // 64: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	15, // 65: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
+	33, // 66: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	35, // 67: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	37, // 68: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	39, // 69: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	42, // 70: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	44, // 71: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	46, // 72: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	48, // 73: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	57, // 74: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	51, // 75: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	53, // 76: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	55, // 77: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	56, // [56:78] is the sub-list for method output_type
+	34, // [34:56] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	33, // [33:34] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -3796,15 +4217,15 @@ func file_leasehold_v1_leasehold_proto_init() {
 	if File_leasehold_v1_leasehold_proto != nil {
 		return
 	}
-	file_leasehold_v1_leasehold_proto_msgTypes[26].OneofWrappers = []any{}
-	file_leasehold_v1_leasehold_proto_msgTypes[28].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[30].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[32].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   51,
+			NumEnums:      4,
+			NumMessages:   55,
 			NumExtensions: 1,
 			NumServices:   5,
 		},

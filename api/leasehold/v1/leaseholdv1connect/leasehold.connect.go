@@ -78,6 +78,8 @@ const (
 	LockServiceForceReleaseProcedure = "/leasehold.v1.LockService/ForceRelease"
 	// LockServiceCheckTokenProcedure is the fully-qualified name of the LockService's CheckToken RPC.
 	LockServiceCheckTokenProcedure = "/leasehold.v1.LockService/CheckToken"
+	// LockServiceWatchProcedure is the fully-qualified name of the LockService's Watch RPC.
+	LockServiceWatchProcedure = "/leasehold.v1.LockService/Watch"
 	// KVServiceGetProcedure is the fully-qualified name of the KVService's Get RPC.
 	KVServiceGetProcedure = "/leasehold.v1.KVService/Get"
 	// KVServicePutProcedure is the fully-qualified name of the KVService's Put RPC.
@@ -287,6 +289,16 @@ type LockServiceClient interface {
 	// can ask before they commit. The answer is true only at the moment the
 	// server checked: the holder can lose the lock right after.
 	CheckToken(context.Context, *v1.CheckTokenRequest) (*v1.CheckTokenResponse, error)
+	// Watch streams the events of the locks under `prefix`, in revision order, each once,
+	// as the changes that cause them are applied (G10). It starts at `start` (any
+	// revision of the node's retained history; below it: FailedPrecondition "compacted",
+	// naming the oldest revision held) or, without one, at the next event. The first
+	// answer carries no event, only `next`: where the stream stands. Every answer's `next`
+	// is the revision to resume from after it; a stream that ends (the leader changed, the
+	// connection broke) resumes with start = the last `next` it got, on any node, and
+	// misses nothing and repeats nothing. Served by the leader (others relay it); it ends
+	// Unavailable when that node stops leading. Connect only (no fast lane).
+	Watch(context.Context, *v1.WatchRequest) (*connect.ServerStreamForClient[v1.WatchResponse], error)
 }
 
 // NewLockServiceClient constructs a client for the leasehold.v1.LockService service. By default, it
@@ -336,6 +348,12 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(lockServiceMethods.ByName("CheckToken")),
 			connect.WithClientOptions(opts...),
 		),
+		watch: connect.NewClient[v1.WatchRequest, v1.WatchResponse](
+			httpClient,
+			baseURL+LockServiceWatchProcedure,
+			connect.WithSchema(lockServiceMethods.ByName("Watch")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -347,6 +365,7 @@ type lockServiceClient struct {
 	list         *connect.Client[v1.ListRequest, v1.ListResponse]
 	forceRelease *connect.Client[v1.ForceReleaseRequest, v1.ForceReleaseResponse]
 	checkToken   *connect.Client[v1.CheckTokenRequest, v1.CheckTokenResponse]
+	watch        *connect.Client[v1.WatchRequest, v1.WatchResponse]
 }
 
 // Acquire calls leasehold.v1.LockService.Acquire.
@@ -403,6 +422,11 @@ func (c *lockServiceClient) CheckToken(ctx context.Context, req *v1.CheckTokenRe
 	return nil, err
 }
 
+// Watch calls leasehold.v1.LockService.Watch.
+func (c *lockServiceClient) Watch(ctx context.Context, req *v1.WatchRequest) (*connect.ServerStreamForClient[v1.WatchResponse], error) {
+	return c.watch.CallServerStream(ctx, connect.NewRequest(req))
+}
+
 // LockServiceHandler is an implementation of the leasehold.v1.LockService service.
 type LockServiceHandler interface {
 	// Acquire takes the lock `name` for the lease in `mode`, or queues the lease FIFO
@@ -433,6 +457,16 @@ type LockServiceHandler interface {
 	// can ask before they commit. The answer is true only at the moment the
 	// server checked: the holder can lose the lock right after.
 	CheckToken(context.Context, *v1.CheckTokenRequest) (*v1.CheckTokenResponse, error)
+	// Watch streams the events of the locks under `prefix`, in revision order, each once,
+	// as the changes that cause them are applied (G10). It starts at `start` (any
+	// revision of the node's retained history; below it: FailedPrecondition "compacted",
+	// naming the oldest revision held) or, without one, at the next event. The first
+	// answer carries no event, only `next`: where the stream stands. Every answer's `next`
+	// is the revision to resume from after it; a stream that ends (the leader changed, the
+	// connection broke) resumes with start = the last `next` it got, on any node, and
+	// misses nothing and repeats nothing. Served by the leader (others relay it); it ends
+	// Unavailable when that node stops leading. Connect only (no fast lane).
+	Watch(context.Context, *v1.WatchRequest, *connect.ServerStream[v1.WatchResponse]) error
 }
 
 // NewLockServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -478,6 +512,12 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(lockServiceMethods.ByName("CheckToken")),
 		connect.WithHandlerOptions(opts...),
 	)
+	lockServiceWatchHandler := connect.NewServerStreamHandlerSimple(
+		LockServiceWatchProcedure,
+		svc.Watch,
+		connect.WithSchema(lockServiceMethods.ByName("Watch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.v1.LockService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LockServiceAcquireProcedure:
@@ -492,6 +532,8 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 			lockServiceForceReleaseHandler.ServeHTTP(w, r)
 		case LockServiceCheckTokenProcedure:
 			lockServiceCheckTokenHandler.ServeHTTP(w, r)
+		case LockServiceWatchProcedure:
+			lockServiceWatchHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -523,6 +565,10 @@ func (UnimplementedLockServiceHandler) ForceRelease(context.Context, *v1.ForceRe
 
 func (UnimplementedLockServiceHandler) CheckToken(context.Context, *v1.CheckTokenRequest) (*v1.CheckTokenResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.LockService.CheckToken is not implemented"))
+}
+
+func (UnimplementedLockServiceHandler) Watch(context.Context, *v1.WatchRequest, *connect.ServerStream[v1.WatchResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.LockService.Watch is not implemented"))
 }
 
 // KVServiceClient is a client for the leasehold.v1.KVService service.
