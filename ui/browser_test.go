@@ -36,13 +36,14 @@ func TestDashboardInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a leasehold node and a browser")
 	}
-	b := startBrowser(t)
+	path := chromium(t)
 	node := testnode.Start(t)
+	b := startBrowser(t, path)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
 	b.open(t, "http://"+node.Addr()+"/ui")
-	b.wait(t, `document.querySelector("#live").textContent === "polling"`, 5*time.Second)
+	b.wait(t, `["live", "polling"].includes(document.querySelector("#live").textContent)`, 5*time.Second)
 
 	c, err := client.Dial(ctx, node.Addr(), client.WithHolder(client.Holder{Host: "ui-test", PID: 4242}))
 	if err != nil {
@@ -80,11 +81,12 @@ func TestDashboardOnFollower(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs two leasehold nodes and a browser")
 	}
-	b := startBrowser(t)
+	path := chromium(t)
 	leader := testnode.StartWith(t, func(c *service.Config) { c.Raft.NodeID, c.Raft.RaftAddr = "n1", testnode.FreeAddr(t) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	follower := startFollower(ctx, t, leader.Addr())
+	b := startBrowser(t, path)
 	c, err := client.Dial(ctx, leader.Addr(), client.WithHolder(client.Holder{Host: "ui-test", PID: 7}))
 	if err != nil {
 		t.Fatal(err)
@@ -134,14 +136,15 @@ func TestDashboardWithAuth(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a leasehold node and a browser")
 	}
-	b := startBrowser(t)
-	// The List of every name is refused with 403: the browser logs that load as failed.
-	b.expect("the server responded with a status of 403")
+	path := chromium(t)
 	a, err := auth.Load(writeAuthFile(t, map[string]string{"root": "", "jobs-reader": "jobs/"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	node := testnode.StartWith(t, func(c *service.Config) { c.Server.Auth = a })
+	b := startBrowser(t, path)
+	// A List of every name is refused with 403: the browser logs that load as failed.
+	b.expect("the server responded with a status of 403")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := client.Dial(ctx, node.Addr(), client.WithToken("root"))
@@ -212,10 +215,10 @@ func (b *browser) expect(text string) {
 	b.expected = append(b.expected, text)
 }
 
-// startBrowser starts headless Chromium (LEASEHOLD_TEST_CHROMIUM, else chromium on
-// PATH) for the test. Without it the test is skipped, except under CI, where it fails:
+// chromium returns the path of Chromium: LEASEHOLD_TEST_CHROMIUM, else chromium on
+// PATH. Without it the test is skipped, except under CI, where it fails:
 // scripts/chromium.sh installs it.
-func startBrowser(t *testing.T) *browser {
+func chromium(t *testing.T) string {
 	t.Helper()
 	path := os.Getenv("LEASEHOLD_TEST_CHROMIUM")
 	if path == "" {
@@ -227,6 +230,14 @@ func startBrowser(t *testing.T) *browser {
 		}
 		t.Skip("no chromium (eval \"$(bash scripts/chromium.sh)\" installs it)")
 	}
+	return path
+}
+
+// startBrowser starts headless Chromium at path for the test. Start it after the nodes
+// it reads: it stops first when the test ends, so no stream of the page holds up a
+// node's shutdown.
+func startBrowser(t *testing.T, path string) *browser {
+	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.WindowSize(1400, 900),
 		chromedp.UserDataDir(t.TempDir()))

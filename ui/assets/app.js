@@ -5,6 +5,8 @@
 
 (() => {
   const POLL_MS = 500; // List while the node serves no Watch
+  const REFRESH_MS = 2000; // List under Watch, for the TTLs (keepalives make no events)
+  const SOON_MS = 250; // List this soon after an event, for what events do not carry
   const CLUSTER_MS = 2000; // Status and Members
   const FEED_MAX = 300; // events kept in the feed
   const TOKEN_KEY = "leasehold.token";
@@ -18,6 +20,9 @@
     selected: "", // the lock whose ledger is open
     generation: 0, // bumped to stop the running loops (new token, new prefix)
     feedCount: 0,
+    recent: [], // {at, e}: the Watch events of the last seconds, for refresh
+    streaming: false, // a Watch stream is open
+    abort: null, // aborts the open Watch stream
   };
 
   const $ = (sel) => document.querySelector(sel);
@@ -259,6 +264,149 @@
     }
   }
 
+  // ---- Watch ------------------------------------------------------------------------------
+
+  const kindName = (k) => enumName(k, "EVENT_KIND_", "unknown");
+  const revText = (r) => (r ? `${r.index || 0}.${r.offset || 0}` : "");
+
+  // applyEvent changes the table as the Watch event e says. What events do not carry
+  // (the TTLs, a waiter granted from the queue) the next List brings.
+  function applyEvent(e) {
+    const kind = kindName(e.kind);
+    if (kind === "epoch") {
+      for (const [name, l] of state.locks) {
+        if (className(l.class) === "efficiency") state.locks.delete(name);
+      }
+      return;
+    }
+    let l = state.locks.get(e.name);
+    if (!l) {
+      if (kind !== "acquired" && kind !== "queued") return;
+      l = { name: e.name, class: e.class, mode: e.mode, limit: e.limit, holders: [], waiters: 0 };
+      state.locks.set(e.name, l);
+    }
+    l.holders = holdersOf(l);
+    switch (kind) {
+      case "acquired":
+        if (!l.holders.some((h) => h.token === e.token)) {
+          l.holders.push({ token: e.token, holder: e.holder, ttlRemainingMs: "-1" });
+        }
+        l.held = true;
+        l.class = e.class;
+        l.mode = e.mode;
+        l.limit = e.limit;
+        break;
+      case "queued":
+        l.waiters = Math.max((l.waiters || 0) + 1, e.position || 0);
+        break;
+      case "wait_ended":
+        l.waiters = Math.max(0, (l.waiters || 0) - 1);
+        break;
+      default: // released, expired, revoked, force_released
+        l.holders = l.holders.filter((h) => h.token !== e.token);
+        l.held = l.holders.length > 0;
+    }
+    if (!l.held && !l.waiters) state.locks.delete(e.name);
+  }
+
+  // refresh lists the locks and takes the TTLs, waiters and anything the events missed
+  // from the answer, then applies again the events that arrived since the List was sent
+  // (applying an event twice changes nothing).
+  async function refresh(gen) {
+    const sent = performance.now();
+    const resp = await call("LockService", "List", { prefix: state.prefix, limit: 10000 });
+    if (gen !== state.generation) return;
+    state.locks = new Map((resp.locks || []).map((l) => [l.name, l]));
+    for (const r of state.recent) if (r.at >= sent) applyEvent(r.e);
+    state.seenAt = performance.now();
+    renderLocks();
+    if (state.selected) refreshLedger();
+  }
+
+  // watchLocks drives the table and the feed from LockService.Watch: it starts the
+  // stream, lists the locks once the stream stands, applies every event as it comes and
+  // lists again every REFRESH_MS (and soon after an event) for the TTLs. When the stream
+  // breaks it resumes from the last revision it got, so no event is lost or repeated;
+  // when that revision is no longer held ("compacted") it starts afresh and says so.
+  async function watchLocks(gen) {
+    $("#feed-source").textContent = "(LockService.Watch)";
+    let next = null;
+    let backoff = 250;
+    let soon = null;
+    const refreshSoon = () => {
+      if (soon) return;
+      soon = setTimeout(() => {
+        soon = null;
+        refresh(gen).catch((err) => showError("locks", err));
+      }, SOON_MS);
+    };
+    const ticker = setInterval(() => {
+      if (gen !== state.generation) {
+        clearInterval(ticker);
+        return;
+      }
+      if (state.streaming) refresh(gen).catch((err) => showError("locks", err));
+    }, REFRESH_MS);
+    while (gen === state.generation) {
+      const abort = new AbortController();
+      state.abort = abort;
+      let listed = false;
+      try {
+        const body = { prefix: state.prefix };
+        if (next) body.start = next;
+        await stream("LockService", "Watch", body, abort.signal, (resp) => {
+          if (gen !== state.generation) return;
+          for (const e of resp.events || []) {
+            state.recent.push({ at: performance.now(), e });
+            applyEvent(e);
+            addEvent({ kind: kindName(e.kind), name: e.name, token: e.token, holder: e.holder, note: eventNote(e), revision: revText(e.revision) });
+          }
+          const cutoff = performance.now() - 10000;
+          while (state.recent.length && state.recent[0].at < cutoff) state.recent.shift();
+          next = resp.next || next;
+          state.streaming = true;
+          backoff = 250;
+          setLive("live", "live");
+          showError("", null);
+          if (!listed) {
+            listed = true;
+            refresh(gen).catch((err) => showError("locks", err));
+          } else if ((resp.events || []).length) {
+            renderLocks();
+            refreshSoon();
+            if (state.selected) refreshLedger();
+          }
+        });
+        throw new RPCError("unavailable", "the stream ended");
+      } catch (err) {
+        state.streaming = false;
+        if (gen !== state.generation) return;
+        if (err instanceof RPCError && err.code === "failed_precondition" && /compacted/.test(err.message)) {
+          addEvent({ kind: "gap", note: `events missed: ${err.message}; starting afresh` });
+          next = null;
+        }
+        if (err instanceof RPCError && (err.code === "permission_denied" || err.code === "unauthenticated")) {
+          setLive("stale", "stale");
+          showError("locks", err);
+          await sleep(5000);
+          continue;
+        }
+        setLive("reconnecting", "stale");
+        if (!(err instanceof RPCError && err.code === "unavailable")) showError("watch", err);
+        await sleep(backoff);
+        backoff = Math.min(backoff * 2, 5000);
+      }
+    }
+  }
+
+  function eventNote(e) {
+    const parts = [];
+    if (e.position) parts.push(`place ${e.position}`);
+    if (e.reason) parts.push(e.reason);
+    if (e.epoch) parts.push(`epoch ${e.epoch.slice(0, 8)}`);
+    return parts.join(", ");
+  }
+
   // ---- data sources -------------------------------------------------------------------------
 
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -398,9 +546,12 @@
 
   function restart() {
     const gen = ++state.generation;
+    if (state.abort) state.abort.abort();
     state.locks = new Map();
+    state.recent = [];
     renderLocks();
-    pollLocks(gen);
+    if (serves("LockService", "Watch")) watchLocks(gen);
+    else pollLocks(gen);
     pollCluster(gen);
   }
 
@@ -434,6 +585,7 @@
       sessionStorage.removeItem(TOKEN_KEY);
       state.token = "";
       state.generation++;
+      if (state.abort) state.abort.abort();
       state.locks = new Map();
       renderLocks();
       askToken();
