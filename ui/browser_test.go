@@ -7,7 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +26,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/client"
 	"github.com/leasehold/leasehold/internal/auth"
 	"github.com/leasehold/leasehold/internal/testnode"
@@ -353,5 +359,158 @@ func (b *browser) checkConsole(t *testing.T) {
 		if !slices.ContainsFunc(b.expected, func(e string) bool { return strings.Contains(p, e) }) {
 			t.Error(p)
 		}
+	}
+}
+
+// TestDashboardResumesWatch cuts the page's Watch stream (a proxy between the browser
+// and the node aborts it, and holds the page's next Watch until told) while locks
+// change: once the stream is back, the feed shows every event of the gap, once each, in
+// revision order.
+func TestDashboardResumesWatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a leasehold node and a browser")
+	}
+	path := chromium(t)
+	node := testnode.Start(t)
+	proxy := newCutProxy(t, node.Addr())
+	b := startBrowser(t, path)
+	// The aborted stream is logged as a failed load.
+	b.expect("net::ERR_")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, node.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+
+	b.open(t, "http://"+proxy.addr+"/ui")
+	b.wait(t, `document.querySelector("#live").textContent === "live"`, 5*time.Second)
+	a, err := c.Lock(ctx, "gap/a", client.Correctness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.wait(t, `document.querySelector('#feed li[data-kind="acquired"][data-name="gap/a"]') !== null`, time.Second)
+
+	proxy.cut()
+	b.wait(t, `document.querySelector("#live").textContent === "reconnecting"`, 2*time.Second)
+	bl, err := c.Lock(ctx, "gap/b", client.Correctness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bl.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proxy.resume()
+
+	b.wait(t, `document.querySelectorAll('#feed li[data-name^="gap/"]').length >= 4 && document.querySelector("#live").textContent === "live"`, 3*time.Second)
+	feed, err := chromedp.Run(b.ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#feed li")].reverse().map(li => li.dataset.kind + " " + li.dataset.name + " " + li.dataset.revision)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	last := [2]int{}
+	for _, e := range feed {
+		f := strings.Fields(e)
+		got = append(got, f[0]+" "+f[1])
+		var rev [2]int
+		if _, err := fmt.Sscanf(f[2], "%d.%d", &rev[0], &rev[1]); err != nil {
+			t.Fatalf("feed entry %q: %v", e, err)
+		}
+		if rev[0] < last[0] || rev[0] == last[0] && rev[1] <= last[1] {
+			t.Errorf("feed entry %q does not follow revision %d.%d", e, last[0], last[1])
+		}
+		last = rev
+	}
+	want := []string{"acquired gap/a", "acquired gap/b", "released gap/b", "released gap/a"}
+	if !slices.Equal(got, want) {
+		t.Errorf("feed (oldest first) %q, want %q", got, want)
+	}
+	b.screenshot(t, "resumed.png")
+	b.checkConsole(t)
+}
+
+// cutProxy forwards a browser's requests to a node, and can cut the Watch streams
+// open through it and hold new ones until resume.
+type cutProxy struct {
+	addr string
+	rp   *httputil.ReverseProxy
+
+	mu      sync.Mutex
+	streams map[*context.CancelFunc]struct{}
+	hold    chan struct{} // closed by resume; nil when not holding
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	p := &cutProxy{
+		rp: &httputil.ReverseProxy{
+			Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(&url.URL{Scheme: "http", Host: target}) },
+			FlushInterval: -1,
+			ErrorLog:      stdlog.New(io.Discard, "", 0),
+		},
+		streams: make(map[*context.CancelFunc]struct{}),
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = ln.Addr().String()
+	srv := &http.Server{Handler: p, ErrorLog: stdlog.New(io.Discard, "", 0)}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { p.resume(); _ = srv.Close() })
+	return p
+}
+
+func (p *cutProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != leaseholdv1connect.LockServiceWatchProcedure {
+		p.rp.ServeHTTP(w, r)
+		return
+	}
+	p.mu.Lock()
+	hold := p.hold
+	p.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	p.mu.Lock()
+	p.streams[&cancel] = struct{}{}
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.streams, &cancel)
+		p.mu.Unlock()
+	}()
+	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// cut aborts every Watch stream open through the proxy, and holds the next ones.
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.hold == nil {
+		p.hold = make(chan struct{})
+	}
+	for cancel := range p.streams {
+		(*cancel)()
+	}
+}
+
+// resume lets the held Watch requests through.
+func (p *cutProxy) resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.hold != nil {
+		close(p.hold)
+		p.hold = nil
 	}
 }

@@ -225,7 +225,7 @@
   // addEvent puts e at the top of the feed: {kind, name, token, holder, note, revision}.
   function addEvent(e) {
     const feed = $("#feed");
-    const li = el("li", { "data-kind": e.kind, "data-name": e.name || "" },
+    const li = el("li", { "data-kind": e.kind, "data-name": e.name || "", "data-revision": e.revision || "" },
       el("span", { class: "muted" }, clock(new Date()) + (e.revision ? ` r${e.revision}` : "") + " "),
       el("span", { class: "kind kind-" + e.kind }, e.kind.replace("_", " ")), " ",
       e.name ? el("code", {}, e.name) : "",
