@@ -73,6 +73,10 @@ func revisionToProto(r watch.Revision) *leaseholdv1.Revision {
 }
 
 func eventToProto(e *watch.Event) *leaseholdv1.WatchEvent {
+	if e.Kind == core.EventEpoch {
+		return &leaseholdv1.WatchEvent{Revision: revisionToProto(e.Rev), Kind: leaseholdv1.EventKind_EVENT_KIND_EPOCH,
+			Class: leaseholdv1.LockClass(e.Class), Epoch: e.Epoch}
+	}
 	return &leaseholdv1.WatchEvent{
 		Revision: revisionToProto(e.Rev),
 		Kind:     leaseholdv1.EventKind(e.Kind),
