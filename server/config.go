@@ -34,7 +34,7 @@ type Config struct {
 	// WatchRetention is how many lock events each node keeps for Watch (G10): a stream
 	// may start or resume at any revision of the last WatchRetention events, and one
 	// that asks for an older revision fails FailedPrecondition "compacted". Default
-	// 100,000 (watch.DefaultRetention), about 16 MB (docs/OPERATIONS.md).
+	// 100,000 (watch.DefaultRetention), about 18 MB (docs/OPERATIONS.md).
 	WatchRetention int
 
 	// Slow and idle clients (G6). The API port's HTTP server (service) and the fast lane

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"time"
 	"unicode/utf8"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
@@ -14,13 +15,21 @@ import (
 // events one WatchResponse carries.
 const watchBatch = 256
 
+// watchCoalesce is how long a stream that was woken by a new event waits for more
+// before it reads: under load one answer then carries many events, instead of every
+// event waking every watcher and costing each a write (BenchmarkWatchCost: one
+// watcher's cost to efficiency pairs at 64 workers fell from 58% to 42% of pairs/s with
+// it). It is the latency Watch adds.
+const watchCoalesce = 2 * time.Millisecond
+
 // Watch serves LockService.Watch (G10): the events under the request's prefix from
 // this node's history (package watch), in revision order, from its start revision or
-// the next event. The first answer carries only where the stream starts; each later one
-// the events read at once and the revision to resume from. It ends when the caller
-// goes, when the start is no longer held (watch.ErrCompacted, or when the watcher has
-// fallen that far behind), or, Unavailable (leader.ErrNotLeader), when this node stops
-// leading: the client resumes at the new leader.
+// the next event. The first answer comes at once (with what there is to replay, or
+// only where the stream stands); each later one carries the events read at once and
+// the revision to resume from. It ends when the caller goes, when the start is no
+// longer held (watch.ErrCompacted, or when the watcher has fallen that far behind), or,
+// Unavailable (leader.ErrNotLeader), when this node stops leading: the client resumes
+// at the new leader.
 func (s *Server) Watch(ctx context.Context, req *leaseholdv1.WatchRequest, send func(*leaseholdv1.WatchResponse) error) error {
 	prefix := req.GetPrefix()
 	if len(prefix) > core.MaxNameLen || !utf8.ValidString(prefix) {
@@ -40,6 +49,7 @@ func (s *Server) Watch(ctx context.Context, req *leaseholdv1.WatchRequest, send 
 	}
 	buf := make([]watch.Event, 0, watchBatch)
 	started := false
+	var coalesce *time.Timer
 	for {
 		evs, wait, err := hub.Read(&cur, prefix, buf)
 		if err != nil {
@@ -65,6 +75,19 @@ func (s *Server) Watch(ctx context.Context, req *leaseholdv1.WatchRequest, send 
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+		if coalesce == nil {
+			coalesce = time.NewTimer(watchCoalesce)
+			defer coalesce.Stop()
+		} else {
+			coalesce.Reset(watchCoalesce)
+		}
+		select {
+		case <-coalesce.C:
+		case <-stop:
+			return leader.ErrNotLeader
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
 
@@ -73,6 +96,10 @@ func revisionToProto(r watch.Revision) *leaseholdv1.Revision {
 }
 
 func eventToProto(e *watch.Event) *leaseholdv1.WatchEvent {
+	if e.Kind == core.EventEpoch {
+		return &leaseholdv1.WatchEvent{Revision: revisionToProto(e.Rev), Kind: leaseholdv1.EventKind_EVENT_KIND_EPOCH,
+			Class: leaseholdv1.LockClass(e.Class), Epoch: e.Epoch}
+	}
 	return &leaseholdv1.WatchEvent{
 		Revision: revisionToProto(e.Rev),
 		Kind:     leaseholdv1.EventKind(e.Kind),

@@ -186,7 +186,11 @@ func (h *Hub) Read(c *Cursor, prefix string, buf []Event) ([]Event, <-chan struc
 		c.rev, c.set = h.cur, true
 	}
 	if c.rev.Less(h.floor) {
-		return buf, nil, &CompactedError{Asked: c.rev, Oldest: h.floor}
+		oldest := h.floor
+		if h.end > h.first {
+			oldest = h.ring[h.first%uint64(len(h.ring))].Rev
+		}
+		return buf, nil, &CompactedError{Asked: c.rev, Oldest: oldest}
 	}
 	n := uint64(len(h.ring))
 	held := int(h.end - h.first)

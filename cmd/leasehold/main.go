@@ -49,6 +49,8 @@ func run(args []string) int {
 		return runOnce(args[1:])
 	case "locks":
 		return runLocks(args[1:])
+	case "watch":
+		return runWatch(args[1:])
 	case "status":
 		return runStatus(args[1:])
 	case "unlock":
@@ -97,6 +99,10 @@ Usage:
                                             run CMD at most once per KEY; later calls
                                             print its stored outcome and exit with its code
   leasehold locks [PREFIX]                  list locks: name, class, holder, token, TTL left
+  leasehold watch [PREFIX] [--from REV] [--output json]
+                                            stream lock events (acquired, released, expired,
+                                            ...) as they happen, resuming across leader
+                                            changes; --from INDEX.OFFSET replays from there
   leasehold unlock NAME --force --reason R  operator release: fences the old holder out
   leasehold kv get|put|del|ls ...           the fenced key-value store (put --fence LOCK=TOKEN)
   leasehold status                          show the node's role, leader and counts

@@ -41,6 +41,7 @@ func runServer(args []string) int {
 	tokenGap := fs.Uint64("token-gap", 1<<32, "with --recover: continue the token sequence this far above the node's last token, so tokens the lost nodes issued are never issued again")
 	idemKeys := fs.Int("idempotency-keys", 0, "done idempotency keys kept (their retention, counted), also the most in progress; 0 means 100000; the same on every node")
 	idemBytes := fs.Int("idempotency-bytes", 0, "bytes of idempotency results kept at most; 0 means 64 MiB; the same on every node")
+	watchRetention := fs.Int("watch-retention", 0, "lock events each node keeps for watch (a stream may start or resume this far back); 0 means 100000, about 18 MB")
 	var peers peerFlags
 	fs.Var(&peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR] (repeat for each node, including this one)")
 	fs.Var(peerList{&peers}, "peers", "static cluster members as one list: ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR];ID,...;...")
@@ -64,7 +65,7 @@ func runServer(args []string) int {
 	cfg := service.Config{
 		Addr:              *addr,
 		Raft:              replication.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise, Bootstrap: *bootstrap && *join == "", LogStore: *logStore},
-		Server:            server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID, Logger: log},
+		Server:            server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID, Logger: log, WatchRetention: *watchRetention},
 		Logger:            log,
 		AdvertiseAddr:     *advertise,
 		Join:              *join,

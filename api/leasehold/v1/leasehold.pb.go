@@ -948,7 +948,7 @@ func (x *WatchRequest) GetStart() *Revision {
 
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The events, in revision order (none in the stream's first answer).
+	// The events, in revision order (none in a first answer with nothing to replay).
 	Events []*WatchEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
 	// The revision to resume from after these events.
 	Next          *Revision `protobuf:"bytes,2,opt,name=next,proto3" json:"next,omitempty"`

@@ -293,7 +293,8 @@ type LockServiceClient interface {
 	// as the changes that cause them are applied (G10). It starts at `start` (any
 	// revision of the node's retained history; below it: FailedPrecondition "compacted",
 	// naming the oldest revision held) or, without one, at the next event. The first
-	// answer carries no event, only `next`: where the stream stands. Every answer's `next`
+	// answer comes at once — with the retained events from `start`, or with none, only
+	// `next`: where the stream stands. Every answer's `next`
 	// is the revision to resume from after it; a stream that ends (the leader changed, the
 	// connection broke) resumes with start = the last `next` it got, on any node, and
 	// misses nothing and repeats nothing. Served by the leader (others relay it); it ends
@@ -461,7 +462,8 @@ type LockServiceHandler interface {
 	// as the changes that cause them are applied (G10). It starts at `start` (any
 	// revision of the node's retained history; below it: FailedPrecondition "compacted",
 	// naming the oldest revision held) or, without one, at the next event. The first
-	// answer carries no event, only `next`: where the stream stands. Every answer's `next`
+	// answer comes at once — with the retained events from `start`, or with none, only
+	// `next`: where the stream stands. Every answer's `next`
 	// is the revision to resume from after it; a stream that ends (the leader changed, the
 	// connection broke) resumes with start = the last `next` it got, on any node, and
 	// misses nothing and repeats nothing. Served by the leader (others relay it); it ends
