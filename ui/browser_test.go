@@ -356,7 +356,9 @@ func (b *browser) checkConsole(t *testing.T) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, p := range b.problems {
-		if !slices.ContainsFunc(b.expected, func(e string) bool { return strings.Contains(p, e) }) {
+		if slices.ContainsFunc(b.expected, func(e string) bool { return strings.Contains(p, e) }) {
+			t.Logf("expected: %s", p)
+		} else {
 			t.Error(p)
 		}
 	}

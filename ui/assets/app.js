@@ -196,6 +196,18 @@
     tickTTL();
   }
 
+  // scheduleRender renders the table at the next frame, once however many events came
+  // before it.
+  let renderPending = false;
+  function scheduleRender() {
+    if (renderPending) return;
+    renderPending = true;
+    requestAnimationFrame(() => {
+      renderPending = false;
+      renderLocks();
+    });
+  }
+
   // tickTTL counts the TTLs down between updates, from what the leader said when the
   // table was fetched.
   function tickTTL() {
@@ -372,7 +384,7 @@
             listed = true;
             refresh(gen).catch((err) => showError("locks", err));
           } else if ((resp.events || []).length) {
-            renderLocks();
+            scheduleRender();
             refreshSoon();
             if (state.selected) refreshLedger();
           }
