@@ -50,6 +50,7 @@ var errorCodes = []struct {
 	{errWrongCluster, connect.CodeFailedPrecondition, reason.WrongCluster},
 	{watch.ErrCompacted, connect.CodeFailedPrecondition, reason.Compacted},
 	{errNoClusterID, connect.CodeUnavailable, reason.NoClusterID},
+	{ErrShuttingDown, connect.CodeUnavailable, reason.ShuttingDown},
 	{auth.ErrUnauthenticated, connect.CodeUnauthenticated, reason.Unauthenticated},
 	{auth.ErrPermissionDenied, connect.CodePermissionDenied, reason.PermissionDenied},
 	{auth.ErrQuota, connect.CodeResourceExhausted, reason.Quota},
