@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"connectrpc.com/connect"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/client"
 	"github.com/leasehold/leasehold/internal/clustertest"
 	"github.com/leasehold/leasehold/internal/testnode"
@@ -300,5 +302,41 @@ func TestWatchCompacted(t *testing.T) {
 			t.Fatalf("%v is not a *connect.Error", err)
 		}
 		break
+	}
+}
+
+// TestWatchEndsAtShutdown: a node that shuts down ends its Watch streams at once with
+// Unavailable "shutting_down" (so the watcher resumes at another node) instead of
+// holding its graceful shutdown for the whole deadline.
+func TestWatchEndsAtShutdown(t *testing.T) {
+	n := testnode.Start(t)
+	locks := leaseholdv1connect.NewLockServiceClient(http.DefaultClient, "http://"+n.Addr())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := locks.Watch(ctx, &leaseholdv1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !st.Receive() { // the first answer: the stream stands
+		t.Fatalf("no first answer: %v", st.Err())
+	}
+	ended := make(chan error, 1)
+	go func() {
+		for st.Receive() {
+		}
+		ended <- st.Err()
+	}()
+	start := time.Now()
+	if err := n.Close(ctx); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("close took %v with a watch open", took)
+	}
+	err = <-ended
+	var ce *connect.Error
+	if !errors.As(err, &ce) || ce.Code() != connect.CodeUnavailable || !strings.Contains(err.Error(), "shutting down") {
+		t.Fatalf("the stream ended with %v, want Unavailable shutting_down", err)
 	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -388,6 +389,23 @@ func (s *Server) callStream(ctx context.Context, m *method, req proto.Message, f
 	if err := s.checkClusterID(from.clusterID); err != nil {
 		return s.finish(m, start, err)
 	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(s.streams, func() { cancel(ErrShuttingDown) })()
+	err := s.serveStream(ctx, m, req, from, send)
+	if errors.Is(context.Cause(ctx), ErrShuttingDown) {
+		err = ErrShuttingDown // the caller resumes at another node
+	}
+	return s.finish(m, start, err)
+}
+
+// EndStreams ends every server stream, now and from now on, with ErrShuttingDown
+// (Unavailable, reason shutting_down), so that a node can shut down without waiting for
+// its streams and their callers resume at another node. service.Node.Close calls it.
+func (s *Server) EndStreams() { s.endStreams() }
+
+// serveStream serves a stream here or forwards it to the leader (callStream).
+func (s *Server) serveStream(ctx context.Context, m *method, req proto.Message, from caller, send func(proto.Message) error) error {
 	addr, here, err := s.routeTo(m, req, from.forwarded)
 	switch {
 	case err != nil:
@@ -398,7 +416,7 @@ func (s *Server) callStream(ctx context.Context, m *method, req proto.Message, f
 			err = forwardError(ctx, addr, err)
 		}
 	}
-	return s.finish(m, start, err)
+	return err
 }
 
 // forwardHeaders sets the headers of a request this node forwards to the leader.

@@ -415,7 +415,8 @@ func (n *Node) Close(ctx context.Context) error {
 	} else {
 		close(drained)
 	}
-	n.Leader.Demote() // fail waiting acquires (Unavailable: clients retry after the restart)
+	n.Server.EndStreams() // streams would keep Shutdown waiting: their callers resume elsewhere (first: a Watch would end not_leader with the Demote)
+	n.Leader.Demote()     // fail waiting acquires (Unavailable: clients retry after the restart)
 	herr := n.http.Shutdown(ctx)
 	if errors.Is(herr, context.DeadlineExceeded) || errors.Is(herr, context.Canceled) {
 		herr = n.http.Close()
