@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -515,4 +516,70 @@ func (p *cutProxy) resume() {
 		close(p.hold)
 		p.hold = nil
 	}
+}
+
+// TestDashboardKeepsUp measures how many events per second the page follows: workers
+// take and release locks as fast as they can for LEASEHOLD_UI_LOAD (a duration, e.g.
+// 5s; the test is skipped without it) while the page and a Go watcher follow the same
+// prefix; then it waits until the page has shown every event the watcher saw.
+//
+//	LEASEHOLD_UI_LOAD=5s go test -run TestDashboardKeepsUp -v ./ui/
+func TestDashboardKeepsUp(t *testing.T) {
+	load, err := time.ParseDuration(os.Getenv("LEASEHOLD_UI_LOAD"))
+	if err != nil {
+		t.Skip("set LEASEHOLD_UI_LOAD to a duration to measure")
+	}
+	const workers = 16
+	path := chromium(t)
+	node := testnode.Start(t)
+	b := startBrowser(t, path)
+	ctx, cancel := context.WithTimeout(context.Background(), load+60*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, node.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	b.open(t, "http://"+node.Addr()+"/ui")
+	b.wait(t, `document.querySelector("#live").textContent === "live"`, 5*time.Second)
+
+	var seen atomic.Int64
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go func() {
+		for _, err := range c.Watch(wctx, "") {
+			if err != nil {
+				return
+			}
+			seen.Add(1)
+		}
+	}()
+	time.Sleep(200 * time.Millisecond) // the watcher's stream stands
+
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for time.Since(start) < load {
+				l, err := c.Lock(ctx, fmt.Sprintf("load/w%d", w), client.Correctness)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if err := l.Unlock(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	time.Sleep(100 * time.Millisecond) // the watcher gets the last events
+	total := seen.Load()
+	b.wait(t, fmt.Sprintf(`Number(document.querySelector("#feed").dataset.count || 0) >= %d`, total), 30*time.Second)
+	caughtUp := time.Since(start) - took
+	t.Logf("%d events in %v (%.0f/s) from %d workers; the page showed them all %v after the load ended",
+		total, took.Round(time.Millisecond), float64(total)/took.Seconds(), workers, caughtUp.Round(time.Millisecond))
+	b.checkConsole(t)
 }

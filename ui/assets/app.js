@@ -246,6 +246,7 @@
       e.note ? ` (${e.note})` : "");
     feed.prepend(li);
     state.feedCount++;
+    feed.dataset.count = state.feedCount;
     while (feed.children.length > FEED_MAX) feed.lastElementChild.remove();
   }
 
