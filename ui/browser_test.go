@@ -1,6 +1,7 @@
 package ui_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -17,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,12 +35,15 @@ import (
 	"github.com/leasehold/leasehold/internal/testnode"
 	"github.com/leasehold/leasehold/replication"
 	"github.com/leasehold/leasehold/service"
+	"github.com/leasehold/leasehold/ui"
 )
 
 // TestDashboardInBrowser opens /ui of a node in headless Chromium and checks what a
-// user sees: a lock a client takes appears with its holder and token within a second;
-// its release shows in the event feed; a click on the lock opens its panel. It saves a
-// screenshot and fails on any console error or uncaught exception of the page.
+// user sees: a lock a client takes appears with its holder and token within a second,
+// and its TTL counts down; a second client queued behind it shows as a waiter; a click
+// on the lock opens its panel; the release shows in the event feed, and the waiter's
+// grant in the table, within a second. It saves screenshots and fails on any console
+// error or uncaught exception of the page.
 func TestDashboardInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a leasehold node and a browser")
@@ -65,6 +70,25 @@ func TestDashboardInBrowser(t *testing.T) {
 	row := fmt.Sprintf(`document.querySelector('#locks tr[data-name=%q]')`, name)
 	b.wait(t, fmt.Sprintf(`(r => r && r.querySelector("td.token").textContent === "%d" && r.querySelector("td.holder").textContent.includes("ui-test:4242 — browser test"))(%s)`, l.Token(), row), time.Second)
 	b.wait(t, row+`.querySelector("td.ttl").textContent.endsWith(" s")`, time.Second)
+	// The TTL counts down between updates.
+	b.wait(t, `(window.firstTTL = parseFloat(`+row+`.querySelector("td.ttl").textContent)) > 0`, time.Second)
+	b.wait(t, `parseFloat(`+row+`.querySelector("td.ttl").textContent) < window.firstTTL`, time.Second)
+
+	// A second client queues behind the holder.
+	c2, err := client.Dial(ctx, node.Addr(), client.WithHolder(client.Holder{Host: "ui-waiter", PID: 7}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close(context.Background())
+	granted := make(chan *client.Lock, 1)
+	go func() {
+		l2, err := c2.Lock(ctx, name, client.Correctness, client.WaitFor(20*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		granted <- l2
+	}()
+	b.wait(t, row+`.querySelector("td.waiters").textContent === "1" && document.querySelector('#feed li[data-kind="queued"]') !== null`, 2*time.Second)
 
 	if err := b.do(chromedp.Click(chromedp.CSS(`#locks tr[data-name="` + name + `"]`))); err != nil {
 		t.Fatal(err)
@@ -75,7 +99,16 @@ func TestDashboardInBrowser(t *testing.T) {
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b.wait(t, fmt.Sprintf(`document.querySelector('#feed li[data-kind="released"][data-name=%q]') !== null`, name), 2*time.Second)
+	b.wait(t, fmt.Sprintf(`document.querySelector('#feed li[data-kind="released"][data-name=%q][data-token="%d"]') !== null`, name, l.Token()), time.Second)
+	l2 := <-granted
+	if l2 == nil {
+		t.FailNow()
+	}
+	b.wait(t, fmt.Sprintf(`(r => r && r.querySelector("td.token").textContent === "%d" && r.querySelector("td.holder").textContent.includes("ui-waiter:7") && r.querySelector("td.waiters").textContent === "0")(%s)`, l2.Token(), row), time.Second)
+	if err := l2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.wait(t, fmt.Sprintf(`document.querySelector('#feed li[data-kind="released"][data-token="%d"]') !== null && %s === null`, l2.Token(), row), time.Second)
 	b.wait(t, `document.querySelector("#ledger-now").textContent.includes("not held")`, 2*time.Second)
 	b.wait(t, `document.querySelector("#members tbody tr") !== null`, 3*time.Second)
 	b.screenshot(t, "released.png")
@@ -433,6 +466,57 @@ func TestDashboardResumesWatch(t *testing.T) {
 		t.Errorf("feed (oldest first) %q, want %q", got, want)
 	}
 	b.screenshot(t, "resumed.png")
+	b.checkConsole(t)
+}
+
+// TestDashboardPollsWithoutWatch opens the page of a node that, as far as the page can
+// tell, serves no Watch (an older node: a proxy takes Watch out of /ui/config.json):
+// the page lists the locks every 500 ms and derives the feed from the differences.
+func TestDashboardPollsWithoutWatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a leasehold node and a browser")
+	}
+	path := chromium(t)
+	node := testnode.Start(t)
+	proxy := newCutProxy(t, node.Addr())
+	proxy.rp.ModifyResponse = func(resp *http.Response) error {
+		if resp.Request.URL.Path != "/ui/config.json" {
+			return nil
+		}
+		var cfg ui.Config
+		if err := json.NewDecoder(resp.Body).Decode(&cfg); err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		cfg.Procedures = slices.DeleteFunc(cfg.Procedures, func(p string) bool { return p == leaseholdv1connect.LockServiceWatchProcedure })
+		b, err := json.Marshal(cfg)
+		if err != nil {
+			return err
+		}
+		resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+		resp.Header.Set("Content-Length", strconv.Itoa(len(b)))
+		return nil
+	}
+	b := startBrowser(t, path)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, node.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+
+	b.open(t, "http://"+proxy.addr+"/ui")
+	b.wait(t, `document.querySelector("#live").textContent === "polling"`, 5*time.Second)
+	l, err := c.Lock(ctx, "poll/a", client.Correctness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.wait(t, fmt.Sprintf(`(r => r && r.querySelector("td.token").textContent === "%d")(document.querySelector('#locks tr[data-name="poll/a"]'))`, l.Token()), 2*time.Second)
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.wait(t, fmt.Sprintf(`document.querySelector('#feed li[data-kind="released"][data-token="%d"]') !== null`, l.Token()), 2*time.Second)
 	b.checkConsole(t)
 }
 

@@ -237,7 +237,7 @@
   // addEvent puts e at the top of the feed: {kind, name, token, holder, note, revision}.
   function addEvent(e) {
     const feed = $("#feed");
-    const li = el("li", { "data-kind": e.kind, "data-name": e.name || "", "data-revision": e.revision || "" },
+    const li = el("li", { "data-kind": e.kind, "data-name": e.name || "", "data-token": e.token || "", "data-revision": e.revision || "" },
       el("span", { class: "muted" }, clock(new Date()) + (e.revision ? ` r${e.revision}` : "") + " "),
       el("span", { class: "kind kind-" + e.kind }, e.kind.replace("_", " ")), " ",
       e.name ? el("code", {}, e.name) : "",
@@ -315,9 +315,14 @@
       case "wait_ended":
         l.waiters = Math.max(0, (l.waiters || 0) - 1);
         break;
-      default: // released, expired, revoked, force_released
+      case "released":
+      case "expired":
+      case "revoked":
+      case "force_released":
         l.holders = l.holders.filter((h) => h.token !== e.token);
         l.held = l.holders.length > 0;
+        break;
+      default: // a kind this page does not know: the next List shows its effect
     }
     if (!l.held && !l.waiters) state.locks.delete(e.name);
   }
@@ -369,13 +374,18 @@
         if (next) body.start = next;
         await stream("LockService", "Watch", body, abort.signal, (resp) => {
           if (gen !== state.generation) return;
+          let relist = false;
           for (const e of resp.events || []) {
+            const kind = kindName(e.kind);
             state.recent.push({ at: performance.now(), e });
             applyEvent(e);
-            addEvent({ kind: kindName(e.kind), name: e.name, token: e.token, holder: e.holder, note: eventNote(e), revision: revText(e.revision) });
+            addEvent({ kind, name: e.name, token: e.token, holder: e.holder, note: eventNote(e), revision: revText(e.revision) });
+            relist = relist || !["released", "expired", "revoked", "force_released"].includes(kind);
           }
-          const cutoff = performance.now() - 10000;
-          while (state.recent.length && state.recent[0].at < cutoff) state.recent.shift();
+          const cutoff = performance.now() - 2 * REFRESH_MS;
+          const keep = state.recent.findIndex((r) => r.at >= cutoff);
+          if (keep > 0) state.recent.splice(0, keep);
+          else if (keep < 0) state.recent.length = 0;
           next = resp.next || next;
           state.streaming = true;
           backoff = 250;
@@ -386,7 +396,8 @@
             refresh(gen).catch((err) => showError("locks", err));
           } else if ((resp.events || []).length) {
             scheduleRender();
-            refreshSoon();
+            // Events carry no TTL, and a grant from the queue does not say it left it.
+            if (relist) refreshSoon();
             if (state.selected) refreshLedger();
           }
         });
