@@ -179,7 +179,7 @@
     const rows = [];
     for (const l of state.locks.values()) {
       const hs = holdersOf(l);
-      const tr = el("tr", { "data-name": l.name },
+      const tr = el("tr", { "data-name": l.name, tabIndex: 0, title: "open " + l.name },
         el("td", { class: "name" }, el("code", {}, l.name)),
         el("td", { class: "class" }, className(l.class)),
         el("td", { class: "mode" }, modeName(l)),
@@ -190,7 +190,12 @@
       if (l.name === state.selected) tr.classList.add("selected");
       rows.push(tr);
     }
+    const focused = document.activeElement && document.activeElement.closest && document.activeElement.closest("#locks tr[data-name]");
     body.replaceChildren(...rows);
+    if (focused) {
+      const again = rows.find((tr) => tr.dataset.name === focused.dataset.name);
+      if (again) again.focus();
+    }
     $("#locks-empty").hidden = rows.length > 0;
     $("#lock-count").textContent = `(${rows.length})`;
     tickTTL();
@@ -617,6 +622,13 @@
     $("#locks tbody").addEventListener("click", (ev) => {
       const tr = ev.target.closest("tr[data-name]");
       if (tr) openLedger(tr.dataset.name);
+    });
+    $("#locks tbody").addEventListener("keydown", (ev) => {
+      const tr = ev.target.closest("tr[data-name]");
+      if (tr && (ev.key === "Enter" || ev.key === " ")) {
+        ev.preventDefault();
+        openLedger(tr.dataset.name);
+      }
     });
     $("#ledger-close").addEventListener("click", () => {
       state.selected = "";
