@@ -2,6 +2,8 @@ package core
 
 import (
 	"bytes"
+	"fmt"
+	"runtime"
 	"testing"
 )
 
@@ -104,4 +106,24 @@ func TestLedgerBounds(t *testing.T) {
 	if a := len(s.History("a")); a != 1 {
 		t.Fatalf("a has %d after c's tenure, want 1", a)
 	}
+}
+
+// TestLedgerEntryBytes measures what one ledger entry costs (docs/OPERATIONS.md): a full
+// ledger of released tenures of 16-byte names with a holder description.
+func TestLedgerEntryBytes(t *testing.T) {
+	const n = 100_000
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	g := newLedger(Limits{}.withDefaults())
+	for i := range n {
+		name := fmt.Sprintf("orders/%09d", i)
+		g.note(Event{Kind: EventAcquired, Name: name, Token: uint64(i + 1)}, 1)
+		g.note(Event{Kind: EventReleased, Name: name, Token: uint64(i + 1), Holder: Holder{Host: fmt.Sprintf("worker-%d.example", i%100), PID: 4242}}, 2)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := float64(after.HeapAlloc-before.HeapAlloc) / n
+	t.Logf("%.0f bytes per ledger entry (%d entries, one lock each: %.1f MB)", per, n, per*n/1e6)
+	runtime.KeepAlive(&g)
 }
