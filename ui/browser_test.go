@@ -94,6 +94,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.wait(t, fmt.Sprintf(`!document.querySelector("#ledger-section").hidden && document.querySelector("#ledger-now").textContent.includes("#%d ui-test:4242")`, l.Token()), 2*time.Second)
+	b.wait(t, fmt.Sprintf(`(r => r && r.dataset.end === "held" && r.textContent.includes("held now"))(document.querySelector('#ledger tbody tr[data-token="%d"]'))`, l.Token()), time.Second)
 	b.screenshot(t, "held.png")
 
 	if err := l.Unlock(ctx); err != nil {
@@ -110,6 +111,8 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	b.wait(t, fmt.Sprintf(`document.querySelector('#feed li[data-kind="released"][data-token="%d"]') !== null && %s === null`, l2.Token(), row), time.Second)
 	b.wait(t, `document.querySelector("#ledger-now").textContent.includes("not held")`, 2*time.Second)
+	// The ledger, newest first: both tenures, released.
+	b.wait(t, fmt.Sprintf(`(rows => rows.length === 2 && rows[0].dataset.token === "%d" && rows[0].dataset.end === "released" && rows[0].textContent.includes("ui-waiter:7") && rows[1].dataset.token === "%d" && rows[1].dataset.end === "released" && rows[1].textContent.includes("ui-test:4242"))([...document.querySelectorAll("#ledger tbody tr")])`, l2.Token(), l.Token()), time.Second)
 	b.wait(t, `document.querySelector("#members tbody tr") !== null`, 3*time.Second)
 	b.screenshot(t, "released.png")
 	b.checkConsole(t)

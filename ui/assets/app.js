@@ -533,13 +533,43 @@
 
   // ---- one lock: its holders now and its ledger ---------------------------------------------
 
+  // refreshLedger shows the selected lock's holders (Describe) and ledger (History) again:
+  // at once when nothing is in flight, else once more when the call in flight is done,
+  // and at most every LEDGER_MS.
+  const LEDGER_MS = 200;
   let ledgerBusy = false;
-  async function refreshLedger() {
-    if (ledgerBusy || !state.selected) return;
+  let ledgerAgain = false;
+  function refreshLedger() {
+    if (!state.selected) return;
+    if (ledgerBusy) {
+      ledgerAgain = true;
+      return;
+    }
     ledgerBusy = true;
-    const name = state.selected;
+    showLedger(state.selected).finally(() => setTimeout(() => {
+      ledgerBusy = false;
+      if (ledgerAgain) {
+        ledgerAgain = false;
+        refreshLedger();
+      }
+    }, LEDGER_MS));
+  }
+
+  const endName = (e) => enumName(e, "TENURE_END_", "").replace("_", " ");
+  function when(ms) {
+    if (!(Number(ms) > 0)) return "?";
+    const d = new Date(Number(ms));
+    const day = d.toDateString() === new Date().toDateString() ? "" : d.toLocaleDateString() + " ";
+    return day + clock(d);
+  }
+
+  async function showLedger(name) {
     try {
-      const d = await call("LockService", "Describe", { name });
+      const history = serves("LockService", "History");
+      const [d, h] = await Promise.all([
+        call("LockService", "Describe", { name }),
+        history ? call("LockService", "History", { name }) : null,
+      ]);
       if (name !== state.selected) return;
       const l = d.lock || { name };
       const hs = holdersOf(l);
@@ -549,16 +579,28 @@
           ? el("p", {}, `${className(l.class)}, ${modeName(l)}, ${l.waiters || 0} waiting` + (l.delayRemainingMs > 0 ? `, lock-delay ${ttlText(Number(l.delayRemainingMs))}` : ""))
           : "",
         hs.length
-          ? el("ul", {}, ...hs.map((h) => el("li", {}, `#${h.token} ${holderText(h.holder)}, TTL ${ttlText(Number(h.ttlRemainingMs ?? -1))}`)))
+          ? el("ul", {}, ...hs.map((x) => el("li", {}, `#${x.token} ${holderText(x.holder)}, TTL ${ttlText(Number(x.ttlRemainingMs ?? -1))}`)))
           : el("p", { class: "muted" }, "not held"));
-      if (!serves("LockService", "History")) {
+      if (!history) {
         $("#ledger-note").textContent = "This node serves no LockService.History: no ledger to show.";
         $("#ledger").hidden = true;
+        return;
       }
+      const tenures = (h.tenures || []).slice().reverse(); // newest first
+      $("#ledger").hidden = tenures.length === 0;
+      $("#ledger-note").textContent = tenures.length
+        ? "Newest first; times are the leader's clock, for display."
+        : className(l.class) === "efficiency"
+          ? "Efficiency locks have no ledger: their holds never enter the log."
+          : "No tenures recorded.";
+      $("#ledger tbody").replaceChildren(...tenures.map((x) => el("tr", { "data-token": x.token || "0", "data-end": endName(x.end) || "held" },
+        el("td", { class: "token" }, x.token || "0"),
+        el("td", {}, holderText(x.holder)),
+        el("td", { class: "mono" }, when(x.startUnixMs)),
+        el("td", { class: "mono" }, x.end ? when(x.endUnixMs) : ""),
+        el("td", {}, x.end ? endName(x.end) + (x.reason ? ` (${x.reason})` : "") : el("strong", {}, "held now")))));
     } catch (err) {
-      $("#ledger-now").replaceChildren(el("p", { class: "error" }, explain(err)));
-    } finally {
-      ledgerBusy = false;
+      if (name === state.selected) $("#ledger-now").replaceChildren(el("p", { class: "error" }, explain(err)));
     }
   }
 
@@ -567,6 +609,8 @@
     $("#ledger-section").hidden = false;
     $("#ledger-name").textContent = name;
     $("#ledger-now").replaceChildren();
+    $("#ledger tbody").replaceChildren();
+    $("#ledger-note").textContent = "";
     for (const tr of document.querySelectorAll("#locks tbody tr")) tr.classList.toggle("selected", tr.dataset.name === name);
     refreshLedger();
   }
