@@ -81,20 +81,26 @@
     if (!resp.ok) throw errorOf(resp.status, await resp.text());
     const reader = resp.body.getReader();
     const utf8 = new TextDecoder();
-    let buf = new Uint8Array(0);
+    let buf = new Uint8Array(0); // bytes not parsed yet
     for (;;) {
       const { done, value } = await reader.read();
       if (done) throw new RPCError("unavailable", "the stream ended without its end-of-stream message");
-      const joined = new Uint8Array(buf.length + value.length);
-      joined.set(buf);
-      joined.set(value, buf.length);
-      buf = joined;
-      while (buf.length >= 5) {
-        const flags = buf[0];
-        const size = new DataView(buf.buffer, buf.byteOffset, 5).getUint32(1);
-        if (buf.length < 5 + size) break;
-        const msg = utf8.decode(buf.subarray(5, 5 + size));
-        buf = buf.slice(5 + size);
+      if (buf.length) {
+        const joined = new Uint8Array(buf.length + value.length);
+        joined.set(buf);
+        joined.set(value, buf.length);
+        buf = joined;
+      } else {
+        buf = value;
+      }
+      const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+      let off = 0;
+      while (buf.length - off >= 5) {
+        const flags = buf[off];
+        const size = view.getUint32(off + 1);
+        if (buf.length - off < 5 + size) break;
+        const msg = utf8.decode(buf.subarray(off + 5, off + 5 + size));
+        off += 5 + size;
         if (flags & 0x01) throw new RPCError("internal", "the server sent a compressed message, which this page did not ask for");
         if (flags & 0x02) {
           const end = msg ? JSON.parse(msg) : {};
@@ -103,6 +109,7 @@
         }
         onMessage(JSON.parse(msg));
       }
+      buf = buf.slice(off); // a copy: the reader may reuse value
     }
   }
 
@@ -239,21 +246,28 @@
 
   // ---- the event feed ---------------------------------------------------------------------
 
-  // addEvent puts e at the top of the feed: {kind, name, token, holder, note, revision}.
-  function addEvent(e) {
+  // addEvents puts events at the top of the feed, the last one on top: each
+  // {kind, name, token, holder, note, revision}. Of a batch larger than the feed only
+  // the newest are drawn.
+  function addEvents(events) {
     const feed = $("#feed");
-    const li = el("li", { "data-kind": e.kind, "data-name": e.name || "", "data-token": e.token || "", "data-revision": e.revision || "" },
-      el("span", { class: "muted" }, clock(new Date()) + (e.revision ? ` r${e.revision}` : "") + " "),
-      el("span", { class: "kind kind-" + e.kind }, e.kind.replace("_", " ")), " ",
-      e.name ? el("code", {}, e.name) : "",
-      e.token ? ` #${e.token}` : "",
-      e.holder ? ` by ${holderText(e.holder)}` : "",
-      e.note ? ` (${e.note})` : "");
-    feed.prepend(li);
-    state.feedCount++;
+    const now = clock(new Date());
+    const frag = document.createDocumentFragment();
+    for (const e of events.slice(-FEED_MAX)) {
+      frag.prepend(el("li", { "data-kind": e.kind, "data-name": e.name || "", "data-token": e.token || "", "data-revision": e.revision || "" },
+        el("span", { class: "muted" }, now + (e.revision ? ` r${e.revision}` : "") + " "),
+        el("span", { class: "kind kind-" + e.kind }, e.kind.replace("_", " ")), " ",
+        e.name ? el("code", {}, e.name) : "",
+        e.token ? ` #${e.token}` : "",
+        e.holder ? ` by ${holderText(e.holder)}` : "",
+        e.note ? ` (${e.note})` : ""));
+    }
+    feed.prepend(frag);
+    state.feedCount += events.length;
     feed.dataset.count = state.feedCount;
     while (feed.children.length > FEED_MAX) feed.lastElementChild.remove();
   }
+  const addEvent = (e) => addEvents([e]);
 
   // diff derives the feed from two listings, when the node serves no Watch: a token that
   // appears was acquired; one that disappears ended — released, or expired when its TTL
@@ -285,6 +299,7 @@
   // ---- Watch ------------------------------------------------------------------------------
 
   const kindName = (k) => enumName(k, "EVENT_KIND_", "unknown");
+  const ENDS = ["released", "expired", "revoked", "force_released"]; // the kinds that end a hold
   const revText = (r) => (r ? `${r.index || 0}.${r.offset || 0}` : "");
 
   // applyEvent changes the table as the Watch event e says. What events do not carry
@@ -320,14 +335,12 @@
       case "wait_ended":
         l.waiters = Math.max(0, (l.waiters || 0) - 1);
         break;
-      case "released":
-      case "expired":
-      case "revoked":
-      case "force_released":
-        l.holders = l.holders.filter((h) => h.token !== e.token);
-        l.held = l.holders.length > 0;
-        break;
-      default: // a kind this page does not know: the next List shows its effect
+      default:
+        if (ENDS.includes(kind)) {
+          l.holders = l.holders.filter((h) => h.token !== e.token);
+          l.held = l.holders.length > 0;
+        }
+        // any other kind, one this page does not know: the next List shows its effect
     }
     if (!l.held && !l.waiters) state.locks.delete(e.name);
   }
@@ -380,13 +393,16 @@
         await stream("LockService", "Watch", body, abort.signal, (resp) => {
           if (gen !== state.generation) return;
           let relist = false;
+          const at = performance.now();
+          const shown = [];
           for (const e of resp.events || []) {
             const kind = kindName(e.kind);
-            state.recent.push({ at: performance.now(), e });
+            state.recent.push({ at, e });
             applyEvent(e);
-            addEvent({ kind, name: e.name, token: e.token, holder: e.holder, note: eventNote(e), revision: revText(e.revision) });
-            relist = relist || !["released", "expired", "revoked", "force_released"].includes(kind);
+            shown.push({ kind, name: e.name, token: e.token, holder: e.holder, note: eventNote(e), revision: revText(e.revision) });
+            relist = relist || !ENDS.includes(kind);
           }
+          if (shown.length) addEvents(shown);
           const cutoff = performance.now() - 2 * REFRESH_MS;
           const keep = state.recent.findIndex((r) => r.at >= cutoff);
           if (keep > 0) state.recent.splice(0, keep);
