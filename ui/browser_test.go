@@ -404,7 +404,8 @@ func (b *browser) checkConsole(t *testing.T) {
 // TestDashboardResumesWatch cuts the page's Watch stream (a proxy between the browser
 // and the node aborts it, and holds the page's next Watch until told) while locks
 // change: once the stream is back, the feed shows every event of the gap, once each, in
-// revision order.
+// revision order. The proxy passes the stream on 3 bytes at a time, so the page's parser
+// meets envelopes split anywhere, the 5-byte prefix too.
 func TestDashboardResumesWatch(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a leasehold node and a browser")
@@ -580,8 +581,28 @@ func (p *cutProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		delete(p.streams, &cancel)
 		p.mu.Unlock()
 	}()
-	p.rp.ServeHTTP(w, r.WithContext(ctx))
+	p.rp.ServeHTTP(trickle{w}, r.WithContext(ctx))
 }
+
+// trickle writes what it is given 3 bytes at a time, each flushed, 1 ms apart.
+type trickle struct{ http.ResponseWriter }
+
+func (t trickle) Write(b []byte) (int, error) {
+	rc := http.NewResponseController(t.ResponseWriter)
+	for i := 0; i < len(b); i += 3 {
+		if _, err := t.ResponseWriter.Write(b[i:min(i+3, len(b))]); err != nil {
+			return i, err
+		}
+		if err := rc.Flush(); err != nil {
+			return i, err
+		}
+		time.Sleep(time.Millisecond) // so that the browser reads the pieces apart
+	}
+	return len(b), nil
+}
+
+// Flush is the ResponseWriter's (the proxy flushes after each write).
+func (t trickle) Flush() { _ = http.NewResponseController(t.ResponseWriter).Flush() }
 
 // cut aborts every Watch stream open through the proxy, and holds the next ones.
 func (p *cutProxy) cut() {
