@@ -69,7 +69,11 @@ var targets = func() []target {
 		for _, rc := range class.recipes {
 			sys := class.system + rc.suffix
 			for _, w := range class.workers {
-				ts = append(ts, target{fmt.Sprintf("%s, %s ≥ 1.0× %s, pairs/s at %d workers", class.name, rc.how, rc.peerName, w),
+				workers := fmt.Sprintf("%d workers", w)
+				if w == 1 {
+					workers = "1 worker"
+				}
+				ts = append(ts, target{fmt.Sprintf("%s, %s ≥ 1.0× %s, pairs/s at %s", class.name, rc.how, rc.peerName, workers),
 					sys, rc.peer, fmt.Sprintf("uncontended-%d", w), atLeast(1, false)})
 			}
 			ts = append(ts,
