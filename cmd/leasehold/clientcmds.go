@@ -1,9 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -12,20 +13,65 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/client"
 	"github.com/leasehold/leasehold/service"
 )
 
-// addrFlag registers --addr with its default from LEASEHOLD_ADDR.
-func addrFlag(fs *flag.FlagSet) *string {
+// addrFlag registers --addr with its default from LEASEHOLD_ADDR, and the security
+// flags (registerSecurityFlags).
+func addrFlag(fs *pflag.FlagSet) *string {
 	def := os.Getenv("LEASEHOLD_ADDR")
 	if def == "" {
 		def = service.DefaultAddr
 	}
 	registerSecurityFlags(fs)
 	return fs.String("addr", def, "server address (env LEASEHOLD_ADDR)")
+}
+
+// outputFormat is the value of --output: text or json.
+type outputFormat string
+
+func (o *outputFormat) String() string { return string(*o) }
+func (o *outputFormat) Type() string   { return "text|json" }
+
+func (o *outputFormat) Set(v string) error {
+	if v != "text" && v != "json" {
+		return errors.New("want text or json")
+	}
+	*o = outputFormat(v)
+	return nil
+}
+
+// json reports whether the output is JSON.
+func (o *outputFormat) json() bool { return *o == "json" }
+
+// outputFlag registers --output (-o) on fs, text by default.
+func outputFlag(fs *pflag.FlagSet) *outputFormat {
+	o := outputFormat("text")
+	fs.VarP(&o, "output", "o", "text, or json: the API's response as one JSON document (the protobuf JSON mapping, as curl gets it)")
+	return &o
+}
+
+// printJSON writes m as one indented JSON document in the protobuf JSON mapping, with
+// every field present (zero values too): 64-bit integers are strings, bytes base64.
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, b, "", "  "); err != nil {
+		return err
+	}
+	out.WriteByte('\n')
+	_, err = out.WriteTo(w)
+	return err
 }
 
 // dial connects to the server, printing why it could not.
@@ -62,28 +108,43 @@ func exitFor(cmd string, err error) int {
 	return exitError
 }
 
-func runLocks(args []string) int {
-	fs := flag.NewFlagSet("locks", flag.ContinueOnError)
-	addr := addrFlag(fs)
-	limit := fs.Int("limit", 1000, "show at most this many locks (max 10000)")
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+func newLocksCmd() *cobra.Command {
+	var addr *string
+	var limit *int
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:   "locks [PREFIX]",
+		Short: "list locks: name, class, holder, token, TTL left",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := context.Background()
+			c, code := dial(ctx, *addr)
+			if c == nil {
+				return exitWith(code)
+			}
+			resp, err := c.List(ctx, firstArg(args), *limit)
+			if err != nil {
+				return exitWith(exitFor("locks", err))
+			}
+			if output.json() {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			printLocks(cmd.OutOrStdout(), resp)
+			return nil
+		},
 	}
-	if fs.NArg() > 1 {
-		fmt.Fprintln(os.Stderr, "usage: leasehold locks [--addr HOST:PORT] [PREFIX]")
-		return exitUsage
+	addr = addrFlag(cmd.Flags())
+	limit = cmd.Flags().Int("limit", 1000, "show at most this many locks (max 10000)")
+	output = outputFlag(cmd.Flags())
+	return cmd
+}
+
+// firstArg is args[0], or "" when there is none.
+func firstArg(args []string) string {
+	if len(args) == 0 {
+		return ""
 	}
-	ctx := context.Background()
-	c, code := dial(ctx, *addr)
-	if c == nil {
-		return code
-	}
-	resp, err := c.List(ctx, fs.Arg(0), *limit)
-	if err != nil {
-		return exitFor("locks", err)
-	}
-	printLocks(os.Stdout, resp)
-	return exitOK
+	return args[0]
 }
 
 // printLocks prints a table of locks, one line per holder: a lock held shared or a
@@ -145,26 +206,38 @@ func describeHolder(h *leaseholdv1.Holder) string {
 	return s
 }
 
-func runStatus(args []string) int {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	addr := addrFlag(fs)
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+func newStatusCmd() *cobra.Command {
+	var addr *string
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "show the node's role, leader and counts",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := context.Background()
+			c, code := dial(ctx, *addr)
+			if c == nil {
+				return exitWith(code)
+			}
+			st, err := c.Status(ctx)
+			if err != nil {
+				return exitWith(exitFor("status", err))
+			}
+			if output.json() {
+				return printJSON(cmd.OutOrStdout(), st)
+			}
+			printStatus(cmd.OutOrStdout(), st)
+			return nil
+		},
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "usage: leasehold status [--addr HOST:PORT]")
-		return exitUsage
-	}
-	ctx := context.Background()
-	c, code := dial(ctx, *addr)
-	if c == nil {
-		return code
-	}
-	st, err := c.Status(ctx)
-	if err != nil {
-		return exitFor("status", err)
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	addr = addrFlag(cmd.Flags())
+	output = outputFlag(cmd.Flags())
+	return cmd
+}
+
+// printStatus prints a node's status as a table of names and values.
+func printStatus(w io.Writer, st *leaseholdv1.StatusResponse) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "node\t%s\n", st.GetNodeId())
 	fmt.Fprintf(tw, "cluster\t%s\n", orNone(st.GetClusterId()))
 	fmt.Fprintf(tw, "role\t%s\n", st.GetRole())
@@ -181,7 +254,6 @@ func runStatus(args []string) int {
 	fmt.Fprintf(tw, "version\t%s\n", st.GetVersion())
 	fmt.Fprintf(tw, "uptime\t%v\n", time.Duration(st.GetUptimeMs())*time.Millisecond)
 	_ = tw.Flush()
-	return exitOK
 }
 
 // orNone shows an empty field as "-".
@@ -192,49 +264,40 @@ func orNone(s string) string {
 	return s
 }
 
-func runForceRelease(args []string) int {
-	fs := flag.NewFlagSet("unlock", flag.ContinueOnError)
-	addr := addrFlag(fs)
-	force := fs.Bool("force", false, "required: release the lock whoever holds it")
-	reason := fs.String("reason", "", "why (recorded and shown to the old holder)")
-	name, rest := splitName(args)
-	if err := fs.Parse(rest); err != nil {
-		return exitUsage
+func newUnlockCmd() *cobra.Command {
+	var addr, reason *string
+	var force *bool
+	cmd := &cobra.Command{
+		Use:   "unlock NAME --force --reason TEXT",
+		Short: "operator release: fences the old holder out",
+		Long: `Releases the lock whoever holds it. The old holder's token is fenced out: every
+later grant carries a larger token. Its process is NOT stopped: only a resource that
+checks tokens stops its writes.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !*force {
+				return errors.New("--force is required: it releases the lock whoever holds it")
+			}
+			name := args[0]
+			ctx := context.Background()
+			c, code := dial(ctx, *addr)
+			if c == nil {
+				return exitWith(code)
+			}
+			released, fence, err := c.ForceRelease(ctx, name, *reason)
+			if err != nil {
+				return exitWith(exitFor("unlock", err))
+			}
+			if released == 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s was not held; fence token %d consumed\n", name, fence)
+			} else {
+				fmt.Fprintf(cmd.OutOrStdout(), "released %s (token %d); every later grant is above fence token %d\n", name, released, fence)
+			}
+			return nil
+		},
 	}
-	if name == "" || !*force || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "usage: leasehold unlock NAME --force --reason TEXT\n\nReleases the lock whoever holds it. The old holder's token is fenced out: every\nlater grant carries a larger token. Its process is NOT stopped: only a resource that\nchecks tokens stops its writes.")
-		return exitUsage
-	}
-	ctx := context.Background()
-	c, code := dial(ctx, *addr)
-	if c == nil {
-		return code
-	}
-	released, fence, err := c.ForceRelease(ctx, name, *reason)
-	if err != nil {
-		return exitFor("unlock", err)
-	}
-	if released == 0 {
-		fmt.Printf("%s was not held; fence token %d consumed\n", name, fence)
-	} else {
-		fmt.Printf("released %s (token %d); every later grant is above fence token %d\n", name, released, fence)
-	}
-	return exitOK
-}
-
-// splitName takes a leading NAME argument off args, so flags may come before or after it.
-// splitNames returns the leading arguments that are not flags, and the rest.
-func splitNames(args []string) ([]string, []string) {
-	i := 0
-	for i < len(args) && args[i] != "" && args[i][0] != '-' {
-		i++
-	}
-	return args[:i], args[i:]
-}
-
-func splitName(args []string) (string, []string) {
-	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
-		return args[0], args[1:]
-	}
-	return "", args
+	addr = addrFlag(cmd.Flags())
+	force = cmd.Flags().Bool("force", false, "required: release the lock whoever holds it")
+	reason = cmd.Flags().String("reason", "", "why (recorded and shown to the old holder)")
+	return cmd
 }
