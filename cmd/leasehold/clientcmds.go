@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -23,15 +24,15 @@ import (
 	"github.com/leasehold/leasehold/service"
 )
 
-// addrFlag registers --addr with its default from LEASEHOLD_ADDR, and the security
-// flags (registerSecurityFlags).
-func addrFlag(fs *pflag.FlagSet) *string {
+// addrFlag registers --addr, bound to addr, with its default from LEASEHOLD_ADDR, and
+// the security flags (registerSecurityFlags).
+func addrFlag(fs *pflag.FlagSet, addr *string) {
 	def := os.Getenv("LEASEHOLD_ADDR")
 	if def == "" {
 		def = service.DefaultAddr
 	}
 	registerSecurityFlags(fs)
-	return fs.String("addr", def, "server address (env LEASEHOLD_ADDR)")
+	fs.StringVar(addr, "addr", def, "server address (env LEASEHOLD_ADDR)")
 }
 
 // outputFormat is the value of --output: text or json.
@@ -96,6 +97,26 @@ func dial(ctx context.Context, addr string, opts ...client.Option) (*client.Clie
 	return c, exitOK
 }
 
+// clientRun makes the RunE of a client command from do: it dials the server at *addr
+// and calls do with the client. An error do returns is the service's answer, unless it
+// is an exit code (exitWith): it is printed, after the command's name, and the exit code
+// is the one exitFor gives it.
+func clientRun(addr *string, do func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		ctx := context.Background()
+		c, code := dial(ctx, *addr)
+		if c == nil {
+			return exitWith(code)
+		}
+		err := do(ctx, c, cmd, args)
+		var ec *exitCodeError
+		if err == nil || errors.As(err, &ec) {
+			return err
+		}
+		return exitWith(exitFor(strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" "), err))
+	}
+}
+
 // exitFor prints err and returns the exit code it deserves.
 func exitFor(cmd string, err error) int {
 	fmt.Fprintf(os.Stderr, "leasehold %s: %v\n", cmd, err)
@@ -109,31 +130,26 @@ func exitFor(cmd string, err error) int {
 }
 
 func newLocksCmd() *cobra.Command {
-	var addr *string
+	var addr string
 	var limit *int
 	var output *outputFormat
 	cmd := &cobra.Command{
 		Use:   "locks [PREFIX]",
 		Short: "list locks: name, class, holder, token, TTL left",
 		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := context.Background()
-			c, code := dial(ctx, *addr)
-			if c == nil {
-				return exitWith(code)
-			}
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			resp, err := c.List(ctx, firstArg(args), *limit)
 			if err != nil {
-				return exitWith(exitFor("locks", err))
+				return err
 			}
 			if output.json() {
 				return printJSON(cmd.OutOrStdout(), resp)
 			}
 			printLocks(cmd.OutOrStdout(), resp)
 			return nil
-		},
+		}),
 	}
-	addr = addrFlag(cmd.Flags())
+	addrFlag(cmd.Flags(), &addr)
 	limit = cmd.Flags().Int("limit", 1000, "show at most this many locks (max 10000)")
 	output = outputFlag(cmd.Flags())
 	return cmd
@@ -207,30 +223,25 @@ func describeHolder(h *leaseholdv1.Holder) string {
 }
 
 func newStatusCmd() *cobra.Command {
-	var addr *string
+	var addr string
 	var output *outputFormat
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "show the node's role, leader and counts",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := context.Background()
-			c, code := dial(ctx, *addr)
-			if c == nil {
-				return exitWith(code)
-			}
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, _ []string) error {
 			st, err := c.Status(ctx)
 			if err != nil {
-				return exitWith(exitFor("status", err))
+				return err
 			}
 			if output.json() {
 				return printJSON(cmd.OutOrStdout(), st)
 			}
 			printStatus(cmd.OutOrStdout(), st)
 			return nil
-		},
+		}),
 	}
-	addr = addrFlag(cmd.Flags())
+	addrFlag(cmd.Flags(), &addr)
 	output = outputFlag(cmd.Flags())
 	return cmd
 }
@@ -265,7 +276,8 @@ func orNone(s string) string {
 }
 
 func newUnlockCmd() *cobra.Command {
-	var addr, reason *string
+	var addr string
+	var reason *string
 	var force *bool
 	cmd := &cobra.Command{
 		Use:   "unlock NAME --force --reason TEXT",
@@ -274,19 +286,17 @@ func newUnlockCmd() *cobra.Command {
 later grant carries a larger token. Its process is NOT stopped: only a resource that
 checks tokens stops its writes.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		PreRunE: func(*cobra.Command, []string) error {
 			if !*force {
 				return errors.New("--force is required: it releases the lock whoever holds it")
 			}
+			return nil
+		},
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			name := args[0]
-			ctx := context.Background()
-			c, code := dial(ctx, *addr)
-			if c == nil {
-				return exitWith(code)
-			}
 			released, fence, err := c.ForceRelease(ctx, name, *reason)
 			if err != nil {
-				return exitWith(exitFor("unlock", err))
+				return err
 			}
 			if released == 0 {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s was not held; fence token %d consumed\n", name, fence)
@@ -294,9 +304,9 @@ checks tokens stops its writes.`,
 				fmt.Fprintf(cmd.OutOrStdout(), "released %s (token %d); every later grant is above fence token %d\n", name, released, fence)
 			}
 			return nil
-		},
+		}),
 	}
-	addr = addrFlag(cmd.Flags())
+	addrFlag(cmd.Flags(), &addr)
 	force = cmd.Flags().Bool("force", false, "required: release the lock whoever holds it")
 	reason = cmd.Flags().String("reason", "", "why (recorded and shown to the old holder)")
 	return cmd

@@ -31,21 +31,16 @@ if the key does not exist.`,
 }
 
 func newKVGetCmd() *cobra.Command {
-	var addr *string
+	var addr string
 	var output *outputFormat
 	cmd := &cobra.Command{
 		Use:   "get KEY",
 		Short: "print a key's value (version and fence token on standard error); exit 1 if absent",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := context.Background()
-			c, code := dial(ctx, *addr)
-			if c == nil {
-				return exitWith(code)
-			}
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			v, err := c.Get(ctx, args[0])
 			if err != nil {
-				return exitWith(exitFor("kv get", err))
+				return err
 			}
 			if output.json() {
 				if err := printJSON(cmd.OutOrStdout(), &leaseholdv1.GetResponse{Found: v.Found, Value: v.Data, Version: v.Version, FenceToken: v.FenceToken, FenceLock: v.FenceLock}); err != nil {
@@ -63,26 +58,26 @@ func newKVGetCmd() *cobra.Command {
 				fmt.Fprintf(cmd.ErrOrStderr(), "version %d, fence token %d (%s)\n", v.Version, v.FenceToken, v.FenceLock)
 			}
 			return nil
-		},
+		}),
 	}
-	addr = addrFlag(cmd.Flags())
+	addrFlag(cmd.Flags(), &addr)
 	output = outputFlag(cmd.Flags())
 	return cmd
 }
 
-// writeFlags registers the conditions of a write (put, del) on cmd and returns a
-// function that turns them into write options, or a usage error naming the flag.
-func writeFlags(cmd *cobra.Command) func() ([]client.WriteOption, error) {
+// writeFlags registers the conditions of a write (put, del) on cmd, and a PreRunE that
+// turns them into the write options it returns, or into a usage error naming the flag.
+func writeFlags(cmd *cobra.Command) *[]client.WriteOption {
 	fence := cmd.Flags().String("fence", "", "LOCK=TOKEN: reject the write if the key has accepted a higher token")
 	requireHolder := cmd.Flags().Bool("require-holder", false, "also reject unless TOKEN is the lock's current holder's")
 	ifVersion := cmd.Flags().String("if-version", "", "write only if the key's version is N (0: only if it does not exist)")
-	return func() ([]client.WriteOption, error) {
-		var opts []client.WriteOption
+	var opts []client.WriteOption
+	cmd.PreRunE = func(*cobra.Command, []string) error {
 		if *fence != "" {
 			i := strings.LastIndexByte(*fence, '=')
 			tok, err := strconv.ParseUint((*fence)[i+1:], 10, 64)
 			if i <= 0 || err != nil || tok == 0 {
-				return nil, fmt.Errorf("--fence must be LOCK=TOKEN with a positive token, not %q", *fence)
+				return fmt.Errorf("--fence must be LOCK=TOKEN with a positive token, not %q", *fence)
 			}
 			opts = append(opts, client.FencedBy((*fence)[:i], tok))
 		}
@@ -92,92 +87,70 @@ func writeFlags(cmd *cobra.Command) func() ([]client.WriteOption, error) {
 		if *ifVersion != "" {
 			v, err := strconv.ParseUint(*ifVersion, 10, 64)
 			if err != nil {
-				return nil, fmt.Errorf("--if-version must be a number, not %q", *ifVersion)
+				return fmt.Errorf("--if-version must be a number, not %q", *ifVersion)
 			}
 			opts = append(opts, client.IfVersion(v))
 		}
-		return opts, nil
+		return nil
 	}
+	return &opts
 }
 
 func newKVPutCmd() *cobra.Command {
-	var addr *string
-	var conditions func() ([]client.WriteOption, error)
+	var addr string
+	var opts *[]client.WriteOption
 	cmd := &cobra.Command{
 		Use:   "put KEY VALUE",
 		Short: "write VALUE to KEY (--fence LOCK=TOKEN, --require-holder, --if-version N)",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts, err := conditions()
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			ver, err := c.Put(ctx, args[0], []byte(args[1]), *opts...)
 			if err != nil {
 				return err
 			}
-			ctx := context.Background()
-			c, code := dial(ctx, *addr)
-			if c == nil {
-				return exitWith(code)
-			}
-			ver, err := c.Put(ctx, args[0], []byte(args[1]), opts...)
-			if err != nil {
-				return exitWith(exitFor("kv put", err))
-			}
 			fmt.Fprintf(cmd.OutOrStdout(), "version %d\n", ver)
 			return nil
-		},
+		}),
 	}
-	addr = addrFlag(cmd.Flags())
-	conditions = writeFlags(cmd)
+	addrFlag(cmd.Flags(), &addr)
+	opts = writeFlags(cmd)
 	return cmd
 }
 
 func newKVDelCmd() *cobra.Command {
-	var addr *string
-	var conditions func() ([]client.WriteOption, error)
+	var addr string
+	var opts *[]client.WriteOption
 	cmd := &cobra.Command{
 		Use:   "del KEY",
 		Short: "delete KEY (--fence LOCK=TOKEN, --if-version N)",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			opts, err := conditions()
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			existed, err := c.Delete(ctx, args[0], *opts...)
 			if err != nil {
 				return err
-			}
-			ctx := context.Background()
-			c, code := dial(ctx, *addr)
-			if c == nil {
-				return exitWith(code)
-			}
-			existed, err := c.Delete(ctx, args[0], opts...)
-			if err != nil {
-				return exitWith(exitFor("kv del", err))
 			}
 			if !existed {
 				fmt.Fprintf(cmd.ErrOrStderr(), "%s did not exist\n", args[0])
 			}
 			return nil
-		},
+		}),
 	}
-	addr = addrFlag(cmd.Flags())
-	conditions = writeFlags(cmd)
+	addrFlag(cmd.Flags(), &addr)
+	opts = writeFlags(cmd)
 	return cmd
 }
 
 func newKVLsCmd() *cobra.Command {
-	var addr *string
+	var addr string
 	var output *outputFormat
 	cmd := &cobra.Command{
 		Use:   "ls [PREFIX]",
 		Short: "list keys: key, version, fence token, value",
 		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := context.Background()
-			c, code := dial(ctx, *addr)
-			if c == nil {
-				return exitWith(code)
-			}
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			items, truncated, err := c.ListKV(ctx, firstArg(args), 0)
 			if err != nil {
-				return exitWith(exitFor("kv ls", err))
+				return err
 			}
 			w := cmd.OutOrStdout()
 			if output.json() {
@@ -197,9 +170,9 @@ func newKVLsCmd() *cobra.Command {
 				fmt.Fprintln(w, "(more keys match)")
 			}
 			return nil
-		},
+		}),
 	}
-	addr = addrFlag(cmd.Flags())
+	addrFlag(cmd.Flags(), &addr)
 	output = outputFlag(cmd.Flags())
 	return cmd
 }

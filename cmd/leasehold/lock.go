@@ -32,10 +32,11 @@ import (
 // it).
 func newLockCmd() *cobra.Command {
 	var f struct {
-		addr, class, wait, note *string
-		ttl, delay              *time.Duration
-		shared                  *bool
-		limit                   *int
+		addr              string
+		class, wait, note *string
+		ttl, delay        *time.Duration
+		shared            *bool
+		limit             *int
 	}
 	cmd := &cobra.Command{
 		Use:   "lock NAME... [flags] -- CMD [ARG...]",
@@ -62,11 +63,11 @@ Exit 75: the lock was held for the whole --wait.`,
 				return err
 			}
 			opts = append(opts, client.LockTTL(*f.ttl), client.WithNote(*f.note), client.LockDelay(*f.delay))
-			return exitWith(lockAndRun(*f.addr, *f.ttl, names, argv, opts))
+			return exitWith(lockAndRun(f.addr, *f.ttl, names, argv, opts))
 		},
 	}
 	fs := cmd.Flags()
-	f.addr = addrFlag(fs)
+	addrFlag(fs, &f.addr)
 	f.class = fs.String("class", "correctness", "efficiency (avoid duplicate work) or correctness (protect data)")
 	f.ttl = fs.Duration("ttl", 10*time.Second, "lease TTL; keepalives go about every TTL/3")
 	f.wait = fs.String("wait", "forever", "how long to wait for the lock: a duration, 0 to try once, or forever")

@@ -41,30 +41,25 @@ it is added as a non-voter, and promoted to voter once it has caught up`, cobra.
 // membersCmd is one members subcommand: it calls do and prints the membership do
 // returns, as a table or (--output json) a MembersResponse.
 func membersCmd(use, short string, nargs cobra.PositionalArgs, do func(context.Context, *client.Client, []string) ([]*leaseholdv1.Member, error)) *cobra.Command {
-	var addr *string
+	var addr string
 	var output *outputFormat
 	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
 		Args:  nargs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := context.Background()
-			c, code := dial(ctx, *addr)
-			if c == nil {
-				return exitWith(code)
-			}
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			members, err := do(ctx, c, args)
 			if err != nil {
-				return exitWith(exitFor(cmd.Parent().Name()+" "+cmd.Name(), err))
+				return err
 			}
 			if output.json() {
 				return printJSON(cmd.OutOrStdout(), &leaseholdv1.MembersResponse{Members: members})
 			}
 			printMembers(cmd.OutOrStdout(), members)
 			return nil
-		},
+		}),
 	}
-	addr = addrFlag(cmd.Flags())
+	addrFlag(cmd.Flags(), &addr)
 	output = outputFlag(cmd.Flags())
 	return cmd
 }

@@ -54,7 +54,8 @@ var (
 // that cannot be started, and a run whose lease was lost, store nothing: the key is free
 // again (for a lost lease, TTL after the last keepalive), and the next call runs CMD.
 func newOnceCmd() *cobra.Command {
-	var addr, note *string
+	var addr string
+	var note *string
 	var ttl *time.Duration
 	cmd := &cobra.Command{
 		Use:   "once KEY [flags] -- CMD [ARG...]",
@@ -73,10 +74,10 @@ elsewhere, a call exits 75. Flags may come before or after KEY.`,
 			if len(keys) != 1 {
 				return fmt.Errorf("give exactly one KEY before --, not %d", len(keys))
 			}
-			return exitWith(runOnce(*addr, *ttl, *note, keys[0], argv))
+			return exitWith(runOnce(addr, *ttl, *note, keys[0], argv))
 		},
 	}
-	addr = addrFlag(cmd.Flags())
+	addrFlag(cmd.Flags(), &addr)
 	ttl = cmd.Flags().Duration("ttl", 10*time.Second, "lease TTL: if this leasehold dies or stalls, the key is free again this long after its last keepalive")
 	note = cmd.Flags().String("note", "", "free text shown to others while CMD runs")
 	return cmd

@@ -25,16 +25,16 @@ func newSnapshotCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE:  usageOnly,
 	}
-	var addr *string
+	var addr string
 	save := &cobra.Command{
 		Use:   "save FILE",
 		Short: "write the cluster's whole state (from the leader, at a linearizable point) to FILE",
 		Long: `Writes the cluster's whole state, from the leader at a linearizable point, to FILE.
 --addr may list several nodes, separated by commas: the first that answers is used.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(_ *cobra.Command, args []string) error { return exitWith(snapshotSave(*addr, args[0])) },
+		RunE: func(_ *cobra.Command, args []string) error { return exitWith(snapshotSave(addr, args[0])) },
 	}
-	addr = addrFlag(save.Flags())
+	addrFlag(save.Flags(), &addr)
 
 	var dataDir, nodeID, raftAddr *string
 	var gap *uint64

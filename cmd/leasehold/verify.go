@@ -44,7 +44,7 @@ stale write was attempted), 64 usage, 69 the server or the writers could not run
 		},
 	}
 	fs := cmd.Flags()
-	f.addr = addrFlag(fs)
+	addrFlag(fs, &f.addr)
 	fs.StringVar(&f.url, "url", "", "the resource's HTTP endpoint: each write is a POST with the Fencing-Token header (required)")
 	fs.StringVar(&f.lock, "lock", "", "the lock the writers take (default verify/RANDOM)")
 	fs.IntVar(&f.writers, "writers", 3, "writer processes (2 to 64)")
@@ -59,7 +59,7 @@ stale write was attempted), 64 usage, 69 the server or the writers could not run
 
 // verifyFlags are the flags of `leasehold verify`.
 type verifyFlags struct {
-	addr          *string
+	addr          string
 	url, lock     string
 	writers       int
 	duration, ttl time.Duration
@@ -74,7 +74,7 @@ type verifyFlags struct {
 func runVerify(w io.Writer, f verifyFlags) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	cfg := verify.Config{Addr: *f.addr, URL: f.url, Lock: f.lock, Writers: f.writers, Duration: f.duration,
+	cfg := verify.Config{Addr: f.addr, URL: f.url, Lock: f.lock, Writers: f.writers, Duration: f.duration,
 		TTL: f.ttl, PauseChance: f.chance, Seed: f.seed}
 	if f.verbose {
 		cfg.Log = os.Stderr
