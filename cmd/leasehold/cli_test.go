@@ -127,6 +127,37 @@ func TestCompletion(t *testing.T) {
 	}
 }
 
+// TestCompletionAnswers: what the scripts ask the binary for (cobra's hidden __complete)
+// names the commands, the flags, and the values of the flags that have a fixed set.
+func TestCompletionAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		line []string
+		want []string
+	}{
+		{[]string{"lo"}, []string{"lock\t", "locks\t"}},
+		{[]string{"k"}, []string{"kv\t"}},
+		{[]string{"kv", ""}, []string{"get\t", "put\t", "del\t", "ls\t"}},
+		{[]string{"lock", "x", "--sh"}, []string{"--shared\t"}},
+		{[]string{"lock", "x", "--class", ""}, []string{"correctness\n", "efficiency\n"}},
+		{[]string{"locks", "-o", ""}, []string{"text\n", "json\n"}},
+		{[]string{"status", "--output", ""}, []string{"text\n", "json\n"}},
+		{[]string{"server", "--log-level", ""}, []string{"debug\n", "warn\n"}},
+		{[]string{"completion", ""}, []string{"bash\t", "zsh\t", "fish\t"}},
+	} {
+		code, stdout, stderr := cli(t, append([]string{"__complete"}, tc.line...)...)
+		for _, w := range tc.want {
+			if code != exitOK || !strings.Contains(stdout, w) {
+				t.Errorf("completing %q: exit %d, %q (%s); want %q offered", strings.Join(tc.line, " "), code, stdout, stderr, strings.TrimSpace(w))
+			}
+		}
+		for _, hidden := range []string{"verify-writer", demoWorkerCmd} {
+			if strings.Contains(stdout, hidden) {
+				t.Errorf("completing %q offers the hidden %s", strings.Join(tc.line, " "), hidden)
+			}
+		}
+	}
+}
+
 // TestLockArguments: flags may come before, between and after the names; everything
 // after the first -- goes to CMD untouched, flags, -h and further -- included.
 func TestLockArguments(t *testing.T) {

@@ -52,11 +52,18 @@ func (o *outputFormat) Set(v string) error {
 // json reports whether the output is JSON.
 func (o *outputFormat) json() bool { return *o == "json" }
 
-// outputFlag registers --output (-o) on fs, text by default.
-func outputFlag(fs *pflag.FlagSet) *outputFormat {
+// outputFlag registers --output (-o) on cmd, text by default, with its completions.
+func outputFlag(cmd *cobra.Command) *outputFormat {
+	fs := cmd.Flags()
 	o := outputFormat("text")
 	fs.VarP(&o, "output", "o", "text, or json: the API's response as one JSON document (the protobuf JSON mapping, as curl gets it)")
+	completeFlag(cmd, "output", "text", "json")
 	return &o
+}
+
+// completeFlag makes shell completion offer values for the flag name of cmd.
+func completeFlag(cmd *cobra.Command, name string, values ...string) {
+	_ = cmd.RegisterFlagCompletionFunc(name, cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
 }
 
 // printJSON writes m as one indented JSON document in the protobuf JSON mapping, with
@@ -151,7 +158,7 @@ func newLocksCmd() *cobra.Command {
 	}
 	addrFlag(cmd.Flags(), &addr)
 	limit = cmd.Flags().Int("limit", 1000, "show at most this many locks (max 10000)")
-	output = outputFlag(cmd.Flags())
+	output = outputFlag(cmd)
 	return cmd
 }
 
@@ -242,7 +249,7 @@ func newStatusCmd() *cobra.Command {
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
-	output = outputFlag(cmd.Flags())
+	output = outputFlag(cmd)
 	return cmd
 }
 

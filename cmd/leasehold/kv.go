@@ -61,7 +61,7 @@ func newKVGetCmd() *cobra.Command {
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
-	output = outputFlag(cmd.Flags())
+	output = outputFlag(cmd)
 	return cmd
 }
 
@@ -173,6 +173,6 @@ func newKVLsCmd() *cobra.Command {
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
-	output = outputFlag(cmd.Flags())
+	output = outputFlag(cmd)
 	return cmd
 }

@@ -75,6 +75,8 @@ Exit 75: the lock was held for the whole --wait.`,
 	f.delay = fs.Duration("lock-delay", 0, "after an expiry (not a clean release), keep the lock free of new holders this long")
 	f.shared = fs.Bool("shared", false, "hold the lock shared (a reader): with other shared holders, never with an exclusive one")
 	f.limit = fs.Int("limit", 0, "hold one of N slots of a semaphore of N (1 to 10000); every holder must give the same N")
+	completeFlag(cmd, "class", "correctness", "efficiency")
+	completeFlag(cmd, "wait", "forever", "0", "10s", "1m")
 	return cmd
 }
 

@@ -60,7 +60,7 @@ func membersCmd(use, short string, nargs cobra.PositionalArgs, do func(context.C
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
-	output = outputFlag(cmd.Flags())
+	output = outputFlag(cmd)
 	return cmd
 }
 

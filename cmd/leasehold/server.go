@@ -52,6 +52,8 @@ func newServerCmd() *cobra.Command {
 	fs.Var(&f.peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR] (repeat for each node, including this one)")
 	fs.Var(peerList{&f.peers}, "peers", "static cluster members as one list: ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR];ID,...;...")
 	f.security = registerServerSecurity(fs)
+	completeFlag(cmd, "log-level", "debug", "info", "warn", "error")
+	completeFlag(cmd, "log-store", "auto", "wal", "bolt")
 	cmd.RunE = func(*cobra.Command, []string) error { return exitWith(runServer(f)) }
 	return cmd
 }

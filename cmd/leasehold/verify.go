@@ -52,7 +52,7 @@ stale write was attempted), 64 usage, 69 the server or the writers could not run
 	fs.DurationVar(&f.ttl, "ttl", time.Second, "the writers' lease TTL; pauses last 1.5 to 3 TTLs")
 	fs.Float64Var(&f.chance, "pause-chance", 0.15, "chance that a writer is stopped with SIGSTOP after one of its writes")
 	fs.Uint64Var(&f.seed, "seed", 0, "pause schedule seed (0 picks one; the report prints it)")
-	f.output = outputFlag(fs)
+	f.output = outputFlag(cmd)
 	fs.BoolVarP(&f.verbose, "verbose", "v", false, "print every pause as it happens")
 	return cmd
 }
