@@ -13,11 +13,17 @@
 // # Adding a subcommand
 //
 // The CLI is built on cobra. A subcommand lives in one file, with one constructor,
-// func newFooCmd() *cobra.Command, that declares its flags (addrFlag for a client
-// command: --addr and the security flags with their environment defaults; outputFlag
-// for a listing's --output) and whose RunE returns exitWith(code) — or an error, which
-// is a usage error and exits 64 with the message. Add it with one line to the
-// AddCommand call in newRootCmd. A command taking `NAME... -- CMD [ARG...]` splits its
+// func newFooCmd() *cobra.Command, added with one line to the AddCommand call in
+// newRootCmd. The constructor declares the flags: addrFlag for a client command (--addr
+// and the TLS and token flags, with their environment defaults), outputFlag for
+// --output text|json, completeFlag for values shell completion should offer. A client
+// command's RunE is clientRun(&addr, func(ctx, c, cmd, args) error {...}): it dials,
+// and an error returned is the service's answer (printed, exit code from exitFor). Any
+// other RunE returns exitWith(code), or a plain error, which is a usage error: printed
+// with the command's name, exit 64. Check flag values in PreRunE so that a bad value
+// fails before the server is dialled. Write to cmd.OutOrStdout(): --output json prints
+// the RPC's response with printJSON (one document); a stream prints one compact
+// protojson object per line. A command taking `NAME... -- CMD [ARG...]` splits its
 // arguments with namesAndCommand (cobra's ArgsLenAtDash).
 package main
 
