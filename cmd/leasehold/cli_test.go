@@ -206,7 +206,8 @@ func TestLockArguments(t *testing.T) {
 }
 
 // TestOutputJSON: every listing and status print, with --output json or -o json, one
-// JSON document that is the API's response message in the protobuf JSON mapping.
+// JSON document that is the API's response message in the protobuf JSON mapping. On the
+// same node: shell completion offers its lock names and keys.
 func TestOutputJSON(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a node")
@@ -282,6 +283,17 @@ func TestOutputJSON(t *testing.T) {
 	_, stdout, _ = cli(t, "locks", "nothing/", "--addr", addr, "-o", "json")
 	if !strings.Contains(stdout, `"truncated": false`) || !strings.Contains(stdout, `"locks": []`) {
 		t.Errorf("locks -o json of no locks lacks its zero fields: %s", stdout)
+	}
+	// Completion offers the server's lock names and keys.
+	for _, tc := range [][]string{{"unlock", "--addr", addr, "json/", "json/a\n"}, {"locks", "--addr", addr, "js", "json/a\n"}, {"kv", "get", "--addr", addr, "json/", "json/k\n"}} {
+		line, want := tc[:len(tc)-1], tc[len(tc)-1]
+		if code, stdout, _ := cli(t, append([]string{"__complete"}, line...)...); code != exitOK || !strings.Contains(stdout, want) {
+			t.Errorf("completing %q: exit %d, %q; want %q offered", strings.Join(line, " "), code, stdout, want)
+		}
+	}
+	start := time.Now()
+	if code, stdout, _ := cli(t, "__complete", "unlock", "--addr", testnode.FreeAddr(t), ""); code != exitOK || strings.Contains(stdout, "json/") || time.Since(start) > 3*time.Second {
+		t.Errorf("completing against no server: exit %d, %q after %v", code, stdout, time.Since(start))
 	}
 	// Text stays the default.
 	if _, stdout, _ := cli(t, "locks", "--addr", addr); !strings.HasPrefix(stdout, "NAME") {

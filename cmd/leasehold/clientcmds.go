@@ -124,6 +124,41 @@ func clientRun(addr *string, do func(ctx context.Context, c *client.Client, cmd 
 	}
 }
 
+// completeFromServer is a ValidArgsFunction that offers, for a command's first
+// argument, the names list finds under what was typed so far on the server at *addr:
+// lock names, or keys. It waits at most a second, says nothing when the server cannot
+// be reached, and offers no files.
+func completeFromServer(addr *string, list func(ctx context.Context, c *client.Client, prefix string) ([]string, error)) cobra.CompletionFunc {
+	return func(_ *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		if len(args) > 0 {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		opts, err := securityOptions()
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		c, err := client.Dial(ctx, *addr, opts...)
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		defer func() { _ = c.Close(context.Background()) }()
+		names, _ := list(ctx, c, toComplete)
+		return names, cobra.ShellCompDirectiveNoFileComp
+	}
+}
+
+// lockNames lists up to 100 lock names under prefix, for completion.
+func lockNames(ctx context.Context, c *client.Client, prefix string) ([]string, error) {
+	resp, err := c.List(ctx, prefix, 100)
+	var names []string
+	for _, l := range resp.GetLocks() {
+		names = append(names, l.GetName())
+	}
+	return names, err
+}
+
 // exitFor prints err and returns the exit code it deserves.
 func exitFor(cmd string, err error) int {
 	fmt.Fprintf(os.Stderr, "leasehold %s: %v\n", cmd, err)
@@ -141,9 +176,10 @@ func newLocksCmd() *cobra.Command {
 	var limit *int
 	var output *outputFormat
 	cmd := &cobra.Command{
-		Use:   "locks [PREFIX]",
-		Short: "list locks: name, class, holder, token, TTL left",
-		Args:  cobra.MaximumNArgs(1),
+		Use:               "locks [PREFIX]",
+		Short:             "list locks: name, class, holder, token, TTL left",
+		Args:              cobra.MaximumNArgs(1),
+		ValidArgsFunction: completeFromServer(&addr, lockNames),
 		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			resp, err := c.List(ctx, firstArg(args), *limit)
 			if err != nil {
@@ -292,7 +328,8 @@ func newUnlockCmd() *cobra.Command {
 		Long: `Releases the lock whoever holds it. The old holder's token is fenced out: every
 later grant carries a larger token. Its process is NOT stopped: only a resource that
 checks tokens stops its writes.`,
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeFromServer(&addr, lockNames),
 		PreRunE: func(*cobra.Command, []string) error {
 			if !*force {
 				return errors.New("--force is required: it releases the lock whoever holds it")

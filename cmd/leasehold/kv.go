@@ -30,13 +30,24 @@ if the key does not exist.`,
 	return kv
 }
 
+// kvKeys lists up to 100 keys under prefix, for completion.
+func kvKeys(ctx context.Context, c *client.Client, prefix string) ([]string, error) {
+	items, _, err := c.ListKV(ctx, prefix, 100)
+	var keys []string
+	for _, it := range items {
+		keys = append(keys, it.GetKey())
+	}
+	return keys, err
+}
+
 func newKVGetCmd() *cobra.Command {
 	var addr string
 	var output *outputFormat
 	cmd := &cobra.Command{
-		Use:   "get KEY",
-		Short: "print a key's value (version and fence token on standard error); exit 1 if absent",
-		Args:  cobra.ExactArgs(1),
+		Use:               "get KEY",
+		Short:             "print a key's value (version and fence token on standard error); exit 1 if absent",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeFromServer(&addr, kvKeys),
 		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			v, err := c.Get(ctx, args[0])
 			if err != nil {
@@ -100,9 +111,10 @@ func newKVPutCmd() *cobra.Command {
 	var addr string
 	var opts *[]client.WriteOption
 	cmd := &cobra.Command{
-		Use:   "put KEY VALUE",
-		Short: "write VALUE to KEY (--fence LOCK=TOKEN, --require-holder, --if-version N)",
-		Args:  cobra.ExactArgs(2),
+		Use:               "put KEY VALUE",
+		Short:             "write VALUE to KEY (--fence LOCK=TOKEN, --require-holder, --if-version N)",
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: completeFromServer(&addr, kvKeys),
 		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			ver, err := c.Put(ctx, args[0], []byte(args[1]), *opts...)
 			if err != nil {
@@ -121,9 +133,10 @@ func newKVDelCmd() *cobra.Command {
 	var addr string
 	var opts *[]client.WriteOption
 	cmd := &cobra.Command{
-		Use:   "del KEY",
-		Short: "delete KEY (--fence LOCK=TOKEN, --if-version N)",
-		Args:  cobra.ExactArgs(1),
+		Use:               "del KEY",
+		Short:             "delete KEY (--fence LOCK=TOKEN, --if-version N)",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeFromServer(&addr, kvKeys),
 		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			existed, err := c.Delete(ctx, args[0], *opts...)
 			if err != nil {
@@ -144,9 +157,10 @@ func newKVLsCmd() *cobra.Command {
 	var addr string
 	var output *outputFormat
 	cmd := &cobra.Command{
-		Use:   "ls [PREFIX]",
-		Short: "list keys: key, version, fence token, value",
-		Args:  cobra.MaximumNArgs(1),
+		Use:               "ls [PREFIX]",
+		Short:             "list keys: key, version, fence token, value",
+		Args:              cobra.MaximumNArgs(1),
+		ValidArgsFunction: completeFromServer(&addr, kvKeys),
 		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			items, truncated, err := c.ListKV(ctx, firstArg(args), 0)
 			if err != nil {
