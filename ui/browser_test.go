@@ -174,7 +174,8 @@ func startFollower(ctx context.Context, t *testing.T, join string) *service.Node
 }
 
 // TestDashboardWithAuth opens /ui of a node with auth on: the page asks for a token,
-// says "not allowed" for what the token may not read, and shows what it may.
+// asks again for one the node does not know, says "not allowed" for what the token may
+// not read, and shows what it may.
 func TestDashboardWithAuth(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a leasehold node and a browser")
@@ -186,7 +187,9 @@ func TestDashboardWithAuth(t *testing.T) {
 	}
 	node := testnode.StartWith(t, func(c *service.Config) { c.Server.Auth = a })
 	b := startBrowser(t, path)
-	// A List of every name is refused with 403: the browser logs that load as failed.
+	// Status with an unknown token is refused with 401, a List of every name with 403:
+	// the browser logs those loads as failed.
+	b.expect("the server responded with a status of 401")
 	b.expect("the server responded with a status of 403")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -203,6 +206,11 @@ func TestDashboardWithAuth(t *testing.T) {
 
 	b.open(t, "http://"+node.Addr()+"/ui")
 	b.wait(t, `!document.querySelector("#auth").hidden && document.querySelector("#live").textContent === "needs a token"`, 5*time.Second)
+	// A token the node does not know: it asks again.
+	if err := b.do(chromedp.SendKeys(chromedp.CSS("#token"), "nobody"), chromedp.Click(chromedp.CSS("#auth button"))); err != nil {
+		t.Fatal(err)
+	}
+	b.wait(t, `document.querySelector("#error").textContent.includes("token needed or not known: ") && !document.querySelector("#auth").hidden`, 2*time.Second)
 	if err := b.do(chromedp.SendKeys(chromedp.CSS("#token"), "jobs-reader"), chromedp.Click(chromedp.CSS("#auth button"))); err != nil {
 		t.Fatal(err)
 	}
