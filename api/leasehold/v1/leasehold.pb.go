@@ -229,7 +229,7 @@ const (
 	TenureEnd_TENURE_END_RELEASED TenureEnd = 1
 	// Its lease expired.
 	TenureEnd_TENURE_END_EXPIRED TenureEnd = 2
-	// Its lease was revoked: by its client, or on disconnect (release_on_disconnect).
+	// Its lease was revoked (LeaseService.Revoke: its client closed, or gave it up).
 	TenureEnd_TENURE_END_REVOKED TenureEnd = 3
 	// An operator force-released it; `reason` says who and why.
 	TenureEnd_TENURE_END_FORCE_RELEASED TenureEnd = 4
@@ -292,7 +292,7 @@ const (
 	EventKind_EVENT_KIND_RELEASED EventKind = 2
 	// The hold ended because its lease expired.
 	EventKind_EVENT_KIND_EXPIRED EventKind = 3
-	// The hold ended because its lease was revoked (by its client, or on disconnect).
+	// The hold ended because its lease was revoked (LeaseService.Revoke).
 	EventKind_EVENT_KIND_REVOKED EventKind = 4
 	// An operator took the lock away; `reason` says who and why.
 	EventKind_EVENT_KIND_FORCE_RELEASED EventKind = 5
