@@ -703,7 +703,7 @@ type HeldBy struct {
 	Token  uint64                 `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
 	Holder *Holder                `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
 	// When the hold was granted (the leader's wall clock, Unix milliseconds; 0 when
-	// unknown, as for efficiency locks).
+	// unknown: an efficiency hold granted before this leader served).
 	SinceUnixMs   int64 `protobuf:"varint,3,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
