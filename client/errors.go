@@ -81,7 +81,7 @@ type HeldError struct {
 	HolderToken uint64
 	Holder      Holder
 	// Holders are the lock's holders, oldest first, each with its token and since when
-	// it holds the lock (zero when unknown: efficiency locks).
+	// it holds the lock (zero when unknown).
 	Holders []HeldBy
 	// QueueLength is how many waited; Position the caller's place when its wait ran
 	// out (1 = first), 0 for TryOnce.

@@ -38,6 +38,7 @@ func TestExplainedAnswers(t *testing.T) {
 			opt  client.LockOption
 		}{{"correctness", client.Correctness}, {"efficiency", client.Efficiency}} {
 			name := fmt.Sprintf("explain/%s/%s", tr.name, class.name)
+			before := time.Now().Add(-10 * time.Millisecond)
 			held, err := holder.Lock(ctx, name, class.opt)
 			if err != nil {
 				t.Fatal(err)
@@ -52,8 +53,8 @@ func TestExplainedAnswers(t *testing.T) {
 				if len(he.Holders) != 1 || he.Holders[0].Token != held.Token() || he.Holders[0].Holder.Note != "the holder" {
 					t.Fatalf("%s %s: holders %+v, want token %d of the holder", name, what, he.Holders, held.Token())
 				}
-				if (class.name == "correctness") == he.Holders[0].Since.IsZero() {
-					t.Fatalf("%s %s: since %v (a correctness hold knows it, an efficiency one does not)", name, what, he.Holders[0].Since)
+				if since := he.Holders[0].Since; since.Before(before) || since.After(time.Now()) {
+					t.Fatalf("%s %s: held since %v, want the grant's time", name, what, since)
 				}
 				return he
 			}

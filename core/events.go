@@ -12,8 +12,8 @@ const (
 	EventReleased EventKind = 2
 	// EventExpired: the hold of Name (Token) ended because its lease expired.
 	EventExpired EventKind = 3
-	// EventRevoked: the hold of Name (Token) ended because its lease was revoked (by
-	// its client, or on disconnect for a release_on_disconnect lease).
+	// EventRevoked: the hold of Name (Token) ended because its lease was revoked
+	// (OpRevoke).
 	EventRevoked EventKind = 4
 	// EventForceReleased: an operator took Name (Token) away; Note says who and why.
 	EventForceReleased EventKind = 5

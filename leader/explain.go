@@ -40,7 +40,7 @@ type Explanation struct {
 type HeldBy struct {
 	Token  uint64
 	Holder core.Holder
-	Since  time.Time // zero when unknown (efficiency locks)
+	Since  time.Time // zero when unknown (a hold granted before this leader served)
 }
 
 // explained attaches the explanation to a *LockHeldError that has none yet.
@@ -80,7 +80,11 @@ func (l *Leader) explain(a AcquireArgs, name string) *Explanation {
 	for _, h := range holds {
 		hb := HeldBy{Token: h.Token, Holder: h.Holder}
 		if ms := since[h.Token]; ms != 0 {
-			hb.Since = time.UnixMilli(ms)
+			hb.Since = time.UnixMilli(ms) // the ledger's start: the grant's proposal
+		} else if c := l.leases[h.Lease]; c != nil {
+			if hs, ok := c.holds.get(h.Token); ok {
+				hb.Since = l.base.Add(hs.at) // as this leader saw it granted
+			}
 		}
 		e.Holders = append(e.Holders, hb)
 	}

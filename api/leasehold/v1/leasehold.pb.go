@@ -229,7 +229,7 @@ const (
 	TenureEnd_TENURE_END_RELEASED TenureEnd = 1
 	// Its lease expired.
 	TenureEnd_TENURE_END_EXPIRED TenureEnd = 2
-	// Its lease was revoked: by its client, or on disconnect (release_on_disconnect).
+	// Its lease was revoked (LeaseService.Revoke: its client closed, or gave it up).
 	TenureEnd_TENURE_END_REVOKED TenureEnd = 3
 	// An operator force-released it; `reason` says who and why.
 	TenureEnd_TENURE_END_FORCE_RELEASED TenureEnd = 4
@@ -292,7 +292,7 @@ const (
 	EventKind_EVENT_KIND_RELEASED EventKind = 2
 	// The hold ended because its lease expired.
 	EventKind_EVENT_KIND_EXPIRED EventKind = 3
-	// The hold ended because its lease was revoked (by its client, or on disconnect).
+	// The hold ended because its lease was revoked (LeaseService.Revoke).
 	EventKind_EVENT_KIND_REVOKED EventKind = 4
 	// An operator took the lock away; `reason` says who and why.
 	EventKind_EVENT_KIND_FORCE_RELEASED EventKind = 5
@@ -703,7 +703,7 @@ type HeldBy struct {
 	Token  uint64                 `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
 	Holder *Holder                `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
 	// When the hold was granted (the leader's wall clock, Unix milliseconds; 0 when
-	// unknown, as for efficiency locks).
+	// unknown: an efficiency hold granted before this leader served).
 	SinceUnixMs   int64 `protobuf:"varint,3,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
