@@ -408,6 +408,7 @@
           if (keep > 0) state.recent.splice(0, keep);
           else if (keep < 0) state.recent.length = 0;
           next = resp.next || next;
+          $("#feed-source").textContent = `(LockService.Watch, next r${revText(next)})`;
           state.streaming = true;
           backoff = 250;
           setLive("live", "live");
