@@ -28,14 +28,16 @@ import (
 // with one more field at the end, "lost" when not empty: every lease's lost locks
 // (LostLock and the lease's "lease" id), leases in id order and each lease's oldest
 // first. ReadSnapshot reads both versions; a version-1 snapshot has no lost locks.
+// Since groups, a version-2 snapshot has one more field after "lost", "groups" when not
+// empty: groups in name order (groupRecord); snapshots written before have no groups.
 const (
 	snapshotV1 = 1
 	snapshotV2 = 2
 )
 
 // snapshotFields are the keys of a version-2 snapshot, in the order they are written;
-// a version-1 snapshot has all but the last.
-var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost"}
+// a version-1 snapshot has those before "lost".
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "groups"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
@@ -69,6 +71,7 @@ type SnapshotView struct {
 	lost       []leaseLost
 	keys       []keyRecord // in progress (unsorted), then done oldest first
 	inProgress int         // how many of keys are in progress
+	groups     []groupRecord
 }
 
 // SnapshotView copies what a snapshot of s needs. It is meant to run where applies must
@@ -91,6 +94,7 @@ func (s *State) SnapshotView() *SnapshotView {
 		v.lost = append(v.lost, leaseLost{lease: id, lost: lost})
 	}
 	v.keys, v.inProgress = s.keys.records()
+	v.groups = s.groups.records()
 	for _, l := range s.leases {
 		v.leases = append(v.leases, *l)
 	}
@@ -164,6 +168,10 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 			}
 		}
 		e.raw("]")
+	}
+	if len(v.groups) > 0 {
+		e.raw(`,"groups":`)
+		writeArray(e, v.groups)
 	}
 	e.raw("}\n")
 	err := e.flush()
@@ -285,7 +293,7 @@ func ReadSnapshot(r io.Reader, limits Limits) (*State, error) {
 	switch {
 	case err != nil:
 	case version == snapshotV1:
-		fields = snapshotFields[:len(snapshotFields)-1]
+		fields = snapshotFields[:slices.Index(snapshotFields, "lost")]
 	case version != snapshotV2:
 		err = fmt.Errorf("%w: snapshot version %d", ErrCorrupt, version)
 	}
@@ -391,6 +399,8 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 			err = eachElement(dec, s.restoreKey)
 		case "lost":
 			err = eachElement(dec, s.restoreLost)
+		case "groups":
+			err = eachElement(dec, s.restoreGroup)
 		}
 		if err != nil {
 			return nil, err

@@ -30,6 +30,7 @@ type State struct {
 	members    map[string]memberAddrs // by node id
 	clusterID  string                 // "" until OpSetClusterID
 	keys       keyStore               // idempotency keys (idempotency.go)
+	groups     groupStore             // groups and partitions (groups.go)
 }
 
 // NewState returns an empty state with the given limits. Every replica must use the same
@@ -44,6 +45,7 @@ func NewState(limits Limits) *State {
 		kv:         kvStore{entries: make(map[string]*Entry)},
 		members:    make(map[string]memberAddrs),
 		keys:       newKeyStore(),
+		groups:     newGroupStore(),
 	}
 }
 
@@ -109,6 +111,7 @@ func (s *State) Apply(c Command) Result {
 		s.locks.DropLease(c.Lease, reason == EndExpired, s, &r)
 		delete(s.leases, c.Lease)
 		s.keys.dropLease(c.Lease)
+		s.dropGroupLease(c.Lease, &r)
 		s.remember(c.Lease, reason)
 		r.Effects = append(r.Effects, Effect{Kind: EffectLeaseEnded, Lease: c.Lease, Reason: reason})
 		return r
@@ -142,6 +145,8 @@ func (s *State) Apply(c Command) Result {
 		return s.applyWrite(c)
 	case OpBegin, OpComplete, OpAbandon:
 		return s.applyKey(c)
+	case OpGroupCreate, OpGroupJoin, OpGroupLeave, OpGroupRelease, OpGroupDrainEnd:
+		return s.applyGroup(c)
 	case OpSetMember:
 		s.members[c.Node] = memberAddrs{api: c.Addr, fastLane: c.FastLane}
 		return Result{}
