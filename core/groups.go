@@ -465,6 +465,11 @@ func negLog2(h uint64) uint64 {
 	return 64<<32 - (uint64(e)<<32 | frac)
 }
 
+// ValidateGroupCommand checks a group command as the state machine will, naming the
+// request field at fault (as in the protobuf API). The server calls it before
+// proposing.
+func ValidateGroupCommand(c Command) error { return c.validateGroupOp() }
+
 // validateGroupOp checks the group commands.
 func (c *Command) validateGroupOp() error {
 	if err := ValidateName("group", c.Name); err != nil {

@@ -1,0 +1,130 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
+	"github.com/leasehold/leasehold/internal/reason"
+	"github.com/leasehold/leasehold/internal/testnode"
+)
+
+// wantCode checks that err is a *connect.Error with code and reason (and field when
+// not "").
+func wantCode(t *testing.T, err error, code connect.Code, why, field string) {
+	t.Helper()
+	var ce *connect.Error
+	if !errors.As(err, &ce) || ce.Code() != code {
+		t.Fatalf("got %v, want %v", err, code)
+	}
+	if d := detailOf(t, err); d.GetReason() != why || d.GetField() != field {
+		t.Fatalf("%v: detail %+v, want reason %q field %q", err, d, why, field)
+	}
+}
+
+// TestGroupService drives GroupService over Connect: create (and its retry), two
+// members, a drain, a release that hands the partition over at a larger epoch, Status,
+// Leave, and the errors every RPC answers with, each with its reason or field.
+func TestGroupService(t *testing.T) {
+	n := testnode.Start(t)
+	url := "http://" + n.Addr()
+	groups := leaseholdv1connect.NewGroupServiceClient(http.DefaultClient, url)
+	leases := leaseholdv1connect.NewLeaseServiceClient(http.DefaultClient, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	grantLease := func() string {
+		r, err := leases.Grant(ctx, &leaseholdv1.GrantRequest{TtlMs: 60_000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetLeaseId()
+	}
+	a, b := grantLease(), grantLease()
+
+	create := &leaseholdv1.GroupServiceCreateRequest{Group: "orders", Partitions: 8, DrainMs: 60_000}
+	for range 2 { // the second is a retry
+		if _, err := groups.Create(ctx, create); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := groups.Create(ctx, &leaseholdv1.GroupServiceCreateRequest{Group: "orders", Partitions: 9})
+	wantCode(t, err, connect.CodeAlreadyExists, reason.GroupExists, "")
+	_, err = groups.Create(ctx, &leaseholdv1.GroupServiceCreateRequest{Group: "x", Partitions: 5000})
+	wantCode(t, err, connect.CodeInvalidArgument, reason.InvalidArgument, "partitions")
+
+	ja, err := groups.Join(ctx, &leaseholdv1.JoinRequest{Group: "orders", Member: "a", LeaseId: a})
+	if err != nil || len(ja.GetAssignments()) != 8 {
+		t.Fatalf("join of the first member: %v %v", ja, err)
+	}
+	_, err = groups.Join(ctx, &leaseholdv1.JoinRequest{Group: "orders", Member: "a", LeaseId: b})
+	wantCode(t, err, connect.CodeAlreadyExists, reason.MemberExists, "")
+	_, err = groups.Join(ctx, &leaseholdv1.JoinRequest{Group: "nope", Member: "a", LeaseId: b})
+	wantCode(t, err, connect.CodeNotFound, reason.GroupUnknown, "")
+	_, err = groups.Join(ctx, &leaseholdv1.JoinRequest{Group: "orders", Member: "b", LeaseId: b, Weight: 1001})
+	wantCode(t, err, connect.CodeInvalidArgument, reason.InvalidArgument, "weight")
+	_, err = groups.Join(ctx, &leaseholdv1.JoinRequest{Group: "orders", Member: "b"})
+	wantCode(t, err, connect.CodeInvalidArgument, reason.InvalidArgument, "lease_id")
+
+	jb, err := groups.Join(ctx, &leaseholdv1.JoinRequest{Group: "orders", Member: "b", LeaseId: b})
+	if err != nil || len(jb.GetAssignments()) != 0 {
+		t.Fatalf("b owns partitions before a released any: %v %v", jb, err)
+	}
+	st, err := groups.Status(ctx, &leaseholdv1.GroupServiceStatusRequest{Group: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var moving *leaseholdv1.PartitionOwner
+	for _, p := range st.GetPartitions() {
+		if p.GetOwner() != "a" {
+			t.Fatalf("partition %d is %q's before a released it", p.GetPartition(), p.GetOwner())
+		}
+		if p.GetDraining() && moving == nil {
+			moving = p
+		}
+	}
+	if moving == nil || len(st.GetMembers()) != 2 || st.GetDrainMs() != 60_000 {
+		t.Fatalf("status: %v", st)
+	}
+	rel := &leaseholdv1.GroupServiceReleaseRequest{Group: "orders", Partition: moving.GetPartition(), Epoch: moving.GetEpoch(), LeaseId: b}
+	_, err = groups.Release(ctx, rel)
+	wantCode(t, err, connect.CodeFailedPrecondition, reason.NotOwner, "")
+	rel.Epoch = 0
+	_, err = groups.Release(ctx, rel)
+	wantCode(t, err, connect.CodeInvalidArgument, reason.InvalidArgument, "epoch")
+	rel.Epoch, rel.LeaseId = moving.GetEpoch(), a
+	for range 2 { // the second is a retry
+		if _, err := groups.Release(ctx, rel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err = groups.Status(ctx, &leaseholdv1.GroupServiceStatusRequest{Group: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := st.GetPartitions()[moving.GetPartition()]; p.GetOwner() != "b" || p.GetEpoch() <= moving.GetEpoch() || p.GetDraining() {
+		t.Fatalf("after the release: %v (was %v)", p, moving)
+	}
+
+	_, err = groups.Leave(ctx, &leaseholdv1.LeaveRequest{Group: "orders", Member: "a", LeaseId: b})
+	wantCode(t, err, connect.CodeFailedPrecondition, reason.NotMember, "")
+	if _, err := groups.Leave(ctx, &leaseholdv1.LeaveRequest{Group: "orders", Member: "a", LeaseId: a}); err != nil {
+		t.Fatal(err)
+	}
+	st, err = groups.Status(ctx, &leaseholdv1.GroupServiceStatusRequest{Group: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range st.GetPartitions() {
+		if p.GetOwner() != "b" || p.GetDraining() {
+			t.Fatalf("after a left: %v", st)
+		}
+	}
+	_, err = groups.Status(ctx, &leaseholdv1.GroupServiceStatusRequest{Group: "nope"})
+	wantCode(t, err, connect.CodeNotFound, reason.GroupUnknown, "")
+}
