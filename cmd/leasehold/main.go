@@ -5,6 +5,7 @@
 //	leasehold once KEY -- CMD...     run CMD at most once per KEY
 //	leasehold locks [PREFIX]         list locks
 //	leasehold kv get|put|del|ls      the fenced key-value store
+//	leasehold group create|join|status  partitions assigned to live members, with epochs
 //	leasehold status                 show the node's status
 //	leasehold demo                   replay the paused-client scenario, unfenced and fenced
 //
@@ -57,6 +58,8 @@ func run(args []string) int {
 		return runKV(args[1:])
 	case "members":
 		return runMembers(args[1:])
+	case "group":
+		return runGroupCmd(args[1:])
 	case "snapshot":
 		return runSnapshot(args[1:])
 	case "demo":
@@ -99,6 +102,12 @@ Usage:
   leasehold locks [PREFIX]                  list locks: name, class, holder, token, TTL left
   leasehold unlock NAME --force --reason R  operator release: fences the old holder out
   leasehold kv get|put|del|ls ...           the fenced key-value store (put --fence LOCK=TOKEN)
+  leasehold group create GROUP --partitions N [--drain 10s]
+  leasehold group join GROUP MEMBER [--weight W]
+                                            be a member until interrupted; prints each
+                                            partition assigned (with its epoch) and stopped
+  leasehold group status GROUP [--output json]
+                                            members and every partition's owner and epoch
   leasehold status                          show the node's role, leader and counts
   leasehold members list|add|remove         cluster membership
   leasehold snapshot save|restore FILE      back up the whole state; restore into a new data dir
