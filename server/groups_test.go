@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -127,4 +128,75 @@ func TestGroupService(t *testing.T) {
 	}
 	_, err = groups.Status(ctx, &leaseholdv1.GroupServiceStatusRequest{Group: "nope"})
 	wantCode(t, err, connect.CodeNotFound, reason.GroupUnknown, "")
+}
+
+// BenchmarkGroupChurn measures assignments per second under churn, over Connect on one
+// durable node: each iteration, one of 8 members of a 256-partition group leaves (its
+// partitions are granted to the others at once) and joins again (the partitions it is
+// to own drain), and the owners release every draining partition (each is granted to
+// it). The assignments are the epochs the group consumed (nothing else takes tokens).
+func BenchmarkGroupChurn(b *testing.B) {
+	n := testnode.Start(b)
+	url := "http://" + n.Addr()
+	groups := leaseholdv1connect.NewGroupServiceClient(http.DefaultClient, url)
+	leases := leaseholdv1connect.NewLeaseServiceClient(http.DefaultClient, url)
+	ctx := context.Background()
+	const members, parts = 8, 256
+	if _, err := groups.Create(ctx, &leaseholdv1.GroupServiceCreateRequest{Group: "churn", Partitions: parts, DrainMs: 60_000}); err != nil {
+		b.Fatal(err)
+	}
+	ids := make(map[string]string)
+	for i := range members {
+		r, err := leases.Grant(ctx, &leaseholdv1.GrantRequest{TtlMs: 600_000})
+		if err != nil {
+			b.Fatal(err)
+		}
+		name := fmt.Sprintf("m%d", i)
+		ids[name] = r.GetLeaseId()
+		if _, err := groups.Join(ctx, &leaseholdv1.JoinRequest{Group: "churn", Member: name, LeaseId: ids[name]}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	maxEpoch := func() (uint64, []*leaseholdv1.PartitionOwner) {
+		st, err := groups.Status(ctx, &leaseholdv1.GroupServiceStatusRequest{Group: "churn"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var m uint64
+		for _, p := range st.GetPartitions() {
+			m = max(m, p.GetEpoch())
+		}
+		return m, st.GetPartitions()
+	}
+	releaseDraining := func(parts []*leaseholdv1.PartitionOwner) {
+		for _, p := range parts {
+			if p.GetDraining() {
+				req := &leaseholdv1.GroupServiceReleaseRequest{Group: "churn", Partition: p.GetPartition(), Epoch: p.GetEpoch(), LeaseId: ids[p.GetOwner()]}
+				if _, err := groups.Release(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	_, ps := maxEpoch()
+	releaseDraining(ps)
+	first, _ := maxEpoch()
+	start := time.Now()
+	i := 0
+	for b.Loop() {
+		name := fmt.Sprintf("m%d", i%members)
+		i++
+		if _, err := groups.Leave(ctx, &leaseholdv1.LeaveRequest{Group: "churn", Member: name, LeaseId: ids[name]}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := groups.Join(ctx, &leaseholdv1.JoinRequest{Group: "churn", Member: name, LeaseId: ids[name]}); err != nil {
+			b.Fatal(err)
+		}
+		_, ps := maxEpoch()
+		releaseDraining(ps)
+	}
+	elapsed := time.Since(start)
+	last, _ := maxEpoch()
+	b.ReportMetric(float64(last-first)/elapsed.Seconds(), "assignments/s")
+	b.ReportMetric(float64(last-first)/float64(b.N), "assignments/op")
 }
