@@ -219,6 +219,9 @@ func (m *groupMember) join(ctx context.Context) (*lease, error) {
 // is gone.
 func (m *groupMember) follow(ctx context.Context, s *lease) error {
 	c := m.c
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go m.watch(wctx, s)
 	for {
 		sent := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, s.ttl)
@@ -247,6 +250,31 @@ func (m *groupMember) follow(ctx context.Context, s *lease) error {
 		case <-t.C:
 		}
 		t.Stop()
+	}
+}
+
+// watch follows the member's Assignments stream until ctx ends and wakes follow at
+// each message, so that a partition starts, drains or moves in a round trip instead of
+// at the next periodic read; the reads stay what the deadlines rest on. A broken
+// stream is opened again after a backoff.
+func (m *groupMember) watch(ctx context.Context, s *lease) {
+	b := newBackoff()
+	req := &leaseholdv1.AssignmentsRequest{Group: m.group, Member: m.name, LeaseId: s.id}
+	for ctx.Err() == nil {
+		st, err := m.c.groups.Assignments(ctx, req)
+		if err == nil {
+			for st.Receive() {
+				b = newBackoff()
+				select {
+				case m.wake <- struct{}{}:
+				default:
+				}
+			}
+			_ = st.Close()
+		}
+		if b.sleep(ctx) != nil {
+			return
+		}
 	}
 }
 

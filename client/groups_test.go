@@ -111,12 +111,13 @@ func TestJoinGroup(t *testing.T) {
 	if err != nil || len(st.GetMembers()) != 2 {
 		t.Fatalf("status: %v %v", st, err)
 	}
+	left := time.Now()
 	stopA()
 	if err := <-aDone; err != nil {
 		t.Fatalf("JoinGroup of a returned %v", err)
 	}
-	took = waitUntil(t, "b runs every partition", 5*time.Second, func() bool { return log.owners()["b"] == parts })
-	t.Logf("hand-over after a planned leave: %v", took)
+	waitUntil(t, "b runs every partition", 5*time.Second, func() bool { return log.owners()["b"] == parts })
+	t.Logf("hand-over after a planned leave: %v", time.Since(left))
 	log.mu.Lock()
 	if log.causes[client.ErrPartitionMoving.Error()] == 0 || log.causes[client.ErrLeftGroup.Error()] == 0 {
 		t.Errorf("causes: %v", log.causes)

@@ -64,6 +64,7 @@ var aclNeeds = map[string]struct {
 	"/leasehold.v1.GroupService/Leave":          {auth.Lock, true},
 	"/leasehold.v1.GroupService/Release":        {auth.Lock, true},
 	"/leasehold.v1.GroupService/Status":         {auth.Read, true},
+	"/leasehold.v1.GroupService/Assignments":    {auth.Lock, true},
 }
 
 // aclTokens are the identities of the ACL test: each token's name is its secret too.
@@ -248,6 +249,10 @@ func newRequest(t *testing.T, procedure string) proto.Message {
 // returns the answer's code (0 for success) and error message.
 func authCall(t *testing.T, addr, procedure, token string, req proto.Message) (connect.Code, string) {
 	t.Helper()
+	if isStream(procedure) {
+		code, msg, _ := streamCall(t, addr, procedure, token, req)
+		return code, msg
+	}
 	body, err := proto.Marshal(req)
 	if err != nil {
 		t.Fatal(err)

@@ -3,9 +3,13 @@ package server
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/leader"
 )
 
 // DefaultDrainMillis is a group's drain deadline when Create does not give one.
@@ -107,4 +111,62 @@ func assignmentsToProto(parts []core.PartitionView) []*leaseholdv1.Assignment {
 		out = append(out, &leaseholdv1.Assignment{Partition: uint32(p.Partition), Epoch: p.Epoch, Draining: p.Draining})
 	}
 	return out
+}
+
+// Assignments serves GroupService.Assignments: the member's partitions now, and again
+// each time they change on this node's copy of the state, while this node leads.
+func (s *Server) Assignments(ctx context.Context, req *leaseholdv1.AssignmentsRequest, send func(*leaseholdv1.AssignmentsResponse) error) error {
+	id, err := leaseID(req.GetLeaseId())
+	if err != nil {
+		return err
+	}
+	probe := core.Command{Op: core.OpGroupLeave, Name: req.GetGroup(), Member: req.GetMember(), Lease: id}
+	if err := core.ValidateGroupCommand(probe); err != nil {
+		return err
+	}
+	var last *leaseholdv1.AssignmentsResponse
+	recheck := time.NewTicker(time.Second) // a node that stopped leading ends the stream
+	defer recheck.Stop()
+	for {
+		if !s.leader.Active() {
+			return leader.ErrNotLeader
+		}
+		changed := s.leader.GroupsChanged() // before the read: no change is missed
+		resp, err := s.assignments(req.GetGroup(), req.GetMember(), id)
+		if err != nil {
+			return err
+		}
+		if last == nil || !proto.Equal(resp, last) {
+			if err := send(resp); err != nil {
+				return err
+			}
+			last = resp
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		case <-recheck.C:
+		}
+	}
+}
+
+// assignments reads member's partitions of group from this node's state.
+func (s *Server) assignments(group, member string, lease core.LeaseID) (*leaseholdv1.AssignmentsResponse, error) {
+	var err error
+	resp := &leaseholdv1.AssignmentsResponse{}
+	s.raft.Read(func(st *core.State) {
+		v, ok := st.Group(group)
+		if !ok {
+			err = fmt.Errorf("%w: %q", core.ErrGroupNotFound, group)
+			return
+		}
+		parts, ok := st.GroupAssignments(group, member, lease)
+		if !ok {
+			err = fmt.Errorf("%w: %q is not a member of %q under this lease", core.ErrNotMember, member, group)
+			return
+		}
+		resp.Assignments, resp.DrainMs = assignmentsToProto(parts), v.DrainMillis
+	})
+	return resp, err
 }

@@ -200,3 +200,69 @@ func BenchmarkGroupChurn(b *testing.B) {
 	b.ReportMetric(float64(last-first)/elapsed.Seconds(), "assignments/s")
 	b.ReportMetric(float64(last-first)/float64(b.N), "assignments/op")
 }
+
+// TestAssignmentsStream: a member's stream answers its partitions at once, then again
+// when they change (a partition released to it arrives at its new epoch), and ends
+// with not_member once the member has left.
+func TestAssignmentsStream(t *testing.T) {
+	n := testnode.Start(t)
+	url := "http://" + n.Addr()
+	groups := leaseholdv1connect.NewGroupServiceClient(http.DefaultClient, url)
+	leases := leaseholdv1connect.NewLeaseServiceClient(http.DefaultClient, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var ids []string
+	for range 2 {
+		r, err := leases.Grant(ctx, &leaseholdv1.GrantRequest{TtlMs: 60_000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.GetLeaseId())
+	}
+	if _, err := groups.Create(ctx, &leaseholdv1.GroupServiceCreateRequest{Group: "s", Partitions: 4, DrainMs: 60_000}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := groups.Join(ctx, &leaseholdv1.JoinRequest{Group: "s", Member: "a", LeaseId: ids[0]}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := groups.Join(ctx, &leaseholdv1.JoinRequest{Group: "s", Member: "b", LeaseId: ids[1]}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := groups.Assignments(ctx, &leaseholdv1.AssignmentsRequest{Group: "s", Member: "b", LeaseId: ids[1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !st.Receive() || len(st.Msg().GetAssignments()) != 0 || st.Msg().GetDrainMs() != 60_000 {
+		t.Fatalf("first message: %v %v", st.Msg(), st.Err())
+	}
+	status, err := groups.Status(ctx, &leaseholdv1.GroupServiceStatusRequest{Group: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var moving *leaseholdv1.PartitionOwner
+	for _, p := range status.GetPartitions() {
+		if p.GetDraining() {
+			moving = p
+		}
+	}
+	if moving == nil {
+		t.Fatal("nothing drains towards b")
+	}
+	if _, err := groups.Release(ctx, &leaseholdv1.GroupServiceReleaseRequest{Group: "s", Partition: moving.GetPartition(), Epoch: moving.GetEpoch(), LeaseId: ids[0]}); err != nil {
+		t.Fatal(err)
+	}
+	if !st.Receive() {
+		t.Fatal(st.Err())
+	}
+	got := st.Msg().GetAssignments()
+	if len(got) != 1 || got[0].GetPartition() != moving.GetPartition() || got[0].GetEpoch() <= moving.GetEpoch() || got[0].GetDraining() {
+		t.Fatalf("after the release: %v", got)
+	}
+	if _, err := groups.Leave(ctx, &leaseholdv1.LeaveRequest{Group: "s", Member: "b", LeaseId: ids[1]}); err != nil {
+		t.Fatal(err)
+	}
+	for st.Receive() {
+	}
+	wantCode(t, st.Err(), connect.CodeFailedPrecondition, reason.NotMember, "")
+}

@@ -58,6 +58,7 @@ func methodTable() []*method {
 		unary(leaseholdv1connect.GroupServiceLeaveProcedure, (*Server).LeaveGroup, needsOn(permLock, (*leaseholdv1.LeaveRequest).GetGroup)),
 		unary(leaseholdv1connect.GroupServiceReleaseProcedure, (*Server).ReleasePartition, needsOn(permLock, (*leaseholdv1.GroupServiceReleaseRequest).GetGroup)),
 		unary(leaseholdv1connect.GroupServiceStatusProcedure, (*Server).GroupStatus, needsOn(permRead, (*leaseholdv1.GroupServiceStatusRequest).GetGroup)),
+		serverStream(leaseholdv1connect.GroupServiceAssignmentsProcedure, (*Server).Assignments, needsOn(permLock, (*leaseholdv1.AssignmentsRequest).GetGroup)),
 		// ClusterService
 		unary(leaseholdv1connect.ClusterServiceStatusProcedure, (*Server).Status, needs(permRead), anyNode()),
 		unary(leaseholdv1connect.ClusterServiceMembersProcedure, (*Server).Members, needs(permRead), anyNode()),

@@ -96,6 +96,13 @@ func TestTransportsAgree(t *testing.T) {
 // returns the error's code and ErrorDetail reason.
 func connectCall(t *testing.T, addr, procedure string) (connect.Code, string) {
 	t.Helper()
+	if isStream(procedure) {
+		code, _, reason := streamCall(t, addr, procedure, "", newRequest(t, procedure))
+		if code == 0 {
+			t.Fatalf("%s: the stream opened, want an error", procedure)
+		}
+		return code, reason
+	}
 	resp, err := http.Post("http://"+addr+procedure, "application/proto", bytes.NewReader(nil))
 	if err != nil {
 		t.Fatal(err)

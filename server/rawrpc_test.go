@@ -64,7 +64,15 @@ type rawAnswer struct {
 // rawCall sends body, as it is (already enveloped for gRPC and gRPC-Web), to procedure
 // over w and returns the answer. header adds request headers. An error means no answer
 // could be read at all.
+//
+// A server stream over Connect takes its one request enveloped, as Connect's streaming
+// protocol carries it; rawCall envelopes body itself and reads the end of the stream.
 func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire, body []byte, header http.Header) (rawAnswer, error) {
+	stream := isStream(procedure) && (w == connectJSON || w == connectProto)
+	prefix := "application/"
+	if stream {
+		body, prefix = envelope(0, body), "application/connect+"
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+procedure, bytes.NewReader(body))
 	if err != nil {
 		return rawAnswer{}, err
@@ -72,9 +80,9 @@ func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire,
 	hc := c.h1
 	switch w {
 	case connectJSON:
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", prefix+"json")
 	case connectProto:
-		req.Header.Set("Content-Type", "application/proto")
+		req.Header.Set("Content-Type", prefix+"proto")
 	case grpcWire:
 		req.Header.Set("Content-Type", "application/grpc")
 		req.Header.Set("Te", "trailers")
@@ -96,6 +104,9 @@ func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire,
 	}
 	switch w {
 	case connectJSON, connectProto:
+		if stream && resp.StatusCode == http.StatusOK {
+			return connectStreamEnd(b)
+		}
 		if resp.StatusCode == http.StatusOK {
 			return rawAnswer{}, nil
 		}
@@ -132,6 +143,36 @@ func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire,
 		b = b[5+n:]
 	}
 	return rawAnswer{}, fmt.Errorf("gRPC-Web answer (status %d) without grpc-status", resp.StatusCode)
+}
+
+// connectStreamEnd reads the end-of-stream message (flag 0x02) of a Connect stream's
+// answer b: its error, or none.
+func connectStreamEnd(b []byte) (rawAnswer, error) {
+	for len(b) >= 5 {
+		flags, n := b[0], int(binary.BigEndian.Uint32(b[1:5]))
+		if len(b) < 5+n {
+			break
+		}
+		if flags&0x02 != 0 {
+			var end struct {
+				Error *wireError `json:"error"`
+			}
+			if err := json.Unmarshal(b[5:5+n], &end); err != nil {
+				return rawAnswer{}, fmt.Errorf("end of stream %q: %w", b[5:5+n], err)
+			}
+			if end.Error == nil {
+				return rawAnswer{}, nil
+			}
+			var a rawAnswer
+			if err := a.code.UnmarshalText([]byte(end.Error.Code)); err != nil {
+				return rawAnswer{}, fmt.Errorf("code %q: %w", end.Error.Code, err)
+			}
+			a.message = end.Error.Message
+			return a, nil
+		}
+		b = b[5+n:]
+	}
+	return rawAnswer{}, errors.New("Connect stream answer without an end-of-stream message")
 }
 
 // grpcStatus reads grpc-status and grpc-message from h, or else from fallback.

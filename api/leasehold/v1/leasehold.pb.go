@@ -4530,13 +4530,14 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x12O\n" +
 	"\bComplete\x12\x1d.leasehold.v1.CompleteRequest\x1a\x1e.leasehold.v1.CompleteResponse\"\x04\xb0\xe3\x18\v\x12F\n" +
 	"\aAbandon\x12\x1c.leasehold.v1.AbandonRequest\x1a\x1d.leasehold.v1.AbandonResponse\x12^\n" +
-	"\x03Get\x12*.leasehold.v1.IdempotencyServiceGetRequest\x1a+.leasehold.v1.IdempotencyServiceGetResponse2\xa9\x03\n" +
+	"\x03Get\x12*.leasehold.v1.IdempotencyServiceGetRequest\x1a+.leasehold.v1.IdempotencyServiceGetResponse2\xff\x03\n" +
 	"\fGroupService\x12[\n" +
 	"\x06Create\x12'.leasehold.v1.GroupServiceCreateRequest\x1a(.leasehold.v1.GroupServiceCreateResponse\x12=\n" +
 	"\x04Join\x12\x19.leasehold.v1.JoinRequest\x1a\x1a.leasehold.v1.JoinResponse\x12@\n" +
 	"\x05Leave\x12\x1a.leasehold.v1.LeaveRequest\x1a\x1b.leasehold.v1.LeaveResponse\x12^\n" +
 	"\aRelease\x12(.leasehold.v1.GroupServiceReleaseRequest\x1a).leasehold.v1.GroupServiceReleaseResponse\x12[\n" +
-	"\x06Status\x12'.leasehold.v1.GroupServiceStatusRequest\x1a(.leasehold.v1.GroupServiceStatusResponse2\xc2\x02\n" +
+	"\x06Status\x12'.leasehold.v1.GroupServiceStatusRequest\x1a(.leasehold.v1.GroupServiceStatusResponse\x12T\n" +
+	"\vAssignments\x12 .leasehold.v1.AssignmentsRequest\x1a!.leasehold.v1.AssignmentsResponse0\x012\xc2\x02\n" +
 	"\x0eClusterService\x12C\n" +
 	"\x06Status\x12\x1b.leasehold.v1.StatusRequest\x1a\x1c.leasehold.v1.StatusResponse\x12F\n" +
 	"\aMembers\x12\x1c.leasehold.v1.MembersRequest\x1a\x1d.leasehold.v1.MembersResponse\x12L\n" +
@@ -4683,38 +4684,40 @@ var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	49, // 49: leasehold.v1.GroupService.Leave:input_type -> leasehold.v1.LeaveRequest
 	51, // 50: leasehold.v1.GroupService.Release:input_type -> leasehold.v1.GroupServiceReleaseRequest
 	53, // 51: leasehold.v1.GroupService.Status:input_type -> leasehold.v1.GroupServiceStatusRequest
-	66, // 52: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	60, // 53: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	62, // 54: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	64, // 55: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	6,  // 56: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	8,  // 57: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	11, // 58: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	13, // 59: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	15, // 60: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	17, // 61: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	19, // 62: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	23, // 63: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	25, // 64: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	28, // 65: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	30, // 66: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	32, // 67: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	34, // 68: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	37, // 69: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
-	39, // 70: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
-	41, // 71: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
-	43, // 72: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
-	45, // 73: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
-	47, // 74: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
-	50, // 75: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
-	52, // 76: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
-	54, // 77: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
-	67, // 78: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	61, // 79: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	63, // 80: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	65, // 81: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	56, // [56:82] is the sub-list for method output_type
-	30, // [30:56] is the sub-list for method input_type
+	57, // 52: leasehold.v1.GroupService.Assignments:input_type -> leasehold.v1.AssignmentsRequest
+	66, // 53: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	60, // 54: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	62, // 55: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	64, // 56: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	6,  // 57: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	8,  // 58: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	11, // 59: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	13, // 60: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	15, // 61: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	17, // 62: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	19, // 63: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	23, // 64: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	25, // 65: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	28, // 66: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	30, // 67: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	32, // 68: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	34, // 69: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	37, // 70: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	39, // 71: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	41, // 72: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	43, // 73: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	45, // 74: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
+	47, // 75: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
+	50, // 76: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
+	52, // 77: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
+	54, // 78: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
+	58, // 79: leasehold.v1.GroupService.Assignments:output_type -> leasehold.v1.AssignmentsResponse
+	67, // 80: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	61, // 81: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	63, // 82: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	65, // 83: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	57, // [57:84] is the sub-list for method output_type
+	30, // [30:57] is the sub-list for method input_type
 	30, // [30:30] is the sub-list for extension type_name
 	29, // [29:30] is the sub-list for extension extendee
 	0,  // [0:29] is the sub-list for field type_name

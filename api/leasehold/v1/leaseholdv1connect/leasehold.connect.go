@@ -109,6 +109,9 @@ const (
 	GroupServiceReleaseProcedure = "/leasehold.v1.GroupService/Release"
 	// GroupServiceStatusProcedure is the fully-qualified name of the GroupService's Status RPC.
 	GroupServiceStatusProcedure = "/leasehold.v1.GroupService/Status"
+	// GroupServiceAssignmentsProcedure is the fully-qualified name of the GroupService's Assignments
+	// RPC.
+	GroupServiceAssignmentsProcedure = "/leasehold.v1.GroupService/Assignments"
 	// ClusterServiceStatusProcedure is the fully-qualified name of the ClusterService's Status RPC.
 	ClusterServiceStatusProcedure = "/leasehold.v1.ClusterService/Status"
 	// ClusterServiceMembersProcedure is the fully-qualified name of the ClusterService's Members RPC.
@@ -941,6 +944,15 @@ type GroupServiceClient interface {
 	// Status reads a group, linearizably: its members (never their leases) and every
 	// partition's owner, epoch and whether it drains.
 	Status(context.Context, *v1.GroupServiceStatusRequest) (*v1.GroupServiceStatusResponse, error)
+	// Assignments streams the member's partitions: one message at once, then one each
+	// time they change, each with the member's whole current assignment (changes that
+	// follow each other closely may arrive as one message; none is reordered). It is a
+	// prompt, not a promise: a member must still confirm with a read (Status) that a
+	// partition is not draining before it trusts it for longer (the Go client does:
+	// JoinGroup). The stream is served by the leader; it ends with Unavailable when that
+	// node stops leading or shuts down (open it again), and with FailedPrecondition
+	// ("not_member") when the lease is no longer that member's.
+	Assignments(context.Context, *v1.AssignmentsRequest) (*connect.ServerStreamForClient[v1.AssignmentsResponse], error)
 }
 
 // NewGroupServiceClient constructs a client for the leasehold.v1.GroupService service. By default,
@@ -984,16 +996,23 @@ func NewGroupServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(groupServiceMethods.ByName("Status")),
 			connect.WithClientOptions(opts...),
 		),
+		assignments: connect.NewClient[v1.AssignmentsRequest, v1.AssignmentsResponse](
+			httpClient,
+			baseURL+GroupServiceAssignmentsProcedure,
+			connect.WithSchema(groupServiceMethods.ByName("Assignments")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // groupServiceClient implements GroupServiceClient.
 type groupServiceClient struct {
-	create  *connect.Client[v1.GroupServiceCreateRequest, v1.GroupServiceCreateResponse]
-	join    *connect.Client[v1.JoinRequest, v1.JoinResponse]
-	leave   *connect.Client[v1.LeaveRequest, v1.LeaveResponse]
-	release *connect.Client[v1.GroupServiceReleaseRequest, v1.GroupServiceReleaseResponse]
-	status  *connect.Client[v1.GroupServiceStatusRequest, v1.GroupServiceStatusResponse]
+	create      *connect.Client[v1.GroupServiceCreateRequest, v1.GroupServiceCreateResponse]
+	join        *connect.Client[v1.JoinRequest, v1.JoinResponse]
+	leave       *connect.Client[v1.LeaveRequest, v1.LeaveResponse]
+	release     *connect.Client[v1.GroupServiceReleaseRequest, v1.GroupServiceReleaseResponse]
+	status      *connect.Client[v1.GroupServiceStatusRequest, v1.GroupServiceStatusResponse]
+	assignments *connect.Client[v1.AssignmentsRequest, v1.AssignmentsResponse]
 }
 
 // Create calls leasehold.v1.GroupService.Create.
@@ -1041,6 +1060,11 @@ func (c *groupServiceClient) Status(ctx context.Context, req *v1.GroupServiceSta
 	return nil, err
 }
 
+// Assignments calls leasehold.v1.GroupService.Assignments.
+func (c *groupServiceClient) Assignments(ctx context.Context, req *v1.AssignmentsRequest) (*connect.ServerStreamForClient[v1.AssignmentsResponse], error) {
+	return c.assignments.CallServerStream(ctx, connect.NewRequest(req))
+}
+
 // GroupServiceHandler is an implementation of the leasehold.v1.GroupService service.
 type GroupServiceHandler interface {
 	// Create creates a group. Creating a group that exists with the same partitions and
@@ -1065,6 +1089,15 @@ type GroupServiceHandler interface {
 	// Status reads a group, linearizably: its members (never their leases) and every
 	// partition's owner, epoch and whether it drains.
 	Status(context.Context, *v1.GroupServiceStatusRequest) (*v1.GroupServiceStatusResponse, error)
+	// Assignments streams the member's partitions: one message at once, then one each
+	// time they change, each with the member's whole current assignment (changes that
+	// follow each other closely may arrive as one message; none is reordered). It is a
+	// prompt, not a promise: a member must still confirm with a read (Status) that a
+	// partition is not draining before it trusts it for longer (the Go client does:
+	// JoinGroup). The stream is served by the leader; it ends with Unavailable when that
+	// node stops leading or shuts down (open it again), and with FailedPrecondition
+	// ("not_member") when the lease is no longer that member's.
+	Assignments(context.Context, *v1.AssignmentsRequest, *connect.ServerStream[v1.AssignmentsResponse]) error
 }
 
 // NewGroupServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1104,6 +1137,12 @@ func NewGroupServiceHandler(svc GroupServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(groupServiceMethods.ByName("Status")),
 		connect.WithHandlerOptions(opts...),
 	)
+	groupServiceAssignmentsHandler := connect.NewServerStreamHandlerSimple(
+		GroupServiceAssignmentsProcedure,
+		svc.Assignments,
+		connect.WithSchema(groupServiceMethods.ByName("Assignments")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.v1.GroupService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case GroupServiceCreateProcedure:
@@ -1116,6 +1155,8 @@ func NewGroupServiceHandler(svc GroupServiceHandler, opts ...connect.HandlerOpti
 			groupServiceReleaseHandler.ServeHTTP(w, r)
 		case GroupServiceStatusProcedure:
 			groupServiceStatusHandler.ServeHTTP(w, r)
+		case GroupServiceAssignmentsProcedure:
+			groupServiceAssignmentsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1143,6 +1184,10 @@ func (UnimplementedGroupServiceHandler) Release(context.Context, *v1.GroupServic
 
 func (UnimplementedGroupServiceHandler) Status(context.Context, *v1.GroupServiceStatusRequest) (*v1.GroupServiceStatusResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.GroupService.Status is not implemented"))
+}
+
+func (UnimplementedGroupServiceHandler) Assignments(context.Context, *v1.AssignmentsRequest, *connect.ServerStream[v1.AssignmentsResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.GroupService.Assignments is not implemented"))
 }
 
 // ClusterServiceClient is a client for the leasehold.v1.ClusterService service.
