@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -311,4 +313,69 @@ func checkFencedRegisters(writes []groupWrite) porcupine.CheckResult {
 			Call: w.call.UnixNano(), Return: w.ret.UnixNano()})
 	}
 	return porcupine.CheckOperationsTimeout(model, ops, 30*time.Second)
+}
+
+// TestCLIGroup runs 'leasehold group create|join|status' as the README shows them: a
+// join prints each partition it is assigned with its epoch, a second member takes its
+// share (the first prints the partitions it stops), status shows it (also as JSON),
+// and SIGTERM makes a member leave (exit 0, its partitions move at once).
+func TestCLIGroup(t *testing.T) {
+	s := StartServer(t)
+	r := RunCLI(t, 20*time.Second, "group", "create", "e2e/cli", "--partitions", "4", "--drain", "2s", "--addr", s.Addr)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "created group e2e/cli with 4 partitions") {
+		t.Fatalf("create: %d %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+	if r := RunCLI(t, 20*time.Second, "group", "create", "e2e/cli", "--partitions", "5", "--addr", s.Addr); r.Code != exitError {
+		t.Fatalf("create with other settings: %d %q", r.Code, r.Stderr)
+	}
+	a := StartProc(t, leaseholdBin, "group", "join", "e2e/cli", "a", "--addr", s.Addr, "--ttl", "2s")
+	for range 4 {
+		a.Expect("assigned e2e/cli/", 15*time.Second)
+	}
+	b := StartProc(t, leaseholdBin, "group", "join", "e2e/cli", "b", "--addr", s.Addr, "--ttl", "2s", "--weight", "3")
+	line := a.Expect("stopped e2e/cli/", 15*time.Second)
+	if !strings.Contains(line.Text, "moving to another member") {
+		t.Errorf("a stopped a partition with %q", line.Text)
+	}
+	b.Expect("assigned e2e/cli/", 15*time.Second)
+	if !eventually(10*time.Second, func() bool {
+		r := RunCLI(t, 20*time.Second, "group", "status", "e2e/cli", "--addr", s.Addr, "--output", "json")
+		var st struct {
+			Members []struct {
+				Name string `json:"name"`
+				Owns int    `json:"owns"`
+			} `json:"members"`
+			Partitions []struct {
+				Owner    string `json:"owner"`
+				Epoch    uint64 `json:"epoch"`
+				Draining bool   `json:"draining"`
+			} `json:"partitions"`
+		}
+		if r.Code != 0 || json.Unmarshal([]byte(r.Stdout), &st) != nil || len(st.Members) != 2 || len(st.Partitions) != 4 {
+			return false
+		}
+		for _, p := range st.Partitions {
+			if p.Draining || p.Epoch == 0 {
+				return false
+			}
+		}
+		return st.Members[0].Owns+st.Members[1].Owns == 4 && st.Members[1].Owns > 0 // b, weight 3
+	}) {
+		t.Fatal("status never showed every partition owned, b's share moved")
+	}
+	r = RunCLI(t, 20*time.Second, "group", "status", "e2e/cli", "--addr", s.Addr)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "MEMBER") || !strings.Contains(r.Stdout, "PARTITION") {
+		t.Fatalf("status: %d %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+	b.Signal(syscall.SIGTERM)
+	if code := b.Wait(10 * time.Second); code != 0 {
+		t.Fatalf("join exited %d after SIGTERM", code)
+	}
+	if !slices.ContainsFunc(b.Stdout(), func(l string) bool { return strings.HasPrefix(l, "left group e2e/cli") }) {
+		t.Errorf("b did not say it left: %q", b.Stdout())
+	}
+	a.Expect("assigned e2e/cli/", 10*time.Second) // b's partitions come back to a
+	if r := RunCLI(t, 20*time.Second, "group", "status", "e2e/nope", "--addr", s.Addr); r.Code != exitError || !strings.Contains(r.Stderr, "no such group") {
+		t.Fatalf("status of an unknown group: %d %q", r.Code, r.Stderr)
+	}
 }
