@@ -295,7 +295,12 @@ func (m *groupMember) apply(s *lease, sent time.Time, drain time.Duration, resp 
 		case p == nil || p.GetEpoch() != o.p.Epoch:
 			o.stop(ErrPartitionMoved)
 			delete(m.owned, n)
-		case p.GetDraining():
+		case p.GetDraining(), o.inner.Err() != nil:
+			// Draining; or stopped at its own deadline (no read confirmed it in time)
+			// yet still this member's: give it back once the handler has returned, so
+			// that it is granted again — here, most likely — at a new epoch rather
+			// than left idle. It stays in owned until the service shows it moved, so
+			// that no read before the release lands starts it again at this epoch.
 			m.drain(s, n, o)
 		default:
 			o.confirm(deadline)
@@ -348,12 +353,18 @@ func (m *groupMember) drain(s *lease, n int, o *owned) {
 	o.stop(ErrPartitionMoving)
 	go func() {
 		<-o.done
-		m.release(s, o.p)
-		select { // the release moved the partition: read again
-		case m.wake <- struct{}{}:
-		default:
-		}
+		m.releaseAndWake(s, o.p)
 	}()
+}
+
+// releaseAndWake releases p and wakes follow: the release moved the partition, read
+// again.
+func (m *groupMember) releaseAndWake(s *lease, p Partition) {
+	m.release(s, p)
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
 }
 
 // release gives p back, retrying while the lease lives (a release of an ended epoch

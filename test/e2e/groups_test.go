@@ -379,3 +379,61 @@ func TestCLIGroup(t *testing.T) {
 		t.Fatalf("status of an unknown group: %d %q", r.Code, r.Stderr)
 	}
 }
+
+// TestGroupMemberServerPaused: while the server is stopped (SIGSTOP) nothing can
+// confirm a member's ownership, so each partition's handler is stopped at the
+// partition's own cautious deadline (ErrPartitionDeadline) — within the drain deadline
+// of the last confirmation, before the service could have moved the partition — though
+// the member's lease (TTL 5 s) is still alive; once the server runs again the member
+// gives the partitions back and gets them again at new, larger epochs.
+func TestGroupMemberServerPaused(t *testing.T) {
+	s := StartServer(t)
+	c := s.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const group, parts, drain = "e2e/paused-server", 4, time.Second
+	if err := c.CreateGroup(ctx, group, parts, drain); err != nil {
+		t.Fatal(err)
+	}
+	store := startFencedStore(t)
+	m := StartProc(t, groupmemberBin, "--addr", s.Addr, "--group", group, "--member", "m", "--ttl", "5s", "--store", store.url)
+	epochs := map[int]uint64{}
+	for range parts {
+		var p int
+		var e uint64
+		line := m.Expect("ASSIGNED ", 15*time.Second)
+		if n, _ := fmt.Sscanf(line.Text, "ASSIGNED %d %d", &p, &e); n != 2 {
+			t.Fatalf("%q", line.Text)
+		}
+		epochs[p] = e
+	}
+	time.Sleep(500 * time.Millisecond)
+	stopped := time.Now()
+	s.Signal(syscall.SIGSTOP)
+	resumed := false
+	defer func() {
+		if !resumed {
+			s.Signal(syscall.SIGCONT)
+		}
+	}()
+	for range parts {
+		line := m.Expect("STOPPED ", 5*time.Second)
+		if !strings.Contains(line.Text, "ownership not confirmed") {
+			t.Errorf("stopped with %q, want the partition's own deadline", line.Text)
+		}
+		if after := line.At.Sub(stopped); after >= drain {
+			t.Errorf("%q came %v after the server stopped, not within the drain deadline %v", line.Text, after, drain)
+		}
+	}
+	time.Sleep(time.Until(stopped.Add(2500 * time.Millisecond)))
+	s.Signal(syscall.SIGCONT)
+	resumed = true
+	for range parts {
+		var p int
+		var e uint64
+		line := m.Expect("ASSIGNED ", 15*time.Second)
+		if n, _ := fmt.Sscanf(line.Text, "ASSIGNED %d %d", &p, &e); n != 2 || e <= epochs[p] {
+			t.Errorf("after the pause: %q, the epoch before was %d", line.Text, epochs[p])
+		}
+	}
+}
