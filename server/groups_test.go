@@ -12,6 +12,7 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
+	"github.com/leasehold/leasehold/internal/clustertest"
 	"github.com/leasehold/leasehold/internal/reason"
 	"github.com/leasehold/leasehold/internal/testnode"
 )
@@ -265,4 +266,86 @@ func TestAssignmentsStream(t *testing.T) {
 	for st.Receive() {
 	}
 	wantCode(t, st.Err(), connect.CodeFailedPrecondition, reason.NotMember, "")
+}
+
+// TestGroupsSurviveLeaderChange: a group's members, owners and epochs are the same on a
+// new leader; a drain that began on the old leader ends on the new one, after the
+// group's full drain deadline counted from the new leader's start (never sooner), at a
+// larger epoch; the cut-off leader can release nothing.
+func TestGroupsSurviveLeaderChange(t *testing.T) {
+	c := clustertest.MakeCluster(t, 3, clustertest.Options{})
+	L := c.Leader()
+	a, b := at(t, L).grant(30*time.Second), at(t, L).grant(30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const drain = 1500 * time.Millisecond
+	if _, err := L.Server().CreateGroup(ctx, &leaseholdv1.GroupServiceCreateRequest{Group: "lc", Partitions: 8, DrainMs: drain.Milliseconds()}); err != nil {
+		t.Fatal(err)
+	}
+	for m, id := range map[string]string{"a": a, "b": b} {
+		if _, err := L.Server().JoinGroup(ctx, &leaseholdv1.JoinRequest{Group: "lc", Member: m, LeaseId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, err := L.Server().GroupStatus(ctx, &leaseholdv1.GroupServiceStatusRequest{Group: "lc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var moving *leaseholdv1.PartitionOwner
+	for _, p := range before.GetPartitions() {
+		if p.GetDraining() {
+			moving = p
+		}
+	}
+	if moving == nil {
+		t.Fatal("the second join started no drain")
+	}
+
+	// The drain has run for a second on L when L is cut off: a new leader that went on
+	// with what was left would end it about half a second later.
+	time.Sleep(time.Second)
+	cut := time.Now()
+	c.Partition(L)
+	N := c.Leader(c.Others(L)...)
+	lease := a
+	if moving.GetOwner() == "b" {
+		lease = b
+	}
+	short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
+	if _, err := L.Server().ReleasePartition(short, &leaseholdv1.GroupServiceReleaseRequest{Group: "lc", Partition: moving.GetPartition(), Epoch: moving.GetEpoch(), LeaseId: lease}); err == nil {
+		t.Fatal("the cut-off leader released a partition")
+	}
+	cancelShort()
+	status := func() *leaseholdv1.GroupServiceStatusResponse {
+		t.Helper()
+		st, err := N.Server().GroupStatus(ctx, &leaseholdv1.GroupServiceStatusRequest{Group: "lc"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	st := status()
+	for i, p := range st.GetPartitions() {
+		q := before.GetPartitions()[i]
+		if p.GetOwner() != q.GetOwner() || p.GetEpoch() != q.GetEpoch() || p.GetDraining() != q.GetDraining() {
+			t.Fatalf("partition %d on the new leader: %v, before: %v", i, p, q)
+		}
+	}
+	for {
+		p := status().GetPartitions()[moving.GetPartition()]
+		if !p.GetDraining() {
+			if waited := time.Since(cut); waited < drain {
+				t.Fatalf("the drain ended %v after the old leader was cut off, before the deadline %v", waited, drain)
+			}
+			if p.GetEpoch() <= moving.GetEpoch() || p.GetOwner() == moving.GetOwner() {
+				t.Fatalf("after the drain deadline: %v (was %v)", p, moving)
+			}
+			break
+		}
+		if time.Since(cut) > 10*time.Second {
+			t.Fatal("the drain never ended on the new leader")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.Heal()
 }
