@@ -241,12 +241,7 @@ func TestAssignmentsStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var moving *leaseholdv1.PartitionOwner
-	for _, p := range status.GetPartitions() {
-		if p.GetDraining() {
-			moving = p
-		}
-	}
+	moving := draining(status.GetPartitions())
 	if moving == nil {
 		t.Fatal("nothing drains towards b")
 	}
@@ -291,12 +286,7 @@ func TestGroupsSurviveLeaderChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var moving *leaseholdv1.PartitionOwner
-	for _, p := range before.GetPartitions() {
-		if p.GetDraining() {
-			moving = p
-		}
-	}
+	moving := draining(before.GetPartitions())
 	if moving == nil {
 		t.Fatal("the second join started no drain")
 	}
@@ -348,4 +338,15 @@ func TestGroupsSurviveLeaderChange(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	c.Heal()
+}
+
+// draining returns the last draining partition of parts, or nil.
+func draining(parts []*leaseholdv1.PartitionOwner) *leaseholdv1.PartitionOwner {
+	var d *leaseholdv1.PartitionOwner
+	for _, p := range parts {
+		if p.GetDraining() {
+			d = p
+		}
+	}
+	return d
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -237,4 +238,17 @@ func splitName(args []string) (string, []string) {
 		return args[0], args[1:]
 	}
 	return "", args
+}
+
+// positionalThenFlags parses args of the form POSITIONAL... [FLAGS] [POSITIONAL...]: the
+// arguments before the first flag, then fs's flags, then what follows them.
+func positionalThenFlags(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		pos, args = append(pos, args[0]), args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return append(pos, fs.Args()...), nil
 }

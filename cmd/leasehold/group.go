@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"syscall"
 	"text/tabwriter"
@@ -37,15 +36,10 @@ func runGroupCmd(args []string) int {
 	weight := fs.Uint("weight", 1, "join: the member's share of the partitions, 1 to 1000")
 	ttl := fs.Duration("ttl", 10*time.Second, "join: the membership's lease TTL")
 	output := fs.String("output", "text", "status: text or json")
-	var pos []string
-	rest := args[1:]
-	for len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		pos, rest = append(pos, rest[0]), rest[1:]
-	}
-	if err := fs.Parse(rest); err != nil {
+	pos, err := positionalThenFlags(fs, args[1:])
+	if err != nil {
 		return exitUsage
 	}
-	pos = append(pos, fs.Args()...)
 	want := map[string]int{"create": 1, "join": 2, "status": 1}
 	if n, ok := want[sub]; !ok || n != len(pos) || (*output != "text" && *output != "json") {
 		fmt.Fprintln(os.Stderr, groupUsage)

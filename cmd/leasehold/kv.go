@@ -33,16 +33,10 @@ func runKV(args []string) int {
 	fence := fs.String("fence", "", "LOCK=TOKEN: reject the write if the key has accepted a higher token")
 	requireHolder := fs.Bool("require-holder", false, "also reject unless TOKEN is the lock's current holder's")
 	ifVersion := fs.String("if-version", "", "write only if the key's version is N (0: only if it does not exist)")
-	// Positional arguments come first, flags after them.
-	var pos []string
-	rest := args[1:]
-	for len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		pos, rest = append(pos, rest[0]), rest[1:]
-	}
-	if err := fs.Parse(rest); err != nil {
+	pos, err := positionalThenFlags(fs, args[1:])
+	if err != nil {
 		return exitUsage
 	}
-	pos = append(pos, fs.Args()...)
 	var opts []client.WriteOption
 	if *fence != "" {
 		i := strings.LastIndexByte(*fence, '=')

@@ -24,15 +24,10 @@ func runMembers(args []string) int {
 	}
 	fs := flag.NewFlagSet("members "+args[0], flag.ContinueOnError)
 	addr := addrFlag(fs)
-	var pos []string
-	rest := args[1:]
-	for len(rest) > 0 && len(rest[0]) > 0 && rest[0][0] != '-' {
-		pos, rest = append(pos, rest[0]), rest[1:]
-	}
-	if err := fs.Parse(rest); err != nil {
+	pos, err := positionalThenFlags(fs, args[1:])
+	if err != nil {
 		return exitUsage
 	}
-	pos = append(pos, fs.Args()...)
 	want := map[string]int{"list": 0, "add": 3, "remove": 1}
 	if n, ok := want[args[0]]; !ok || n != len(pos) {
 		fmt.Fprintln(os.Stderr, membersUsage)
@@ -44,7 +39,6 @@ func runMembers(args []string) int {
 		return code
 	}
 	var members []*leaseholdv1.Member
-	var err error
 	switch args[0] {
 	case "list":
 		members, err = c.Members(ctx)
