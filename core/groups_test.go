@@ -304,14 +304,15 @@ func TestPropertyGroups(t *testing.T) {
 		seeds = 10
 	}
 	for seed := range uint64(seeds) {
-		if err := runGroupSequence(seed, 400); err != nil {
+		if _, err := runGroupSequence(newRandChooser(seed), seed, 400); err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
 	}
 }
 
-func runGroupSequence(seed uint64, steps int) error {
-	rng := rand.New(rand.NewPCG(seed, seed*7+1))
+// runGroupSequence runs steps random group commands chosen by ch (seed names the leases
+// and sizes one group) and returns the final state.
+func runGroupSequence(ch chooser, seed uint64, steps int) (*State, error) {
 	limits := Limits{MaxGroupMembers: 4}
 	s, twin := NewState(limits), NewState(limits)
 	apply := func(c Command) Result {
@@ -325,7 +326,7 @@ func runGroupSequence(seed uint64, steps int) error {
 	parts := map[string]int{"g1": 1 + int(seed%7), "g2": 16}
 	for _, g := range groups {
 		if r := apply(Command{Op: OpGroupCreate, Name: g, Count: uint64(parts[g]), DrainMillis: 1000}); r.Err != nil {
-			return r.Err
+			return nil, r.Err
 		}
 	}
 	leases := make([]LeaseID, 5)
@@ -348,14 +349,14 @@ func runGroupSequence(seed uint64, steps int) error {
 		view[g] = make([]seen, parts[g])
 	}
 	for step := range steps {
-		g := groups[rng.IntN(2)]
-		li := rng.IntN(len(leases))
+		g := groups[ch.intn(2)]
+		li := ch.intn(len(leases))
 		var c Command
-		switch k := rng.IntN(100); {
+		switch k := ch.intn(100); {
 		case k < 30:
-			c = Command{Op: OpGroupJoin, Name: g, Member: members[rng.IntN(len(members))], Lease: leases[li], Weight: uint32(rng.IntN(4))}
+			c = Command{Op: OpGroupJoin, Name: g, Member: members[ch.intn(len(members))], Lease: leases[li], Weight: uint32(ch.intn(4))}
 		case k < 40:
-			c = Command{Op: OpGroupLeave, Name: g, Member: members[rng.IntN(len(members))], Lease: leases[li]}
+			c = Command{Op: OpGroupLeave, Name: g, Member: members[ch.intn(len(members))], Lease: leases[li]}
 		case k < 50:
 			c = Command{Op: OpExpire, Lease: leases[li]}
 		case k < 55:
@@ -363,27 +364,27 @@ func runGroupSequence(seed uint64, steps int) error {
 			continue
 		case k < 80, k < 90:
 			v, _ := s.Group(g)
-			p := v.Partitions[rng.IntN(len(v.Partitions))]
+			p := v.Partitions[ch.intn(len(v.Partitions))]
 			op, epoch := OpGroupRelease, p.Epoch
 			if k >= 80 {
 				op = OpGroupDrainEnd
 			}
-			if rng.IntN(4) == 0 {
-				epoch = max(1, epoch+uint64(rng.IntN(3))-1) // stale or future
+			if ch.intn(4) == 0 {
+				epoch = max(1, epoch+uint64(ch.intn(3))-1) // stale or future
 			}
 			c = Command{Op: op, Name: g, Partition: uint32(p.Partition), Token: epoch, Lease: leases[li]}
-			if rng.IntN(3) > 0 && p.Owner != "" {
+			if ch.intn(3) > 0 && p.Owner != "" {
 				c.Lease = s.groups.groups[g].members[p.Owner].lease // mostly the owner's own release
 			}
 		default:
-			c = Command{Op: OpGroupRelease, Name: g, Partition: uint32(rng.IntN(parts[g] + 1)), Token: uint64(rng.IntN(50) + 1), Lease: leases[li]}
+			c = Command{Op: OpGroupRelease, Name: g, Partition: uint32(ch.intn(parts[g] + 1)), Token: uint64(ch.intn(50) + 1), Lease: leases[li]}
 		}
 		before := mustSnapshotErr(s)
 		lastBefore := s.LastToken()
 		r := apply(c)
 		if r.Err != nil {
 			if !bytes.Equal(before, mustSnapshotErr(s)) || len(r.Effects) > 0 {
-				return fmt.Errorf("step %d: %v failed with %w but changed the state", step, c.Op, r.Err)
+				return nil, fmt.Errorf("step %d: %v failed with %w but changed the state", step, c.Op, r.Err)
 			}
 			continue
 		}
@@ -392,28 +393,28 @@ func runGroupSequence(seed uint64, steps int) error {
 			case EffectPartitionReleased:
 				cur := &view[e.Name][e.Partition]
 				if cur.owner != e.Note || cur.epoch != e.Token {
-					return fmt.Errorf("step %d: %s/%d released by %s at %d, but the owner was %s at %d", step, e.Name, e.Partition, e.Note, e.Token, cur.owner, cur.epoch)
+					return nil, fmt.Errorf("step %d: %s/%d released by %s at %d, but the owner was %s at %d", step, e.Name, e.Partition, e.Note, e.Token, cur.owner, cur.epoch)
 				}
 				cur.owner = ""
 			case EffectPartitionAssigned:
 				cur := &view[e.Name][e.Partition]
 				switch {
 				case cur.owner != "":
-					return fmt.Errorf("step %d: %s/%d assigned to %s while %s owns it: two owners", step, e.Name, e.Partition, e.Note, cur.owner)
+					return nil, fmt.Errorf("step %d: %s/%d assigned to %s while %s owns it: two owners", step, e.Name, e.Partition, e.Note, cur.owner)
 				case e.Token <= cur.epoch || e.Token <= lastBefore:
-					return fmt.Errorf("step %d: %s/%d epoch %d after %d (last token before %d)", step, e.Name, e.Partition, e.Token, cur.epoch, lastBefore)
+					return nil, fmt.Errorf("step %d: %s/%d epoch %d after %d (last token before %d)", step, e.Name, e.Partition, e.Token, cur.epoch, lastBefore)
 				}
 				*cur = seen{e.Note, e.Token}
 			}
 		}
 		for _, gname := range groups {
 			if err := checkGroup(s, gname); err != nil {
-				return fmt.Errorf("step %d (%v): %w", step, c.Op, err)
+				return nil, fmt.Errorf("step %d (%v): %w", step, c.Op, err)
 			}
 			v, _ := s.Group(gname)
 			for i, p := range v.Partitions {
 				if w := view[gname][i]; p.Owner != w.owner || (p.Owner != "" && p.Epoch != w.epoch) {
-					return fmt.Errorf("step %d: %s/%d is %s at %d, the effects said %s at %d", step, gname, i, p.Owner, p.Epoch, w.owner, w.epoch)
+					return nil, fmt.Errorf("step %d: %s/%d is %s at %d, the effects said %s at %d", step, gname, i, p.Owner, p.Epoch, w.owner, w.epoch)
 				}
 			}
 		}
@@ -421,18 +422,18 @@ func runGroupSequence(seed uint64, steps int) error {
 			b := mustSnapshotErr(s)
 			restored, err := RestoreState(b, limits)
 			if err != nil {
-				return fmt.Errorf("step %d: restore: %w", step, err)
+				return nil, fmt.Errorf("step %d: restore: %w", step, err)
 			}
 			if !bytes.Equal(b, mustSnapshotErr(restored)) {
-				return fmt.Errorf("step %d: restored snapshot differs", step)
+				return nil, fmt.Errorf("step %d: restored snapshot differs", step)
 			}
 			twin = restored // from now on the restored state must behave as the original
 		}
 	}
 	if !bytes.Equal(mustSnapshotErr(s), mustSnapshotErr(twin)) {
-		return errors.New("twin diverged")
+		return nil, errors.New("twin diverged")
 	}
-	return nil
+	return s, nil
 }
 
 // checkGroup checks a group's invariants directly on the state.
@@ -468,4 +469,27 @@ func checkGroup(s *State, name string) error {
 		}
 	}
 	return nil
+}
+
+// FuzzGroupSequence runs the group property test's command sequence with choices read
+// from the input, one byte each.
+func FuzzGroupSequence(f *testing.F) {
+	f.Add([]byte{})
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20, 30, 40, 50, 60, 70, 80, 90, 99})
+	for seed := range uint64(4) {
+		r := rand.New(rand.NewPCG(seed, 78))
+		b := make([]byte, 400)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) == 0 {
+			return
+		}
+		if _, err := runGroupSequence(&byteChooser{b: slices.Clone(b[1:])}, uint64(b[0]), 300); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
