@@ -2,88 +2,118 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"flag"
 	"fmt"
-	"os"
+	"io"
 	"os/signal"
 	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/client"
 )
 
-const groupUsage = `usage:
-  leasehold group create GROUP --partitions N [--drain 10s]
-  leasehold group join GROUP MEMBER [--weight W] [--ttl 10s]
-      runs until interrupted, printing each partition it is assigned and each it stops
-      working on, with its epoch (the partition's fencing token)
-  leasehold group status GROUP [--output json]`
+// newGroupCmd is `leasehold group create|join|status`: partitions assigned to live
+// members, each with an epoch.
+func newGroupCmd() *cobra.Command {
+	group := &cobra.Command{
+		Use:   "group create|join|status ...",
+		Short: "partitions assigned to live members, each with an epoch (its fencing token)",
+		Long: `Groups: a fixed number of partitions, assigned by the service to the live members.
 
-// runGroupCmd implements 'leasehold group create|join|status'.
-func runGroupCmd(args []string) int {
-	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, groupUsage)
-		return exitUsage
+A partition moves only after its owner released it, its lease ended, or the group's drain
+deadline passed; every assignment carries an epoch, larger than every earlier owner's:
+fence the partition's writes with it.`,
+		Args: cobra.NoArgs,
+		RunE: usageOnly,
 	}
-	sub := args[0]
-	fs := flag.NewFlagSet("group "+sub, flag.ContinueOnError)
-	addr := addrFlag(fs)
-	partitions := fs.Int("partitions", 0, "create: the number of partitions, 1 to 4096")
-	drain := fs.Duration("drain", 0, "create: how long a moving partition may stay with its owner (0: the server's default, 10s)")
-	weight := fs.Uint("weight", 1, "join: the member's share of the partitions, 1 to 1000")
-	ttl := fs.Duration("ttl", 10*time.Second, "join: the membership's lease TTL")
-	output := fs.String("output", "text", "status: text or json")
-	pos, err := positionalThenFlags(fs, args[1:])
-	if err != nil {
-		return exitUsage
+	group.AddCommand(newGroupCreateCmd(), newGroupJoinCmd(), newGroupStatusCmd())
+	return group
+}
+
+func newGroupCreateCmd() *cobra.Command {
+	var addr string
+	var partitions int
+	var drain time.Duration
+	cmd := &cobra.Command{
+		Use:   "create GROUP --partitions N [--drain 10s]",
+		Short: "create a group of N partitions (creating it again with the same settings succeeds)",
+		Args:  cobra.ExactArgs(1),
+		PreRunE: func(*cobra.Command, []string) error {
+			if partitions < 1 || partitions > 4096 {
+				return fmt.Errorf("--partitions must be 1 to 4096, not %d", partitions)
+			}
+			if drain < 0 {
+				return fmt.Errorf("--drain must not be negative")
+			}
+			return nil
+		},
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			if err := c.CreateGroup(ctx, args[0], partitions, drain); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "created group %s with %d partitions\n", args[0], partitions)
+			return nil
+		}),
 	}
-	want := map[string]int{"create": 1, "join": 2, "status": 1}
-	if n, ok := want[sub]; !ok || n != len(pos) || (*output != "text" && *output != "json") {
-		fmt.Fprintln(os.Stderr, groupUsage)
-		return exitUsage
+	addrFlag(cmd.Flags(), &addr)
+	cmd.Flags().IntVar(&partitions, "partitions", 0, "the number of partitions, 1 to 4096 (fixed for the group's life)")
+	cmd.Flags().DurationVar(&drain, "drain", 0, "how long a moving partition may stay with its owner (0: the server's default, 10s)")
+	return cmd
+}
+
+func newGroupJoinCmd() *cobra.Command {
+	var addr string
+	var weight uint32
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "join GROUP MEMBER [--weight W] [--ttl 10s]",
+		Short: "be a member until interrupted, printing each partition assigned and stopped",
+		Long: `Be member MEMBER of GROUP until interrupted (SIGINT, SIGTERM: the member leaves, and its
+partitions move to the other members at once). Prints, one line each:
+
+  assigned GROUP/PARTITION epoch EPOCH
+  stopped GROUP/PARTITION epoch EPOCH: CAUSE
+
+The epoch is the partition's fencing token.`,
+		Args: cobra.ExactArgs(2),
+		PreRunE: func(*cobra.Command, []string) error {
+			if weight < 1 || weight > 1000 {
+				return fmt.Errorf("--weight must be 1 to 1000, not %d", weight)
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return exitWith(groupJoin(cmd.OutOrStdout(), addr, ttl, args[0], args[1], weight))
+		},
 	}
-	if sub == "create" && (*partitions < 1 || *partitions > 4096) {
-		fmt.Fprintln(os.Stderr, "leasehold group create: --partitions must be 1 to 4096")
-		return exitUsage
-	}
+	addrFlag(cmd.Flags(), &addr)
+	cmd.Flags().Uint32Var(&weight, "weight", 1, "the member's share of the partitions, relative to the others', 1 to 1000")
+	cmd.Flags().DurationVar(&ttl, "ttl", 10*time.Second, "the membership's lease TTL")
+	return cmd
+}
+
+// groupJoin joins and prints every assignment and every stop, until SIGINT or SIGTERM.
+func groupJoin(w io.Writer, addr string, ttl time.Duration, group, member string, weight uint32) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	c, code := dial(ctx, *addr, client.WithTTL(*ttl))
+	c, code := dial(ctx, addr, client.WithTTL(ttl))
 	if c == nil {
 		return code
 	}
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), *ttl)
+		cctx, cancel := context.WithTimeout(context.Background(), ttl)
 		_ = c.Close(cctx)
 		cancel()
 	}()
-	switch sub {
-	case "create":
-		if err := c.CreateGroup(ctx, pos[0], *partitions, *drain); err != nil {
-			return exitFor("group create", err)
-		}
-		fmt.Printf("created group %s with %d partitions\n", pos[0], *partitions)
-	case "join":
-		return groupJoin(ctx, c, pos[0], pos[1], uint32(min(*weight, 1<<31)))
-	case "status":
-		return groupStatus(ctx, c, pos[0], *output == "json")
-	}
-	return exitOK
-}
-
-// groupJoin joins and prints, one line each, every assignment and every stop:
-//
-//	assigned GROUP/PARTITION epoch EPOCH
-//	stopped GROUP/PARTITION epoch EPOCH: CAUSE
-func groupJoin(ctx context.Context, c *client.Client, group, member string, weight uint32) int {
 	var mu sync.Mutex // one line at a time
 	say := func(format string, args ...any) {
 		mu.Lock()
 		defer mu.Unlock()
-		fmt.Printf(format+"\n", args...)
+		fmt.Fprintf(w, format+"\n", args...)
 	}
 	say("joining group %s as %s", group, member)
 	err := c.JoinGroup(ctx, group, member, func(pctx context.Context, p client.Partition) {
@@ -98,43 +128,34 @@ func groupJoin(ctx context.Context, c *client.Client, group, member string, weig
 	return exitOK
 }
 
-// groupStatus prints the members and every partition's owner.
-func groupStatus(ctx context.Context, c *client.Client, group string, asJSON bool) int {
-	st, err := c.GroupStatus(ctx, group)
-	if err != nil {
-		return exitFor("group status", err)
+func newGroupStatusCmd() *cobra.Command {
+	var addr string
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:   "status GROUP",
+		Short: "members and every partition's owner, epoch and whether it drains",
+		Args:  cobra.ExactArgs(1),
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			st, err := c.GroupStatus(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if output.json() {
+				return printJSON(cmd.OutOrStdout(), st)
+			}
+			printGroup(cmd.OutOrStdout(), st)
+			return nil
+		}),
 	}
-	if asJSON {
-		type member struct {
-			Name   string `json:"name"`
-			Weight uint32 `json:"weight"`
-			Owns   uint32 `json:"owns"`
-		}
-		type partition struct {
-			Partition uint32 `json:"partition"`
-			Owner     string `json:"owner"`
-			Epoch     uint64 `json:"epoch"`
-			Draining  bool   `json:"draining"`
-		}
-		out := struct {
-			Group      string      `json:"group"`
-			DrainMs    int64       `json:"drainMs"`
-			Members    []member    `json:"members"`
-			Partitions []partition `json:"partitions"`
-		}{Group: st.GetGroup(), DrainMs: st.GetDrainMs(), Members: []member{}}
-		for _, m := range st.GetMembers() {
-			out.Members = append(out.Members, member{m.GetName(), m.GetWeight(), m.GetOwns()})
-		}
-		for _, p := range st.GetPartitions() {
-			out.Partitions = append(out.Partitions, partition{p.GetPartition(), p.GetOwner(), p.GetEpoch(), p.GetDraining()})
-		}
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(out)
-		return exitOK
-	}
-	fmt.Printf("group %s: %d partitions, drain deadline %v\n", st.GetGroup(), len(st.GetPartitions()), time.Duration(st.GetDrainMs())*time.Millisecond)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	addrFlag(cmd.Flags(), &addr)
+	output = outputFlag(cmd)
+	return cmd
+}
+
+// printGroup prints a group's members and partitions as two tables.
+func printGroup(w io.Writer, st *leaseholdv1.GroupServiceStatusResponse) {
+	fmt.Fprintf(w, "group %s: %d partitions, drain deadline %v\n", st.GetGroup(), len(st.GetPartitions()), time.Duration(st.GetDrainMs())*time.Millisecond)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MEMBER\tWEIGHT\tOWNS")
 	for _, m := range st.GetMembers() {
 		fmt.Fprintf(tw, "%s\t%d\t%d\n", m.GetName(), m.GetWeight(), m.GetOwns())
@@ -148,5 +169,4 @@ func groupStatus(ctx context.Context, c *client.Client, group string, asJSON boo
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\n", p.GetPartition(), orNone(p.GetOwner()), p.GetEpoch(), draining)
 	}
 	_ = tw.Flush()
-	return exitOK
 }

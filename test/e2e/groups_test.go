@@ -347,7 +347,7 @@ func TestCLIGroup(t *testing.T) {
 			} `json:"members"`
 			Partitions []struct {
 				Owner    string `json:"owner"`
-				Epoch    uint64 `json:"epoch"`
+				Epoch    string `json:"epoch"` // protojson: a uint64 is a string
 				Draining bool   `json:"draining"`
 			} `json:"partitions"`
 		}
@@ -355,7 +355,7 @@ func TestCLIGroup(t *testing.T) {
 			return false
 		}
 		for _, p := range st.Partitions {
-			if p.Draining || p.Epoch == 0 {
+			if p.Draining || p.Epoch == "0" {
 				return false
 			}
 		}
