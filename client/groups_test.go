@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/clustertest"
 )
 
 // partitionLog records what the handlers of a group's members did, and fails the test
@@ -133,4 +134,56 @@ func TestJoinGroup(t *testing.T) {
 	if err := <-bDone; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestJoinGroupAcrossLeaderChange: two members of a group on a three-node cluster keep
+// running every partition through the leader's death (their leases, drains and streams
+// move to the new leader) without ever running one partition twice at once, and a leave
+// after the failover still hands the partitions over.
+func TestJoinGroupAcrossLeaderChange(t *testing.T) {
+	cl := clustertest.MakeCluster(t, 3, clustertest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dial := func() *client.Client {
+		c, err := client.Dial(ctx, cl.Addrs(), client.WithTTL(3*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		return c
+	}
+	ca, cb := dial(), dial()
+	const parts = 8
+	if err := ca.CreateGroup(ctx, "lc", parts, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	log := newPartitionLog(t)
+	actx, stopA := context.WithCancel(ctx)
+	defer stopA()
+	bctx, stopB := context.WithCancel(ctx)
+	defer stopB()
+	aDone, bDone := make(chan error, 1), make(chan error, 1)
+	go func() { aDone <- ca.JoinGroup(actx, "lc", "a", log.handler("a")) }()
+	go func() { bDone <- cb.JoinGroup(bctx, "lc", "b", log.handler("b")) }()
+	running := func() bool {
+		o := log.owners()
+		return o["a"]+o["b"] == parts && o["a"] > 0 && o["b"] > 0
+	}
+	waitUntil(t, "both members run the partitions", 10*time.Second, running)
+
+	cl.Kill(cl.Leader())
+	cl.Leader(cl.Others()...)
+	time.Sleep(3 * time.Second) // past a TTL and a drain deadline on the new leader
+	waitUntil(t, "every partition runs after the failover", 10*time.Second, func() bool {
+		o := log.owners()
+		return o["a"]+o["b"] == parts
+	})
+	stopB()
+	if err := <-bDone; err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "a runs every partition after b left", 10*time.Second, func() bool { return log.owners()["a"] == parts })
+	log.mu.Lock()
+	t.Logf("causes of stopped handlers: %v", log.causes)
+	log.mu.Unlock()
 }
