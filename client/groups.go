@@ -108,8 +108,10 @@ func (c *Client) GroupStatus(ctx context.Context, group string) (*leaseholdv1.Gr
 // A handler that returns while its context is live leaves the partition idle (owned,
 // with nothing running) until it moves. After a lost lease, JoinGroup joins again with
 // a new lease as soon as the service lets it (the member name stays taken until the
-// old lease has ended on the server too). Two JoinGroup calls with the same member
-// name do not share a membership: the second waits until the first has left.
+// old lease has ended on the server too), once every handler of the old membership has
+// returned: JoinGroup never runs two handlers for one partition at once. Two JoinGroup
+// calls with the same member name do not share a membership: the second waits until
+// the first has left.
 func (c *Client) JoinGroup(ctx context.Context, group, member string, handler func(ctx context.Context, p Partition), opts ...GroupOption) error {
 	o := groupOptions{weight: 1}
 	for _, opt := range opts {
