@@ -400,25 +400,32 @@ func (g *group) memberNames() []string {
 // Schindelhauer and Schomaker). -log2(u) is computed in fixed point with 32 fraction
 // bits by repeated squaring (no floating point, whose results may differ between
 // platforms), and scores are compared by cross-multiplying, which is exact: -log2(u) is
-// below 2^39 and a weight at most MaxWeight < 2^10.
+// below 2^39 and a weight at most MaxWeight < 2^10. Ties go to the larger hash, then to
+// the smaller name, so the order is total. As -log2(u) never grows with u, two members
+// of the same weight are ordered by their hashes alone: the logarithm is needed only
+// between different weights, and a group whose members all weigh the same computes
+// none.
 type hrwScore struct {
-	neglog uint64 // -log2(u) in 32.32 fixed point, in (0, 64<<32]
+	hash   uint64 // u = hash / 2^64
 	weight uint32
 }
 
-// beats reports whether score a of member nameA beats score b of member nameB: a lower
-// -log2(u)/w, ties broken by the smaller name.
+// beats reports whether score a of member nameA beats score b of member nameB.
 func (a hrwScore) beats(nameA string, b hrwScore, nameB string) bool {
-	l, r := a.neglog*uint64(b.weight), b.neglog*uint64(a.weight)
-	if l != r {
-		return l < r
+	if a.weight != b.weight {
+		l, r := negLog2(a.hash)*uint64(b.weight), negLog2(b.hash)*uint64(a.weight)
+		if l != r {
+			return l < r
+		}
+	}
+	if a.hash != b.hash {
+		return a.hash > b.hash
 	}
 	return nameA < nameB
 }
 
 func (m *groupMember) score(partition int) hrwScore {
-	h := mix64(m.seed + uint64(partition+1)*0x9e3779b97f4a7c15)
-	return hrwScore{neglog: negLog2(h), weight: m.weight}
+	return hrwScore{hash: mix64(m.seed + uint64(partition+1)*0x9e3779b97f4a7c15), weight: m.weight}
 }
 
 // memberSeed hashes (group, member) with FNV-1a.
@@ -455,12 +462,10 @@ func negLog2(h uint64) uint64 {
 	var frac uint64
 	for i := range 32 {
 		hi, lo := bits.Mul64(m, m) // m² in 2.126 fixed point
-		if hi >= 1<<63 {           // m² ≥ 2: one more fraction bit
-			frac |= 1 << (31 - i)
-			m = hi
-		} else {
-			m = hi<<1 | lo>>63
-		}
+		one := hi >> 63            // m² ≥ 2: the next fraction bit is 1, and m = m²/2
+		frac |= one << (31 - i)
+		keep := 1 - one // without branches: the bits are random, a branch mispredicts
+		m = hi<<keep | (lo>>63)*keep
 	}
 	return 64<<32 - (uint64(e)<<32 | frac)
 }

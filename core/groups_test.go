@@ -493,3 +493,80 @@ func FuzzGroupSequence(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkGroupJoinLeave is the state machine's cost of churn in the largest group: one
+// op is a Leave and a Join of one of 1,000 members of a 4,096-partition group (the
+// partitions it owned granted to the others, then the partitions it is to own set
+// draining), with no release; with every member of weight 1, and with weights 1 to 3.
+func BenchmarkGroupJoinLeave(b *testing.B) {
+	for _, mixed := range []bool{false, true} {
+		name := "equal-weights"
+		if mixed {
+			name = "mixed-weights"
+		}
+		b.Run(name, func(b *testing.B) {
+			s := NewState(Limits{})
+			if r := s.Apply(Command{Op: OpGroupCreate, Name: "big", Count: MaxPartitions, DrainMillis: 1000}); r.Err != nil {
+				b.Fatal(r.Err)
+			}
+			const members = 1000
+			leases := make([]LeaseID, members)
+			weight := func(i int) uint32 {
+				if mixed {
+					return uint32(1 + i%3)
+				}
+				return 1
+			}
+			for i := range leases {
+				leases[i] = lid(uint32(i + 1))
+				s.Apply(Command{Op: OpGrant, Lease: leases[i], TTLMillis: 10_000})
+				if r := s.Apply(Command{Op: OpGroupJoin, Name: "big", Member: fmt.Sprintf("m%d", i), Lease: leases[i], Weight: weight(i)}); r.Err != nil {
+					b.Fatal(r.Err)
+				}
+			}
+			i := 0
+			for b.Loop() {
+				m := i % members
+				i++
+				name := fmt.Sprintf("m%d", m)
+				if r := s.Apply(Command{Op: OpGroupLeave, Name: "big", Member: name, Lease: leases[m]}); r.Err != nil {
+					b.Fatal(r.Err)
+				}
+				if r := s.Apply(Command{Op: OpGroupJoin, Name: "big", Member: name, Lease: leases[m], Weight: weight(m)}); r.Err != nil {
+					b.Fatal(r.Err)
+				}
+			}
+		})
+	}
+}
+
+// TestScoreOrderIsTotal: the order of rendezvous scores is a strict total order —
+// asymmetric, and transitive — over scores with many ties of the logarithm, so that
+// the member a partition wants does not depend on the order members are looked at in.
+func TestScoreOrderIsTotal(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	type named struct {
+		s    hrwScore
+		name string
+	}
+	pick := func() named {
+		h := r.Uint64() >> (r.IntN(64)) // small hashes too, where the fixed point ties
+		if r.IntN(4) == 0 {
+			h = 1 << 63 >> r.IntN(63) // powers of two: exact logarithms, exact cross ties
+		}
+		return named{hrwScore{hash: h, weight: uint32(1 + r.IntN(4))}, string(rune('a' + r.IntN(3)))}
+	}
+	for range 200_000 {
+		a, b, c := pick(), pick(), pick()
+		if a == b {
+			continue
+		}
+		ab, ba := a.s.beats(a.name, b.s, b.name), b.s.beats(b.name, a.s, a.name)
+		if ab == ba {
+			t.Fatalf("%+v and %+v: beats both ways or neither", a, b)
+		}
+		if ab && b.s.beats(b.name, c.s, c.name) && !a.s.beats(a.name, c.s, c.name) && a != c {
+			t.Fatalf("not transitive: %+v > %+v > %+v, but not %+v > %+v", a, b, c, a, c)
+		}
+	}
+}
