@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -398,7 +399,7 @@ func (s *Server) callStream(ctx context.Context, m *method, req proto.Message, f
 	defer cancel(nil)
 	defer context.AfterFunc(s.streams, func() { cancel(ErrShuttingDown) })()
 	err := s.serveStream(ctx, m, req, from, send)
-	if context.Cause(ctx) == ErrShuttingDown {
+	if errors.Is(context.Cause(ctx), ErrShuttingDown) {
 		err = ErrShuttingDown // the caller resumes at another node
 	}
 	return s.finish(m, start, err)
