@@ -60,7 +60,10 @@ const (
 	MaxPartitions = 4096
 	// MaxWeight bounds a member's weight.
 	MaxWeight = 1000
-	// MaxDrainMillis bounds a group's drain deadline (one hour).
+	// MinDrainMillis and MaxDrainMillis bound a group's drain deadline (100 ms to one
+	// hour). Below 100 ms a member could not confirm a partition (a read) within the
+	// deadline, and would give it up as soon as it got it.
+	MinDrainMillis = 100
 	MaxDrainMillis = 3600_000
 )
 
@@ -485,8 +488,8 @@ func (c *Command) validateGroupOp() error {
 		if c.Count == 0 || c.Count > MaxPartitions {
 			return Invalid("partitions", "must be 1 to %d", MaxPartitions)
 		}
-		if c.DrainMillis <= 0 || c.DrainMillis > MaxDrainMillis {
-			return Invalid("drain_ms", "must be 1 to %d", MaxDrainMillis)
+		if c.DrainMillis < MinDrainMillis || c.DrainMillis > MaxDrainMillis {
+			return Invalid("drain_ms", "must be %d to %d", MinDrainMillis, MaxDrainMillis)
 		}
 		return nil
 	case OpGroupJoin:
@@ -574,7 +577,7 @@ func (s *State) restoreGroup(rec *groupRecord) error {
 		return bad("null")
 	case ValidateName("group", rec.Name) != nil || gs.groups[rec.Name] != nil:
 		return bad("invalid or repeated name")
-	case rec.Partitions < 1 || rec.Partitions > MaxPartitions || rec.DrainMillis <= 0 || rec.DrainMillis > MaxDrainMillis:
+	case rec.Partitions < 1 || rec.Partitions > MaxPartitions || rec.DrainMillis < MinDrainMillis || rec.DrainMillis > MaxDrainMillis:
 		return bad(rec.Name + " has an impossible partition count or drain deadline")
 	}
 	g := &group{name: rec.Name, drainMillis: rec.DrainMillis, members: make(map[string]*groupMember), parts: make([]partition, rec.Partitions)}

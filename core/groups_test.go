@@ -132,6 +132,7 @@ func TestGroupValidation(t *testing.T) {
 		{Command{Op: OpGroupCreate, Name: "g", Count: MaxPartitions + 1, DrainMillis: 1}, "partitions"},
 		{Command{Op: OpGroupCreate, Name: "g", Count: 1}, "drain_ms"},
 		{Command{Op: OpGroupCreate, Name: "g", Count: 1, DrainMillis: MaxDrainMillis + 1}, "drain_ms"},
+		{Command{Op: OpGroupCreate, Name: "g", Count: 1, DrainMillis: MinDrainMillis - 1}, "drain_ms"},
 		{Command{Op: OpGroupJoin, Name: "g", Lease: leaseA}, "member"},
 		{Command{Op: OpGroupJoin, Name: "g", Member: "m"}, "lease_id"},
 		{Command{Op: OpGroupJoin, Name: "g", Member: "m", Lease: leaseA, Weight: MaxWeight + 1}, "weight"},
@@ -264,25 +265,26 @@ func TestGroupSnapshotRejects(t *testing.T) {
 	member := `"members":[{"name":"a","lease":"` + lease + `","weight":1}]`
 	for name, body := range map[string]string{
 		"null":            `null]`,
-		"bad name":        `{"name":"a b","partitions":1,"drainMs":1}]`,
-		"no partitions":   `{"name":"g","partitions":0,"drainMs":1}]`,
+		"bad name":        `{"name":"a b","partitions":1,"drainMs":1000}]`,
+		"no partitions":   `{"name":"g","partitions":0,"drainMs":1000}]`,
 		"no drain":        `{"name":"g","partitions":1}]`,
-		"twice":           `{"name":"g","partitions":1,"drainMs":1},{"name":"g","partitions":1,"drainMs":1}]`,
-		"unknown lease":   `{"name":"g","partitions":1,"drainMs":1,"members":[{"name":"a","lease":"` + leaseB.String() + `","weight":1}]}]`,
-		"zero weight":     `{"name":"g","partitions":1,"drainMs":1,"members":[{"name":"a","lease":"` + lease + `","weight":0}]}]`,
-		"unowned":         `{"name":"g","partitions":1,"drainMs":1,` + member + `}]`,
-		"future epoch":    `{"name":"g","partitions":1,"drainMs":1,` + member + `,"owners":[{"p":0,"member":"a","epoch":10}]}]`,
-		"stranger owns":   `{"name":"g","partitions":1,"drainMs":1,` + member + `,"owners":[{"p":0,"member":"z","epoch":1}]}]`,
-		"out of range":    `{"name":"g","partitions":1,"drainMs":1,` + member + `,"owners":[{"p":0,"member":"a","epoch":1},{"p":1,"member":"a","epoch":2}]}]`,
-		"drain no owner":  `{"name":"g","partitions":1,"drainMs":1,"owners":[{"p":0,"epoch":1,"draining":true}]}]`,
-		"unknown field":   `{"name":"g","partitions":1,"drainMs":1,"x":1}]`,
-		"owned, no lease": `{"name":"g","partitions":1,"drainMs":1,"owners":[{"p":0,"member":"a","epoch":1}]}]`,
+		"short drain":     `{"name":"g","partitions":1,"drainMs":99}]`,
+		"twice":           `{"name":"g","partitions":1,"drainMs":1000},{"name":"g","partitions":1,"drainMs":1000}]`,
+		"unknown lease":   `{"name":"g","partitions":1,"drainMs":1000,"members":[{"name":"a","lease":"` + leaseB.String() + `","weight":1}]}]`,
+		"zero weight":     `{"name":"g","partitions":1,"drainMs":1000,"members":[{"name":"a","lease":"` + lease + `","weight":0}]}]`,
+		"unowned":         `{"name":"g","partitions":1,"drainMs":1000,` + member + `}]`,
+		"future epoch":    `{"name":"g","partitions":1,"drainMs":1000,` + member + `,"owners":[{"p":0,"member":"a","epoch":10}]}]`,
+		"stranger owns":   `{"name":"g","partitions":1,"drainMs":1000,` + member + `,"owners":[{"p":0,"member":"z","epoch":1}]}]`,
+		"out of range":    `{"name":"g","partitions":1,"drainMs":1000,` + member + `,"owners":[{"p":0,"member":"a","epoch":1},{"p":1,"member":"a","epoch":2}]}]`,
+		"drain no owner":  `{"name":"g","partitions":1,"drainMs":1000,"owners":[{"p":0,"epoch":1,"draining":true}]}]`,
+		"unknown field":   `{"name":"g","partitions":1,"drainMs":1000,"x":1}]`,
+		"owned, no lease": `{"name":"g","partitions":1,"drainMs":1000,"owners":[{"p":0,"member":"a","epoch":1}]}]`,
 	} {
 		if _, err := RestoreState(snapJSONVersion(snapshotV2, pre+body+`}`), Limits{}); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: %v, want ErrCorrupt", name, err)
 		}
 	}
-	ok := `{"name":"g","partitions":1,"drainMs":1,` + member + `,"owners":[{"p":0,"member":"a","epoch":1}]}]`
+	ok := `{"name":"g","partitions":1,"drainMs":1000,` + member + `,"owners":[{"p":0,"member":"a","epoch":1}]}]`
 	if _, err := RestoreState(snapJSONVersion(snapshotV2, pre+ok+`}`), Limits{}); err != nil {
 		t.Fatalf("a valid group: %v", err)
 	}

@@ -2730,7 +2730,7 @@ type GroupServiceCreateRequest struct {
 	// How many partitions, 1 to 4096. Fixed for the group's life.
 	Partitions uint32 `protobuf:"varint,2,opt,name=partitions,proto3" json:"partitions,omitempty"`
 	// How long a draining partition may stay with its owner before it is taken, in
-	// milliseconds (1 to 3 600 000); 0 means 10 000.
+	// milliseconds (100 to 3 600 000); 0 means 10 000.
 	DrainMs       int64 `protobuf:"varint,3,opt,name=drain_ms,json=drainMs,proto3" json:"drain_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
