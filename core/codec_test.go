@@ -32,6 +32,11 @@ func sampleCommands() []Command {
 		{Op: OpAcquire, Lease: leaseC, Names: []string{"a", "b/c", "z"}, Class: Correctness, Mode: Shared, Wait: true, DelayMillis: 100},
 		{Op: OpRelease, Lease: leaseA, Name: "orders/42", Token: 9, WallMillis: 1_796_000_000_000},
 		{Op: OpExpire, Lease: leaseB, WallMillis: -1},
+		{Op: OpGroupCreate, Name: "orders", Count: 64, DrainMillis: 10_000},
+		{Op: OpGroupJoin, Name: "orders", Member: "worker-1", Lease: leaseA, Weight: 3},
+		{Op: OpGroupLeave, Name: "orders", Member: "worker-1", Lease: leaseA},
+		{Op: OpGroupRelease, Name: "orders", Partition: 63, Token: 9, Lease: leaseA},
+		{Op: OpGroupDrainEnd, Name: "orders", Partition: 1, Token: 9},
 	}
 }
 

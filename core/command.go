@@ -48,17 +48,27 @@ const (
 	fMode  = 24 + iota // 1 byte
 	fLimit             // uvarint
 	fNames             // uvarint count (at least 1), then each name as a string
-	endModeFields
+	numLockFields
 )
 
 // The fields of Watch and the ledger. They take bits 32 to 39.
 const (
 	fWallMillis = 32 + iota // varint: the proposer's wall clock, Unix ms
+	numWatchFields
+)
+
+// The fields of groups (groups.go). They take bits 56 to 59.
+const (
+	fMember      = 56 + iota // string
+	fPartition               // uvarint
+	fWeight                  // uvarint
+	fDrainMillis             // varint
 	numFields
 )
 
 // knownFields has the bits of every field.
-const knownFields = (1<<(fClusterID+1) - 1) | (1<<endModeFields-1)&^(1<<fMode-1) | (1<<numFields-1)&^(1<<fWallMillis-1)
+const knownFields = (1<<(fClusterID+1) - 1) | (1<<numLockFields-1)&^(1<<fMode-1) |
+	(1<<numWatchFields-1)&^(1<<fWallMillis-1) | (1<<numFields-1)&^(1<<fMember-1)
 
 const commandV2 = 2
 
@@ -95,6 +105,10 @@ func appendCommand(b []byte, c Command) []byte {
 	set(fLimit, c.Limit != 0)
 	set(fNames, len(c.Names) != 0)
 	set(fWallMillis, c.WallMillis != 0)
+	set(fMember, c.Member != "")
+	set(fPartition, c.Partition != 0)
+	set(fWeight, c.Weight != 0)
+	set(fDrainMillis, c.DrainMillis != 0)
 
 	b = append(b, commandV2, byte(c.Op))
 	b = binary.AppendUvarint(b, mask)
@@ -155,6 +169,14 @@ func appendCommand(b []byte, c Command) []byte {
 			}
 		case fWallMillis:
 			b = binary.AppendVarint(b, c.WallMillis)
+		case fMember:
+			str(c.Member)
+		case fPartition:
+			b = binary.AppendUvarint(b, uint64(c.Partition))
+		case fWeight:
+			b = binary.AppendUvarint(b, uint64(c.Weight))
+		case fDrainMillis:
+			b = binary.AppendVarint(b, c.DrainMillis)
 		}
 	}
 	return b
@@ -169,6 +191,9 @@ func commandSize(c Command) int {
 	}
 	for _, name := range c.Names {
 		n += binary.MaxVarintLen64 + len(name)
+	}
+	if c.Member != "" || c.Partition != 0 || c.Weight != 0 || c.DrainMillis != 0 {
+		n += 7 + binary.MaxVarintLen64 + len(c.Member) + 2*binary.MaxVarintLen32 + binary.MaxVarintLen64 // mask growth, member, partition, weight, drain
 	}
 	return n
 }
@@ -204,12 +229,7 @@ func decodeCommandV2(b []byte) (Command, error) {
 		case fHolderHost:
 			c.Holder.Host = d.str("holder host")
 		case fHolderPID:
-			pid := d.uvarint("holder pid")
-			if pid > 1<<32-1 {
-				d.fail("holder pid out of range")
-			}
-			c.Holder.PID = uint32(pid)
-			d.nonZero("holder pid", pid != 0)
+			c.Holder.PID = d.uint32("holder pid")
 		case fHolderNote:
 			c.Holder.Note = d.str("holder note")
 		case fWait:
@@ -250,12 +270,7 @@ func decodeCommandV2(b []byte) (Command, error) {
 			c.Mode = Mode(d.u8("mode"))
 			d.nonZero("mode", c.Mode != 0)
 		case fLimit:
-			limit := d.uvarint("limit")
-			if limit > 1<<32-1 {
-				d.fail("limit out of range")
-			}
-			c.Limit = uint32(limit)
-			d.nonZero("limit", limit != 0)
+			c.Limit = d.uint32("limit")
 		case fNames:
 			// Each name takes at least two bytes, which bounds the count by the input.
 			n := d.uvarint("names count")
@@ -272,6 +287,15 @@ func decodeCommandV2(b []byte) (Command, error) {
 		case fWallMillis:
 			c.WallMillis = d.varint("wall")
 			d.nonZero("wall", c.WallMillis != 0)
+		case fMember:
+			c.Member = d.str("member")
+		case fPartition:
+			c.Partition = d.uint32("partition")
+		case fWeight:
+			c.Weight = d.uint32("weight")
+		case fDrainMillis:
+			c.DrainMillis = d.varint("drain")
+			d.nonZero("drain", c.DrainMillis != 0)
 		}
 	}
 	if d.err == nil && len(d.b) != 0 {
@@ -308,6 +332,16 @@ func (d *decoder) u8(field string) byte {
 }
 
 func (d *decoder) uvarint(field string) uint64 { return readVarint(d, field, binary.Uvarint) }
+
+// uint32 reads a uvarint that must fit 32 bits and be present (not zero).
+func (d *decoder) uint32(field string) uint32 {
+	v := d.uvarint(field)
+	if v > 1<<32-1 {
+		d.fail(field + " out of range")
+	}
+	d.nonZero(field, v != 0)
+	return uint32(v)
+}
 
 func (d *decoder) varint(field string) int64 { return readVarint(d, field, binary.Varint) }
 

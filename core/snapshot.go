@@ -28,8 +28,11 @@ import (
 // with one more field at the end, "lost" when not empty: every lease's lost locks
 // (LostLock and the lease's "lease" id), leases in id order and each lease's oldest
 // first. ReadSnapshot reads both versions; a version-1 snapshot has no lost locks.
+// Since groups, a version-2 snapshot has one more field after "lost", "groups" when not
+// empty: groups in name order (groupRecord); snapshots written before have no groups.
 //
-// Since the ledger, a version-2 snapshot may end with "ledger" (when not empty): the
+// Since the ledger, a version-2 snapshot may end with "ledger" (after "groups", when not
+// empty): the
 // ended tenures oldest first (Tenure), then the start of every hold still open (a
 // Tenure with no "how"), in name and token order. Snapshots written before it have
 // none: the ledger starts empty, and holds open then end with an unknown start.
@@ -39,8 +42,8 @@ const (
 )
 
 // snapshotFields are the keys of a version-2 snapshot, in the order they are written;
-// a version-1 snapshot has all but the last two (lost, ledger).
-var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "ledger"}
+// a version-1 snapshot has those before "lost".
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "groups", "ledger"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
@@ -74,7 +77,8 @@ type SnapshotView struct {
 	lost       []leaseLost
 	keys       []keyRecord // in progress (unsorted), then done oldest first
 	inProgress int         // how many of keys are in progress
-	ledger     []Tenure    // ledger.records()
+	groups     []groupRecord
+	ledger     []Tenure // ledger.records()
 }
 
 // SnapshotView copies what a snapshot of s needs. It is meant to run where applies must
@@ -97,6 +101,7 @@ func (s *State) SnapshotView() *SnapshotView {
 		v.lost = append(v.lost, leaseLost{lease: id, lost: lost})
 	}
 	v.keys, v.inProgress = s.keys.records()
+	v.groups = s.groups.records()
 	v.ledger = s.ledger.records()
 	for _, l := range s.leases {
 		v.leases = append(v.leases, *l)
@@ -171,6 +176,10 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 			}
 		}
 		e.raw("]")
+	}
+	if len(v.groups) > 0 {
+		e.raw(`,"groups":`)
+		writeArray(e, v.groups)
 	}
 	if len(v.ledger) > 0 {
 		e.raw(`,"ledger":`)
@@ -296,7 +305,7 @@ func ReadSnapshot(r io.Reader, limits Limits) (*State, error) {
 	switch {
 	case err != nil:
 	case version == snapshotV1:
-		fields = snapshotFields[:len(snapshotFields)-2]
+		fields = snapshotFields[:slices.Index(snapshotFields, "lost")]
 	case version != snapshotV2:
 		err = fmt.Errorf("%w: snapshot version %d", ErrCorrupt, version)
 	}
@@ -402,6 +411,8 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 			err = eachElement(dec, s.restoreKey)
 		case "lost":
 			err = eachElement(dec, s.restoreLost)
+		case "groups":
+			err = eachElement(dec, s.restoreGroup)
 		case "ledger":
 			err = eachElement(dec, s.restoreTenure)
 		}

@@ -30,6 +30,7 @@ type State struct {
 	members    map[string]memberAddrs // by node id
 	clusterID  string                 // "" until OpSetClusterID
 	keys       keyStore               // idempotency keys (idempotency.go)
+	groups     groupStore             // groups and partitions (groups.go)
 	ledger     ledger                 // recent tenures (ledger.go)
 	// now is the command being applied's WallMillis (the ledger's times); rec is
 	// Record's fn.
@@ -49,6 +50,7 @@ func NewState(limits Limits) *State {
 		kv:         kvStore{entries: make(map[string]*Entry)},
 		members:    make(map[string]memberAddrs),
 		keys:       newKeyStore(),
+		groups:     newGroupStore(),
 		ledger:     newLedger(limits),
 	}
 	s.locks.Record(s.record)
@@ -130,6 +132,7 @@ func (s *State) Apply(c Command) Result {
 		s.locks.DropLease(c.Lease, reason == EndExpired, s, &r)
 		delete(s.leases, c.Lease)
 		s.keys.dropLease(c.Lease)
+		s.dropGroupLease(c.Lease, &r)
 		s.remember(c.Lease, reason)
 		r.Effects = append(r.Effects, Effect{Kind: EffectLeaseEnded, Lease: c.Lease, Reason: reason})
 		return r
@@ -163,6 +166,8 @@ func (s *State) Apply(c Command) Result {
 		return s.applyWrite(c)
 	case OpBegin, OpComplete, OpAbandon:
 		return s.applyKey(c)
+	case OpGroupCreate, OpGroupJoin, OpGroupLeave, OpGroupRelease, OpGroupDrainEnd:
+		return s.applyGroup(c)
 	case OpSetMember:
 		s.members[c.Node] = memberAddrs{api: c.Addr, fastLane: c.FastLane}
 		return Result{}

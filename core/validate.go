@@ -147,6 +147,8 @@ func (c *Command) validate() error {
 		return nil
 	case OpBegin, OpComplete, OpAbandon:
 		return c.validateKeyOp()
+	case OpGroupCreate, OpGroupJoin, OpGroupLeave, OpGroupRelease, OpGroupDrainEnd:
+		return c.validateGroupOp()
 	case OpSetMember:
 		if err := ValidateNodeID("node_id", c.Node); err != nil {
 			return err

@@ -61,6 +61,12 @@ var aclNeeds = map[string]struct {
 	"/leasehold.v1.IdempotencyService/Complete": {auth.Lock, true},
 	"/leasehold.v1.IdempotencyService/Abandon":  {auth.Lock, true},
 	"/leasehold.v1.IdempotencyService/Get":      {auth.Read, true},
+	"/leasehold.v1.GroupService/Create":         {auth.Lock, true},
+	"/leasehold.v1.GroupService/Join":           {auth.Lock, true},
+	"/leasehold.v1.GroupService/Leave":          {auth.Lock, true},
+	"/leasehold.v1.GroupService/Release":        {auth.Lock, true},
+	"/leasehold.v1.GroupService/Status":         {auth.Read, true},
+	"/leasehold.v1.GroupService/Assignments":    {auth.Lock, true},
 }
 
 // aclTokens are the identities of the ACL test: each token's name is its secret too.
@@ -210,13 +216,13 @@ func aclRequest(t *testing.T, procedure string, named bool) proto.Message {
 	}
 	if named {
 		fields := req.ProtoReflect().Descriptor().Fields()
-		for _, f := range []protoreflect.Name{"name", "key", "prefix"} {
+		for _, f := range []protoreflect.Name{"name", "key", "prefix", "group"} {
 			if fd := fields.ByName(f); fd != nil {
 				req.ProtoReflect().Set(fd, protoreflect.ValueOfString("acl/x"))
 				return req
 			}
 		}
-		t.Fatalf("%s is named but its request has no name, key or prefix", procedure)
+		t.Fatalf("%s is named but its request has no name, key, prefix or group", procedure)
 	}
 	return req
 }

@@ -64,30 +64,30 @@ type rawAnswer struct {
 // rawCall sends body, as it is (already enveloped for gRPC and gRPC-Web), to procedure
 // over w and returns the answer. header adds request headers. An error means no answer
 // could be read at all.
+//
+// A server stream over Connect takes its one request enveloped, as Connect's streaming
+// protocol carries it; rawCall envelopes body itself and reads the end of the stream.
 func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire, body []byte, header http.Header) (rawAnswer, error) {
 	stream := isStream(procedure) && (w == connectJSON || w == connectProto)
+	prefix := "application/"
 	if stream {
-		body = envelope(0, body) // Connect's streaming protocol: the one request enveloped
+		body, prefix = envelope(0, body), "application/connect+"
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+procedure, bytes.NewReader(body))
 	if err != nil {
 		return rawAnswer{}, err
 	}
 	hc := c.h1
-	switch {
-	case stream && w == connectJSON:
-		req.Header.Set("Content-Type", "application/connect+json")
-	case stream:
-		req.Header.Set("Content-Type", "application/connect+proto")
-	case w == connectJSON:
-		req.Header.Set("Content-Type", "application/json")
-	case w == connectProto:
-		req.Header.Set("Content-Type", "application/proto")
-	case w == grpcWire:
+	switch w {
+	case connectJSON:
+		req.Header.Set("Content-Type", prefix+"json")
+	case connectProto:
+		req.Header.Set("Content-Type", prefix+"proto")
+	case grpcWire:
 		req.Header.Set("Content-Type", "application/grpc")
 		req.Header.Set("Te", "trailers")
 		hc = c.h2
-	case w == grpcWebWire:
+	case grpcWebWire:
 		req.Header.Set("Content-Type", "application/grpc-web+proto")
 	}
 	for k, v := range header {
@@ -102,11 +102,11 @@ func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire,
 	if err != nil {
 		return rawAnswer{}, err
 	}
-	if stream {
-		return connectStreamEnd(resp.StatusCode, b)
-	}
 	switch w {
 	case connectJSON, connectProto:
+		if stream && resp.StatusCode == http.StatusOK {
+			return connectStreamEnd(b)
+		}
 		if resp.StatusCode == http.StatusOK {
 			return rawAnswer{}, nil
 		}
@@ -145,32 +145,15 @@ func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire,
 	return rawAnswer{}, fmt.Errorf("gRPC-Web answer (status %d) without grpc-status", resp.StatusCode)
 }
 
-// grpcStatus reads grpc-status and grpc-message from h, or else from fallback.
-func grpcStatus(h, fallback http.Header) (rawAnswer, error) {
-	if h.Get("Grpc-Status") == "" && fallback != nil {
-		h = fallback
-	}
-	st := h.Get("Grpc-Status")
-	code, err := strconv.Atoi(strings.TrimSpace(st))
-	if err != nil {
-		return rawAnswer{}, fmt.Errorf("grpc-status %q: %w", st, err)
-	}
-	msg, _ := url.PathUnescape(h.Get("Grpc-Message"))
-	return rawAnswer{code: connect.Code(code), message: msg}, nil
-}
-
-// connectStreamEnd reads the answer of a Connect server stream: its messages, then the
-// end-of-stream message (flag 0x02) with the error, if any.
-func connectStreamEnd(status int, b []byte) (rawAnswer, error) {
-	if status != http.StatusOK {
-		return rawAnswer{}, fmt.Errorf("stream answered status %d, body %q", status, b)
-	}
+// connectStreamEnd reads the end-of-stream message (flag 0x02) of a Connect stream's
+// answer b: its error, or none.
+func connectStreamEnd(b []byte) (rawAnswer, error) {
 	for len(b) >= 5 {
 		flags, n := b[0], int(binary.BigEndian.Uint32(b[1:5]))
 		if len(b) < 5+n {
 			break
 		}
-		if flags&2 != 0 {
+		if flags&0x02 != 0 {
 			var end struct {
 				Error *wireError `json:"error"`
 			}
@@ -189,5 +172,19 @@ func connectStreamEnd(status int, b []byte) (rawAnswer, error) {
 		}
 		b = b[5+n:]
 	}
-	return rawAnswer{}, fmt.Errorf("stream ended without its end message: %q", b)
+	return rawAnswer{}, errors.New("Connect stream answer without an end-of-stream message")
+}
+
+// grpcStatus reads grpc-status and grpc-message from h, or else from fallback.
+func grpcStatus(h, fallback http.Header) (rawAnswer, error) {
+	if h.Get("Grpc-Status") == "" && fallback != nil {
+		h = fallback
+	}
+	st := h.Get("Grpc-Status")
+	code, err := strconv.Atoi(strings.TrimSpace(st))
+	if err != nil {
+		return rawAnswer{}, fmt.Errorf("grpc-status %q: %w", st, err)
+	}
+	msg, _ := url.PathUnescape(h.Get("Grpc-Message"))
+	return rawAnswer{code: connect.Code(code), message: msg}, nil
 }

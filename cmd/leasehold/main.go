@@ -7,6 +7,7 @@
 //	leasehold watch [PREFIX]         stream lock events as they happen
 //	leasehold history NAME           a lock's last tenures
 //	leasehold kv get|put|del|ls      the fenced key-value store
+//	leasehold group create|join|status  partitions assigned to live members, with epochs
 //	leasehold status                 show the node's status
 //	leasehold demo                   replay the paused-client scenario, unfenced and fenced
 //
@@ -126,6 +127,7 @@ elsewhere; 76 lock or key lost while CMD ran (CMD's process group was killed).`,
 		newKVCmd(),
 		newStatusCmd(),
 		newMembersCmd(),
+		newGroupCmd(),
 		newSnapshotCmd(),
 		newDemoCmd(),
 		newDemoWorkerCmd(),

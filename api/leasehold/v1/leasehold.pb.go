@@ -3566,6 +3566,845 @@ func (x *IdempotencyServiceGetResponse) GetResult() []byte {
 	return nil
 }
 
+type GroupServiceCreateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The group's name: 1 to 256 bytes of ASCII letters, digits and . _ - / : @ + (like
+	// lock names).
+	Group string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// How many partitions, 1 to 4096. Fixed for the group's life.
+	Partitions uint32 `protobuf:"varint,2,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	// How long a draining partition may stay with its owner before it is taken, in
+	// milliseconds (100 to 3 600 000); 0 means 10 000.
+	DrainMs       int64 `protobuf:"varint,3,opt,name=drain_ms,json=drainMs,proto3" json:"drain_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupServiceCreateRequest) Reset() {
+	*x = GroupServiceCreateRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupServiceCreateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupServiceCreateRequest) ProtoMessage() {}
+
+func (x *GroupServiceCreateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupServiceCreateRequest.ProtoReflect.Descriptor instead.
+func (*GroupServiceCreateRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *GroupServiceCreateRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupServiceCreateRequest) GetPartitions() uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return 0
+}
+
+func (x *GroupServiceCreateRequest) GetDrainMs() int64 {
+	if x != nil {
+		return x.DrainMs
+	}
+	return 0
+}
+
+type GroupServiceCreateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupServiceCreateResponse) Reset() {
+	*x = GroupServiceCreateResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupServiceCreateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupServiceCreateResponse) ProtoMessage() {}
+
+func (x *GroupServiceCreateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupServiceCreateResponse.ProtoReflect.Descriptor instead.
+func (*GroupServiceCreateResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
+}
+
+type JoinRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Group string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// The member's name, unique in the group (like lock names).
+	Member string `protobuf:"bytes,2,opt,name=member,proto3" json:"member,omitempty"`
+	// The lease the membership hangs on (from LeaseService.Grant). When it ends, the
+	// member is gone and its partitions move at once.
+	LeaseId string `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The member's share of the partitions relative to the others, 1 to 1000; 0 means 1.
+	Weight        uint32 `protobuf:"varint,4,opt,name=weight,proto3" json:"weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *JoinRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetMember() string {
+	if x != nil {
+		return x.Member
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+type JoinResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Assignments   []*Assignment          `protobuf:"bytes,1,rep,name=assignments,proto3" json:"assignments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinResponse) Reset() {
+	*x = JoinResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinResponse) ProtoMessage() {}
+
+func (x *JoinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
+func (*JoinResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *JoinResponse) GetAssignments() []*Assignment {
+	if x != nil {
+		return x.Assignments
+	}
+	return nil
+}
+
+// Assignment is one partition a member owns.
+type Assignment struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The epoch of the grant: the fencing token for the partition's writes.
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The partition is to move: stop working on it and Release it.
+	Draining      bool `protobuf:"varint,3,opt,name=draining,proto3" json:"draining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Assignment) Reset() {
+	*x = Assignment{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Assignment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Assignment) ProtoMessage() {}
+
+func (x *Assignment) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
+func (*Assignment) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *Assignment) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *Assignment) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Assignment) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+type LeaveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Member        string                 `protobuf:"bytes,2,opt,name=member,proto3" json:"member,omitempty"`
+	LeaseId       string                 `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveRequest) Reset() {
+	*x = LeaveRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveRequest) ProtoMessage() {}
+
+func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
+func (*LeaveRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *LeaveRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *LeaveRequest) GetMember() string {
+	if x != nil {
+		return x.Member
+	}
+	return ""
+}
+
+func (x *LeaveRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type LeaveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveResponse) Reset() {
+	*x = LeaveResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveResponse) ProtoMessage() {}
+
+func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
+func (*LeaveResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
+}
+
+type GroupServiceReleaseRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Group     string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The epoch of the assignment being released.
+	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	LeaseId       string `protobuf:"bytes,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupServiceReleaseRequest) Reset() {
+	*x = GroupServiceReleaseRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupServiceReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupServiceReleaseRequest) ProtoMessage() {}
+
+func (x *GroupServiceReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupServiceReleaseRequest.ProtoReflect.Descriptor instead.
+func (*GroupServiceReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *GroupServiceReleaseRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupServiceReleaseRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *GroupServiceReleaseRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *GroupServiceReleaseRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type GroupServiceReleaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupServiceReleaseResponse) Reset() {
+	*x = GroupServiceReleaseResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupServiceReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupServiceReleaseResponse) ProtoMessage() {}
+
+func (x *GroupServiceReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupServiceReleaseResponse.ProtoReflect.Descriptor instead.
+func (*GroupServiceReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
+}
+
+type GroupServiceStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupServiceStatusRequest) Reset() {
+	*x = GroupServiceStatusRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupServiceStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupServiceStatusRequest) ProtoMessage() {}
+
+func (x *GroupServiceStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupServiceStatusRequest.ProtoReflect.Descriptor instead.
+func (*GroupServiceStatusRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *GroupServiceStatusRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+type GroupServiceStatusResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Group   string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	DrainMs int64                  `protobuf:"varint,2,opt,name=drain_ms,json=drainMs,proto3" json:"drain_ms,omitempty"`
+	Members []*GroupMember         `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
+	// Every partition, in order.
+	Partitions    []*PartitionOwner `protobuf:"bytes,4,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupServiceStatusResponse) Reset() {
+	*x = GroupServiceStatusResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupServiceStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupServiceStatusResponse) ProtoMessage() {}
+
+func (x *GroupServiceStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupServiceStatusResponse.ProtoReflect.Descriptor instead.
+func (*GroupServiceStatusResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *GroupServiceStatusResponse) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupServiceStatusResponse) GetDrainMs() int64 {
+	if x != nil {
+		return x.DrainMs
+	}
+	return 0
+}
+
+func (x *GroupServiceStatusResponse) GetMembers() []*GroupMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *GroupServiceStatusResponse) GetPartitions() []*PartitionOwner {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+type GroupMember struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Weight uint32                 `protobuf:"varint,2,opt,name=weight,proto3" json:"weight,omitempty"`
+	// How many partitions it owns (draining ones included).
+	Owns          uint32 `protobuf:"varint,3,opt,name=owns,proto3" json:"owns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupMember) Reset() {
+	*x = GroupMember{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupMember) ProtoMessage() {}
+
+func (x *GroupMember) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
+func (*GroupMember) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *GroupMember) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GroupMember) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *GroupMember) GetOwns() uint32 {
+	if x != nil {
+		return x.Owns
+	}
+	return 0
+}
+
+type PartitionOwner struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The owning member; "" while the group has no member.
+	Owner string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	// The epoch of the owner's grant (of the last grant when there is no owner).
+	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Draining      bool   `protobuf:"varint,4,opt,name=draining,proto3" json:"draining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionOwner) Reset() {
+	*x = PartitionOwner{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionOwner) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionOwner) ProtoMessage() {}
+
+func (x *PartitionOwner) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionOwner.ProtoReflect.Descriptor instead.
+func (*PartitionOwner) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *PartitionOwner) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionOwner) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *PartitionOwner) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PartitionOwner) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+type AssignmentsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Member        string                 `protobuf:"bytes,2,opt,name=member,proto3" json:"member,omitempty"`
+	LeaseId       string                 `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AssignmentsRequest) Reset() {
+	*x = AssignmentsRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AssignmentsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AssignmentsRequest) ProtoMessage() {}
+
+func (x *AssignmentsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AssignmentsRequest.ProtoReflect.Descriptor instead.
+func (*AssignmentsRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *AssignmentsRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *AssignmentsRequest) GetMember() string {
+	if x != nil {
+		return x.Member
+	}
+	return ""
+}
+
+func (x *AssignmentsRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type AssignmentsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The member's partitions, in order.
+	Assignments []*Assignment `protobuf:"bytes,1,rep,name=assignments,proto3" json:"assignments,omitempty"`
+	// The group's drain deadline.
+	DrainMs       int64 `protobuf:"varint,2,opt,name=drain_ms,json=drainMs,proto3" json:"drain_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AssignmentsResponse) Reset() {
+	*x = AssignmentsResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AssignmentsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AssignmentsResponse) ProtoMessage() {}
+
+func (x *AssignmentsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AssignmentsResponse.ProtoReflect.Descriptor instead.
+func (*AssignmentsResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *AssignmentsResponse) GetAssignments() []*Assignment {
+	if x != nil {
+		return x.Assignments
+	}
+	return nil
+}
+
+func (x *AssignmentsResponse) GetDrainMs() int64 {
+	if x != nil {
+		return x.DrainMs
+	}
+	return 0
+}
+
 type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node's id (--node-id): 1 to 64 letters, digits, '.', '_' or '-'.
@@ -3587,7 +4426,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3599,7 +4438,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3612,7 +4451,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *Member) GetNodeId() string {
@@ -3665,7 +4504,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3677,7 +4516,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3690,7 +4529,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{66}
 }
 
 type MembersResponse struct {
@@ -3702,7 +4541,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3714,7 +4553,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3727,7 +4566,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -3748,7 +4587,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3760,7 +4599,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3773,7 +4612,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *AddMemberRequest) GetNodeId() string {
@@ -3806,7 +4645,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3818,7 +4657,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3831,7 +4670,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *AddMemberResponse) GetMembers() []*Member {
@@ -3850,7 +4689,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3862,7 +4701,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3875,7 +4714,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *RemoveMemberRequest) GetNodeId() string {
@@ -3894,7 +4733,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3906,7 +4745,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3919,7 +4758,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RemoveMemberResponse) GetMembers() []*Member {
@@ -3937,7 +4776,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3949,7 +4788,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3962,7 +4801,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{72}
 }
 
 type StatusResponse struct {
@@ -4001,7 +4840,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4013,7 +4852,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4026,7 +4865,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -4162,7 +5001,7 @@ type FastLaneError struct {
 
 func (x *FastLaneError) Reset() {
 	*x = FastLaneError{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4174,7 +5013,7 @@ func (x *FastLaneError) String() string {
 func (*FastLaneError) ProtoMessage() {}
 
 func (x *FastLaneError) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4187,7 +5026,7 @@ func (x *FastLaneError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastLaneError.ProtoReflect.Descriptor instead.
 func (*FastLaneError) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{59}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *FastLaneError) GetCode() uint32 {
@@ -4444,7 +5283,62 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06status\x18\x01 \x01(\x0e2\x17.leasehold.v1.KeyStatusR\x06status\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12,\n" +
 	"\x06holder\x18\x03 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12\x16\n" +
-	"\x06result\x18\x04 \x01(\fR\x06result\"\xb3\x01\n" +
+	"\x06result\x18\x04 \x01(\fR\x06result\"l\n" +
+	"\x19GroupServiceCreateRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x02 \x01(\rR\n" +
+	"partitions\x12\x19\n" +
+	"\bdrain_ms\x18\x03 \x01(\x03R\adrainMs\"\x1c\n" +
+	"\x1aGroupServiceCreateResponse\"n\n" +
+	"\vJoinRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06member\x18\x02 \x01(\tR\x06member\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\tR\aleaseId\x12\x16\n" +
+	"\x06weight\x18\x04 \x01(\rR\x06weight\"J\n" +
+	"\fJoinResponse\x12:\n" +
+	"\vassignments\x18\x01 \x03(\v2\x18.leasehold.v1.AssignmentR\vassignments\"\\\n" +
+	"\n" +
+	"Assignment\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1a\n" +
+	"\bdraining\x18\x03 \x01(\bR\bdraining\"W\n" +
+	"\fLeaveRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06member\x18\x02 \x01(\tR\x06member\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\tR\aleaseId\"\x0f\n" +
+	"\rLeaveResponse\"\x81\x01\n" +
+	"\x1aGroupServiceReleaseRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x19\n" +
+	"\blease_id\x18\x04 \x01(\tR\aleaseId\"\x1d\n" +
+	"\x1bGroupServiceReleaseResponse\"1\n" +
+	"\x19GroupServiceStatusRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\"\xc0\x01\n" +
+	"\x1aGroupServiceStatusResponse\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x19\n" +
+	"\bdrain_ms\x18\x02 \x01(\x03R\adrainMs\x123\n" +
+	"\amembers\x18\x03 \x03(\v2\x19.leasehold.v1.GroupMemberR\amembers\x12<\n" +
+	"\n" +
+	"partitions\x18\x04 \x03(\v2\x1c.leasehold.v1.PartitionOwnerR\n" +
+	"partitions\"M\n" +
+	"\vGroupMember\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06weight\x18\x02 \x01(\rR\x06weight\x12\x12\n" +
+	"\x04owns\x18\x03 \x01(\rR\x04owns\"v\n" +
+	"\x0ePartitionOwner\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x1a\n" +
+	"\bdraining\x18\x04 \x01(\bR\bdraining\"]\n" +
+	"\x12AssignmentsRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06member\x18\x02 \x01(\tR\x06member\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\tR\aleaseId\"l\n" +
+	"\x13AssignmentsResponse\x12:\n" +
+	"\vassignments\x18\x01 \x03(\v2\x18.leasehold.v1.AssignmentR\vassignments\x12\x19\n" +
+	"\bdrain_ms\x18\x02 \x01(\x03R\adrainMs\"\xb3\x01\n" +
 	"\x06Member\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +
@@ -4552,7 +5446,14 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x12O\n" +
 	"\bComplete\x12\x1d.leasehold.v1.CompleteRequest\x1a\x1e.leasehold.v1.CompleteResponse\"\x04\xb0\xe3\x18\v\x12F\n" +
 	"\aAbandon\x12\x1c.leasehold.v1.AbandonRequest\x1a\x1d.leasehold.v1.AbandonResponse\x12^\n" +
-	"\x03Get\x12*.leasehold.v1.IdempotencyServiceGetRequest\x1a+.leasehold.v1.IdempotencyServiceGetResponse2\xc2\x02\n" +
+	"\x03Get\x12*.leasehold.v1.IdempotencyServiceGetRequest\x1a+.leasehold.v1.IdempotencyServiceGetResponse2\xff\x03\n" +
+	"\fGroupService\x12[\n" +
+	"\x06Create\x12'.leasehold.v1.GroupServiceCreateRequest\x1a(.leasehold.v1.GroupServiceCreateResponse\x12=\n" +
+	"\x04Join\x12\x19.leasehold.v1.JoinRequest\x1a\x1a.leasehold.v1.JoinResponse\x12@\n" +
+	"\x05Leave\x12\x1a.leasehold.v1.LeaveRequest\x1a\x1b.leasehold.v1.LeaveResponse\x12^\n" +
+	"\aRelease\x12(.leasehold.v1.GroupServiceReleaseRequest\x1a).leasehold.v1.GroupServiceReleaseResponse\x12[\n" +
+	"\x06Status\x12'.leasehold.v1.GroupServiceStatusRequest\x1a(.leasehold.v1.GroupServiceStatusResponse\x12T\n" +
+	"\vAssignments\x12 .leasehold.v1.AssignmentsRequest\x1a!.leasehold.v1.AssignmentsResponse0\x012\xc2\x02\n" +
 	"\x0eClusterService\x12C\n" +
 	"\x06Status\x12\x1b.leasehold.v1.StatusRequest\x1a\x1c.leasehold.v1.StatusResponse\x12F\n" +
 	"\aMembers\x12\x1c.leasehold.v1.MembersRequest\x1a\x1d.leasehold.v1.MembersResponse\x12L\n" +
@@ -4573,7 +5474,7 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 75)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(LockClass)(0),                        // 0: leasehold.v1.LockClass
 	(LockMode)(0),                         // 1: leasehold.v1.LockMode
@@ -4631,17 +5532,32 @@ var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(*AbandonResponse)(nil),               // 53: leasehold.v1.AbandonResponse
 	(*IdempotencyServiceGetRequest)(nil),  // 54: leasehold.v1.IdempotencyServiceGetRequest
 	(*IdempotencyServiceGetResponse)(nil), // 55: leasehold.v1.IdempotencyServiceGetResponse
-	(*Member)(nil),                        // 56: leasehold.v1.Member
-	(*MembersRequest)(nil),                // 57: leasehold.v1.MembersRequest
-	(*MembersResponse)(nil),               // 58: leasehold.v1.MembersResponse
-	(*AddMemberRequest)(nil),              // 59: leasehold.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),             // 60: leasehold.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),           // 61: leasehold.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),          // 62: leasehold.v1.RemoveMemberResponse
-	(*StatusRequest)(nil),                 // 63: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),                // 64: leasehold.v1.StatusResponse
-	(*FastLaneError)(nil),                 // 65: leasehold.v1.FastLaneError
-	(*descriptorpb.MethodOptions)(nil),    // 66: google.protobuf.MethodOptions
+	(*GroupServiceCreateRequest)(nil),     // 56: leasehold.v1.GroupServiceCreateRequest
+	(*GroupServiceCreateResponse)(nil),    // 57: leasehold.v1.GroupServiceCreateResponse
+	(*JoinRequest)(nil),                   // 58: leasehold.v1.JoinRequest
+	(*JoinResponse)(nil),                  // 59: leasehold.v1.JoinResponse
+	(*Assignment)(nil),                    // 60: leasehold.v1.Assignment
+	(*LeaveRequest)(nil),                  // 61: leasehold.v1.LeaveRequest
+	(*LeaveResponse)(nil),                 // 62: leasehold.v1.LeaveResponse
+	(*GroupServiceReleaseRequest)(nil),    // 63: leasehold.v1.GroupServiceReleaseRequest
+	(*GroupServiceReleaseResponse)(nil),   // 64: leasehold.v1.GroupServiceReleaseResponse
+	(*GroupServiceStatusRequest)(nil),     // 65: leasehold.v1.GroupServiceStatusRequest
+	(*GroupServiceStatusResponse)(nil),    // 66: leasehold.v1.GroupServiceStatusResponse
+	(*GroupMember)(nil),                   // 67: leasehold.v1.GroupMember
+	(*PartitionOwner)(nil),                // 68: leasehold.v1.PartitionOwner
+	(*AssignmentsRequest)(nil),            // 69: leasehold.v1.AssignmentsRequest
+	(*AssignmentsResponse)(nil),           // 70: leasehold.v1.AssignmentsResponse
+	(*Member)(nil),                        // 71: leasehold.v1.Member
+	(*MembersRequest)(nil),                // 72: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),               // 73: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),              // 74: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),             // 75: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),           // 76: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),          // 77: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),                 // 78: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),                // 79: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),                 // 80: leasehold.v1.FastLaneError
+	(*descriptorpb.MethodOptions)(nil),    // 81: google.protobuf.MethodOptions
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	6,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
@@ -4682,62 +5598,78 @@ var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	6,  // 35: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
 	5,  // 36: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
 	6,  // 37: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
-	56, // 38: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	56, // 39: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	56, // 40: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	7,  // 41: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	66, // 42: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	10, // 43: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	12, // 44: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	15, // 45: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	24, // 46: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	26, // 47: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	28, // 48: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	30, // 49: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	34, // 50: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	36, // 51: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	21, // 52: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
-	17, // 53: leasehold.v1.LockService.History:input_type -> leasehold.v1.HistoryRequest
-	39, // 54: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	41, // 55: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	43, // 56: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	45, // 57: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	48, // 58: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
-	50, // 59: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
-	52, // 60: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
-	54, // 61: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
-	63, // 62: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	57, // 63: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	59, // 64: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	61, // 65: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	11, // 66: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	13, // 67: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	16, // 68: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	25, // 69: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	27, // 70: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	29, // 71: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	31, // 72: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	35, // 73: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	37, // 74: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	22, // 75: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
-	18, // 76: leasehold.v1.LockService.History:output_type -> leasehold.v1.HistoryResponse
-	40, // 77: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	42, // 78: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	44, // 79: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	46, // 80: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	49, // 81: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
-	51, // 82: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
-	53, // 83: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
-	55, // 84: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
-	64, // 85: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	58, // 86: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	60, // 87: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	62, // 88: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	66, // [66:89] is the sub-list for method output_type
-	43, // [43:66] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	42, // [42:43] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	60, // 38: leasehold.v1.JoinResponse.assignments:type_name -> leasehold.v1.Assignment
+	67, // 39: leasehold.v1.GroupServiceStatusResponse.members:type_name -> leasehold.v1.GroupMember
+	68, // 40: leasehold.v1.GroupServiceStatusResponse.partitions:type_name -> leasehold.v1.PartitionOwner
+	60, // 41: leasehold.v1.AssignmentsResponse.assignments:type_name -> leasehold.v1.Assignment
+	71, // 42: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	71, // 43: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	71, // 44: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	7,  // 45: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	81, // 46: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	10, // 47: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	12, // 48: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	15, // 49: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	24, // 50: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	26, // 51: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	28, // 52: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	30, // 53: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	34, // 54: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	36, // 55: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	21, // 56: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
+	17, // 57: leasehold.v1.LockService.History:input_type -> leasehold.v1.HistoryRequest
+	39, // 58: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	41, // 59: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	43, // 60: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	45, // 61: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	48, // 62: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
+	50, // 63: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
+	52, // 64: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
+	54, // 65: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
+	56, // 66: leasehold.v1.GroupService.Create:input_type -> leasehold.v1.GroupServiceCreateRequest
+	58, // 67: leasehold.v1.GroupService.Join:input_type -> leasehold.v1.JoinRequest
+	61, // 68: leasehold.v1.GroupService.Leave:input_type -> leasehold.v1.LeaveRequest
+	63, // 69: leasehold.v1.GroupService.Release:input_type -> leasehold.v1.GroupServiceReleaseRequest
+	65, // 70: leasehold.v1.GroupService.Status:input_type -> leasehold.v1.GroupServiceStatusRequest
+	69, // 71: leasehold.v1.GroupService.Assignments:input_type -> leasehold.v1.AssignmentsRequest
+	78, // 72: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	72, // 73: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	74, // 74: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	76, // 75: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	11, // 76: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	13, // 77: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	16, // 78: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	25, // 79: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	27, // 80: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	29, // 81: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	31, // 82: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	35, // 83: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	37, // 84: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	22, // 85: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
+	18, // 86: leasehold.v1.LockService.History:output_type -> leasehold.v1.HistoryResponse
+	40, // 87: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	42, // 88: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	44, // 89: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	46, // 90: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	49, // 91: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	51, // 92: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	53, // 93: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	55, // 94: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	57, // 95: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
+	59, // 96: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
+	62, // 97: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
+	64, // 98: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
+	66, // 99: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
+	70, // 100: leasehold.v1.GroupService.Assignments:output_type -> leasehold.v1.AssignmentsResponse
+	79, // 101: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	73, // 102: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	75, // 103: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	77, // 104: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	76, // [76:105] is the sub-list for method output_type
+	47, // [47:76] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	46, // [46:47] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -4753,9 +5685,9 @@ func file_leasehold_v1_leasehold_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   60,
+			NumMessages:   75,
 			NumExtensions: 1,
-			NumServices:   5,
+			NumServices:   6,
 		},
 		GoTypes:           file_leasehold_v1_leasehold_proto_goTypes,
 		DependencyIndexes: file_leasehold_v1_leasehold_proto_depIdxs,
