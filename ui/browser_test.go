@@ -128,7 +128,7 @@ func TestDashboardOnFollower(t *testing.T) {
 	leader := testnode.StartWith(t, func(c *service.Config) { c.Raft.NodeID, c.Raft.RaftAddr = "n1", testnode.FreeAddr(t) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	follower := startFollower(ctx, t, leader.Addr())
+	follower, _ := startFollower(ctx, t, "n2", leader.Addr())
 	b := startBrowser(t, path)
 	c, err := client.Dial(ctx, leader.Addr(), client.WithHolder(client.Holder{Host: "ui-test", PID: 7}))
 	if err != nil {
@@ -148,29 +148,94 @@ func TestDashboardOnFollower(t *testing.T) {
 	b.checkConsole(t)
 }
 
-// startFollower starts node n2, joining the cluster of the node at join, and waits
-// until it is ready to serve as a follower.
-func startFollower(ctx context.Context, t *testing.T, join string) *service.Node {
+// startFollower starts node id, joining the cluster of the node at join, and waits
+// until it is ready to serve as a follower. The test's end closes it; so does the
+// returned func, once.
+func startFollower(ctx context.Context, t *testing.T, id, join string) (*service.Node, func()) {
 	t.Helper()
 	n, err := service.Start(service.Config{
 		Addr:         "127.0.0.1:0",
 		FastLaneAddr: "127.0.0.1:0",
-		Raft:         replication.Config{NodeID: "n2", DataDir: t.TempDir(), RaftAddr: testnode.FreeAddr(t)},
+		Raft:         replication.Config{NodeID: id, DataDir: t.TempDir(), RaftAddr: testnode.FreeAddr(t)},
 		Join:         join,
 		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	var once sync.Once
+	closeNode := func() { once.Do(func() { _ = n.Close(context.Background()) }) }
+	t.Cleanup(closeNode)
 	for ok, why := n.Server.Ready(); !ok; ok, why = n.Server.Ready() {
 		select {
 		case <-ctx.Done():
-			t.Fatalf("n2 not ready as a follower: %s", why)
+			t.Fatalf("%s not ready as a follower: %s", id, why)
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	return n
+	return n, closeNode
+}
+
+// TestDashboardAcrossLeaderChange opens /ui of a follower of a three-node cluster and
+// stops the leader: the page's Watch, relayed by the follower, ends; the page resumes
+// from its last revision once a new leader serves, and the feed shows every lock event
+// from before and after the change once each, in revision order.
+func TestDashboardAcrossLeaderChange(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs three leasehold nodes and a browser")
+	}
+	path := chromium(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n1 := testnode.StartWith(t, func(c *service.Config) { c.Raft.NodeID, c.Raft.RaftAddr = "n1", testnode.FreeAddr(t) })
+	n2, _ := startFollower(ctx, t, "n2", n1.Addr())
+	startFollower(ctx, t, "n3", n1.Addr())
+	b := startBrowser(t, path)
+	// While there is no leader, a List is answered Unavailable (503), and the browser
+	// logs it as a failed load.
+	b.expect("the server responded with a status of 503")
+	c, err := client.Dial(ctx, n2.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+
+	b.open(t, "http://"+n2.Addr()+"/ui")
+	b.wait(t, `document.querySelector("#live").textContent === "live"`, 5*time.Second)
+	a, err := c.Lock(ctx, "lc/a", client.Correctness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.wait(t, `document.querySelector('#feed li[data-kind="acquired"][data-name="lc/a"]') !== null`, time.Second)
+
+	// n1 stops; n2 or n3 takes over.
+	if err := n1.Close(ctx); err != nil {
+		t.Logf("n1 close: %v", err)
+	}
+	for st := n2.Raft.Status(); st.LeaderID == "" || st.LeaderID == "n1"; st = n2.Raft.Status() {
+		if ctx.Err() != nil {
+			t.Fatal("no new leader")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	bl, err := c.Lock(ctx, "lc/b", client.Correctness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bl.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.wait(t, `document.querySelectorAll('#feed li[data-name^="lc/"]').length >= 4 && document.querySelector("#live").textContent === "live"`, 10*time.Second)
+	got := b.feed(t, "lc/")
+	want := []string{"acquired lc/a", "acquired lc/b", "released lc/b", "released lc/a"}
+	if !slices.Equal(got, want) {
+		t.Errorf("feed (oldest first) %q, want %q", got, want)
+	}
+	b.screenshot(t, "leader-change.png")
+	b.checkConsole(t)
 }
 
 // TestDashboardWithAuth opens /ui of a node with auth on: the page asks for a token,
@@ -360,6 +425,36 @@ func (b *browser) wait(t *testing.T, cond string, d time.Duration) {
 	t.Logf("after %v: %s", time.Since(start).Round(time.Millisecond), cond)
 }
 
+// feed returns the feed's entries for the locks under prefix, oldest first, as "kind
+// name", and fails the test unless every entry of the feed, of any lock, has a revision
+// above the one before.
+func (b *browser) feed(t *testing.T, prefix string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	feed, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#feed li")].reverse().map(li => li.dataset.kind + " " + (li.dataset.name || "-") + " " + (li.dataset.revision || "-"))`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	last := [2]int{}
+	for _, e := range feed {
+		f := strings.Fields(e)
+		var rev [2]int
+		if _, err := fmt.Sscanf(f[2], "%d.%d", &rev[0], &rev[1]); err != nil {
+			t.Fatalf("feed entry %q: %v", e, err)
+		}
+		if rev[0] < last[0] || rev[0] == last[0] && rev[1] <= last[1] {
+			t.Errorf("feed entry %q does not follow revision %d.%d", e, last[0], last[1])
+		}
+		last = rev
+		if strings.HasPrefix(f[1], prefix) {
+			got = append(got, f[0]+" "+f[1])
+		}
+	}
+	return got
+}
+
 // text returns the page's visible text, for failure messages.
 func (b *browser) text() string {
 	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
@@ -455,24 +550,7 @@ func TestDashboardResumesWatch(t *testing.T) {
 	proxy.resume()
 
 	b.wait(t, `document.querySelectorAll('#feed li[data-name^="gap/"]').length >= 4 && document.querySelector("#live").textContent === "live"`, 3*time.Second)
-	feed, err := chromedp.Run(b.ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#feed li")].reverse().map(li => li.dataset.kind + " " + li.dataset.name + " " + li.dataset.revision)`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	last := [2]int{}
-	for _, e := range feed {
-		f := strings.Fields(e)
-		got = append(got, f[0]+" "+f[1])
-		var rev [2]int
-		if _, err := fmt.Sscanf(f[2], "%d.%d", &rev[0], &rev[1]); err != nil {
-			t.Fatalf("feed entry %q: %v", e, err)
-		}
-		if rev[0] < last[0] || rev[0] == last[0] && rev[1] <= last[1] {
-			t.Errorf("feed entry %q does not follow revision %d.%d", e, last[0], last[1])
-		}
-		last = rev
-	}
+	got := b.feed(t, "gap/")
 	want := []string{"acquired gap/a", "acquired gap/b", "released gap/b", "released gap/a"}
 	if !slices.Equal(got, want) {
 		t.Errorf("feed (oldest first) %q, want %q", got, want)
