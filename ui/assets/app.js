@@ -23,6 +23,7 @@
     recent: [], // {at, e}: the Watch events of the last seconds, for refresh
     streaming: false, // a Watch stream is open
     abort: null, // aborts the open Watch stream
+    truncated: false, // the last List had more locks than it returned
   };
 
   const $ = (sel) => document.querySelector(sel);
@@ -137,6 +138,13 @@
     if (err instanceof RPCError && err.code === "unauthenticated" && state.cfg.auth) askToken();
   }
 
+  // hintPrefix adds to a refusal of every lock name what to do about it.
+  function hintPrefix(err) {
+    if (err instanceof RPCError && err.code === "permission_denied" && !state.prefix) {
+      err.message += " (enter a prefix this token may read)";
+    }
+  }
+
   function askToken() {
     $("#auth").hidden = false;
     $("#token").focus();
@@ -204,7 +212,7 @@
       if (again) again.focus();
     }
     $("#locks-empty").hidden = rows.length > 0;
-    $("#lock-count").textContent = `(${rows.length})`;
+    $("#lock-count").textContent = state.truncated ? `(the first ${rows.length}: narrow the prefix)` : `(${rows.length})`;
     tickTTL();
   }
 
@@ -355,6 +363,7 @@
     state.locks = new Map((resp.locks || []).map((l) => [l.name, l]));
     for (const r of state.recent) if (r.at >= sent) applyEvent(r.e);
     state.seenAt = performance.now();
+    state.truncated = !!resp.truncated;
     renderLocks();
     if (state.selected) refreshLedger();
   }
@@ -433,6 +442,7 @@
         }
         if (err instanceof RPCError && (err.code === "permission_denied" || err.code === "unauthenticated")) {
           setLive("stale", "stale");
+          hintPrefix(err);
           showError("locks", err);
           await sleep(5000);
           continue;
@@ -477,16 +487,15 @@
         first = false;
         state.locks = next;
         state.seenAt = performance.now();
+        state.truncated = !!resp.truncated;
         renderLocks();
-        setLive(resp.truncated ? "polling (truncated)" : "polling", "live");
+        setLive("polling", "live");
         showError("", null);
         if (state.selected) refreshLedger();
       } catch (err) {
         if (gen !== state.generation) return;
         setLive("stale", "stale");
-        if (err instanceof RPCError && err.code === "permission_denied" && !state.prefix) {
-          err.message += " (enter a prefix this token may read)";
-        }
+        hintPrefix(err);
         showError("locks", err);
       }
       await sleep(POLL_MS);
