@@ -207,7 +207,7 @@ type Proc struct {
 	t     testing.TB
 	p     *proc.Process
 	bin   string
-	Lines chan Line // stdout lines; closed at EOF
+	Lines chan Line     // stdout lines; closed at EOF
 	eof   chan struct{} // closed when stdout has been read to its end
 
 	stderrPath string
