@@ -61,6 +61,7 @@ type options struct {
 	tls        *tls.Config // security.go
 	token      string
 	clusterID  string
+	lazy       bool
 }
 
 // WithTTL sets the default lease TTL for locks that do not ask for their own
@@ -78,6 +79,13 @@ func WithHTTPClient(h connect.HTTPClient) Option { return func(o *options) { o.h
 
 // WithHolder sets the default holder description (default: host name and pid).
 func WithHolder(h Holder) Option { return func(o *options) { o.holder = h } }
+
+// WithLazyConnect makes Dial return at once, without checking that a node answers (as
+// etcd's client does): the first call connects, and like every call it retries while
+// no node answers, until its context ends (then it fails with ErrUnavailable). Use it
+// to start a process before, or while, the cluster is unreachable. Credentials a node
+// refuses are then only found by the first call.
+func WithLazyConnect() Option { return func(o *options) { o.lazy = true } }
 
 // Client is a connection to a leasehold server. It is safe for concurrent use.
 type Client struct {
@@ -102,7 +110,8 @@ type Client struct {
 // several separated by commas — and checks that a node answers (each address is tried
 // once, in turn). A node that refuses the client's credentials (WithToken, WithTLS's
 // certificate) fails Dial at once with its Unauthenticated or PermissionDenied error.
-// Dial creates no lease until the first Lock.
+// Dial creates no lease until the first Lock. With WithLazyConnect it contacts no node
+// at all.
 //
 // Any node serves any request (followers forward to the leader). The client stays on a
 // node while it serves, and moves when it fails a call: to the leader a node names when
@@ -150,6 +159,9 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		sessions: make(map[*Session]struct{}),
 	}
 	c.fast = &fastLanes{c: c, disabled: o.noFastLane}
+	if o.lazy {
+		return c, nil
+	}
 	status := policy{repeatable: true, tries: len(addrs)}
 	if _, err := call(ctx, c, status, c.status); err != nil {
 		if refused(err) {

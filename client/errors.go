@@ -47,10 +47,12 @@ var (
 	// the answer.
 	ErrWrongCluster = errors.New("client: the node belongs to another cluster")
 
-	// ErrLockLost is returned by Unlock when the lock had already been lost (see the
-	// causes below) before Unlock was called: the critical section may not have been
-	// exclusive for its whole length. The lock is not held after the call either way.
-	ErrLockLost = errors.New("client: the lock was lost before Unlock")
+	// ErrLockLost is returned by Unlock when the lock had been lost: before Unlock was
+	// called (the lock's Context was done; the message says "before Unlock" and wraps
+	// the cause), or found lost by Unlock (the server answered that the lease does not
+	// hold it; "found by Unlock"). Either way the critical section may not have been
+	// exclusive for its whole length. The lock is not held after the call.
+	ErrLockLost = errors.New("client: the lock was lost")
 
 	// ErrLeaseExpired: the server expired the lease (no keepalive reached it in time).
 	ErrLeaseExpired = errors.New("client: lease expired on the server")
@@ -67,6 +69,10 @@ var (
 	ErrStateLost = errors.New("client: the leader lost the efficiency lock state")
 	// ErrUnlocked is the cause of a lock context after a successful Unlock.
 	ErrUnlocked = errors.New("client: unlocked")
+	// ErrUnlockUnconfirmed is the cause of a lock context after an Unlock that no
+	// server confirmed (it returned ErrUnavailable): the release goes on in the
+	// background, and the holder must act as if the lock were gone.
+	ErrUnlockUnconfirmed = errors.New("client: Unlock called, release not confirmed yet")
 )
 
 // HeldError is returned by Lock when the lock is held by someone else. It matches
