@@ -245,7 +245,7 @@ func (c *Client) Close(ctx context.Context) error {
 // TTL, each granted when a Lock first needs it.
 type leaseSet struct {
 	mu     sync.Mutex
-	byTTL  map[time.Duration]*lease
+	byTTL  map[leaseKind]*lease
 	keys   map[string]uint64 // idempotency keys a Once of this holder runs, with their tokens (once.go)
 	closed bool
 }
@@ -287,14 +287,21 @@ func (c *Client) revoke(ctx context.Context, s *lease) error {
 	return err
 }
 
-// leaseFor returns set's live lease for ttl, granting a new one if needed.
-func (c *Client) leaseFor(ctx context.Context, set *leaseSet, ttl time.Duration) (*lease, error) {
+// leaseKind is what tells a holder's leases apart: the TTL, and whether the lease is
+// bound to the fast-lane connection (release on disconnect, G7).
+type leaseKind struct {
+	ttl   time.Duration
+	bound bool
+}
+
+// leaseFor returns set's live lease of kind k, granting a new one if needed.
+func (c *Client) leaseFor(ctx context.Context, set *leaseSet, k leaseKind) (*lease, error) {
 	set.mu.Lock()
 	if set.closed {
 		set.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if s := set.byTTL[ttl]; s != nil && s.alive() {
+	if s := set.byTTL[k]; s != nil && s.alive() {
 		set.mu.Unlock()
 		return s, nil
 	}
@@ -303,14 +310,22 @@ func (c *Client) leaseFor(ctx context.Context, set *leaseSet, ttl time.Duration)
 	// A repeated Grant after an unknown outcome may leave a lease nobody uses; it
 	// expires after its TTL.
 	var sent time.Time
+	var conn *flConn // the connection a bound lease is bound to
+	req := &leaseholdv1.GrantRequest{TtlMs: k.ttl.Milliseconds(), ReleaseOnDisconnect: k.bound}
 	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.GrantResponse, error) {
 		sent = time.Now() // the answered attempt's: the lease's countdown began after it
-		return rpc(ctx, c, c.leases.Grant, &leaseholdv1.GrantRequest{TtlMs: ttl.Milliseconds()})
+		if k.bound {
+			return c.grantBound(ctx, req, &conn)
+		}
+		return rpc(ctx, c, c.leases.Grant, req)
 	})
 	if err != nil {
 		return nil, err
 	}
 	s := newLease(c, resp.GetLeaseId(), time.Duration(resp.GetTtlMs())*time.Millisecond, sent)
+	if conn != nil {
+		go s.watchConn(conn)
+	}
 	set.mu.Lock()
 	defer set.mu.Unlock()
 	if set.closed {
@@ -318,16 +333,16 @@ func (c *Client) leaseFor(ctx context.Context, set *leaseSet, ttl time.Duration)
 		go c.revokeLater(s)
 		return nil, ErrClosed
 	}
-	if old := set.byTTL[ttl]; old != nil && old.alive() {
+	if old := set.byTTL[k]; old != nil && old.alive() {
 		// Another Lock won the race; keep one lease per TTL and let this one go.
 		s.end(ErrLeaseRevoked)
 		go c.revokeLater(s)
 		return old, nil
 	}
 	if set.byTTL == nil {
-		set.byTTL = make(map[time.Duration]*lease)
+		set.byTTL = make(map[leaseKind]*lease)
 	}
-	set.byTTL[ttl] = s
+	set.byTTL[k] = s
 	return s, nil
 }
 

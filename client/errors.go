@@ -67,6 +67,13 @@ var (
 	// ErrStateLost: the leader that held this efficiency lock in memory restarted or
 	// changed, and the lock is gone.
 	ErrStateLost = errors.New("client: the leader lost the efficiency lock state")
+	// ErrDisconnected: the lock hung on a release-on-disconnect lease (see
+	// ReleaseOnDisconnect) whose fast-lane connection broke or fell silent; the server
+	// revokes such a lease when it sees the connection end.
+	ErrDisconnected = errors.New("client: disconnected")
+	// ErrNoFastLane is returned by Lock with ReleaseOnDisconnect on a Client made
+	// WithoutFastLane: the lease must be bound to a fast-lane connection.
+	ErrNoFastLane = errors.New("client: release on disconnect needs the fast lane")
 	// ErrUnlocked is the cause of a lock context after a successful Unlock.
 	ErrUnlocked = errors.New("client: unlocked")
 	// ErrUnlockUnconfirmed is the cause of a lock context after an Unlock that no
@@ -115,8 +122,11 @@ func detailReason(err error) string {
 // leaseGoneCause maps a NotFound keepalive to the cause a lock context reports.
 func leaseGoneCause(err error) error {
 	_, d := detail(err)
-	if d.GetReason() == reason.LeaseRevoked {
+	switch d.GetReason() {
+	case reason.LeaseRevoked:
 		return fmt.Errorf("%w: %w", ErrLeaseRevoked, err)
+	case reason.LeaseDisconnected:
+		return fmt.Errorf("%w: %w", ErrDisconnected, err)
 	}
 	return fmt.Errorf("%w: %w", ErrLeaseExpired, err)
 }

@@ -13,3 +13,14 @@ func WithCutPathsForTest() Option {
 		o.tcpAcked = func(net.Conn) (bool, time.Duration, bool) { return true, time.Hour, true }
 	}
 }
+
+// BreakFastLaneForTest closes c's fast-lane connection under it, as a broken network
+// or a crash would: no goodbye, the server just sees the connection end.
+func BreakFastLaneForTest(c *Client) {
+	c.fast.mu.Lock()
+	conn := c.fast.conn
+	c.fast.mu.Unlock()
+	if conn != nil {
+		_ = conn.conn.Close()
+	}
+}

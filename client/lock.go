@@ -26,6 +26,7 @@ type lockOptions struct {
 	waitMs  int64 // -1 forever (bounded by ctx), 0 try once
 	holder  *Holder
 	delayMs int64
+	bound   bool
 }
 
 // Correctness declares a correctness lock: it protects data. Grants are committed and
@@ -78,6 +79,26 @@ func WithNote(note string) LockOption {
 		o.holder = &h
 	}
 }
+
+// ReleaseOnDisconnect hangs the lock on a lease bound to the client's fast-lane
+// connection (G7): when the node holding that connection sees it end — this process
+// died, the connection broke, or the path to the node was cut for a few seconds — it
+// revokes the lease at once, and the lock is free for the next holder, long before
+// the TTL would free it. The TTL still applies when no node sees the end (the
+// connection's node itself failed). The client gives such a lock up the moment its own
+// connection breaks, or stays unacknowledged for 2 s: its Context is cancelled with
+// ErrDisconnected, though the server may still hold the lease until its TTL (or until
+// a leader change elsewhere is over; the binding survives one). Locks with this
+// option and the same TTL share one lease. It needs the fast lane: with
+// WithoutFastLane, or against a server without one, Lock waits for a fast-lane
+// connection until ctx ends (ErrNoFastLane when the lane is turned off).
+//
+// The window: the server may revoke before the client has noticed — a cut path is
+// found by the server after Config.BoundIdleTimeout (5 s) of silence, by the client
+// after 2 s unacknowledged, so normally the client first; if the client's own checks
+// are late (a pause), the next holder's writes carry a higher token, and fencing (G5)
+// rejects the late holder's.
+func ReleaseOnDisconnect(o *lockOptions) { o.bound = true }
 
 // LockDelay asks that, if this holder's lease expires (not a clean Unlock), nobody may
 // take the lock for d. A mitigation for resources that cannot check tokens.
@@ -170,7 +191,7 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, names []string, opts [
 		if gone > 1 && b.sleep(ctx) != nil {
 			return nil, ctx.Err() // fresh leases keep vanishing: not at once, then
 		}
-		s, err := c.leaseFor(ctx, set, o.ttl)
+		s, err := c.leaseFor(ctx, set, leaseKind{ttl: o.ttl, bound: o.bound})
 		if err != nil {
 			return nil, err
 		}
@@ -268,7 +289,7 @@ func (l *Lock) Token() uint64 { return l.token }
 // the cautious local deadline when keepalives go unanswered — whichever comes first —
 // and after Unlock. context.Cause(l.Context()) tells why (ErrLeaseExpired,
 // ErrLeaseRevoked, ErrLeaseDeadline, ErrReleasedByOperator, ErrStateLost,
-// ErrUnlocked, ErrUnlockUnconfirmed). Its Err method checks the deadline against the
+// ErrUnlocked, ErrUnlockUnconfirmed, ErrDisconnected). Its Err method checks the deadline against the
 // clock on every call, so
 // a process resumed after a long pause sees the loss at once, before any timer runs.
 func (l *Lock) Context() context.Context { return lockContext{l} }

@@ -15,6 +15,7 @@ func sampleCommands() []Command {
 	return []Command{
 		{Op: OpGrant, Lease: leaseA, TTLMillis: 10_000},
 		{Op: OpRevoke, Lease: leaseA},
+		{Op: OpDisconnect, Lease: leaseB},
 		{Op: OpExpire, Lease: leaseB},
 		{Op: OpAcquire, Lease: leaseA, Name: "orders/42", Class: Correctness, Holder: Holder{Host: "web-1", PID: 9, Note: "<script>&é"}, Wait: true, DelayMillis: 500},
 		{Op: OpRelease, Lease: leaseA, Name: "orders/42", Token: 7},

@@ -659,7 +659,7 @@ func (t *Locks) EndDelay(name string, seq Sequence, r *Result) {
 
 // DropLease removes every hold and wait of lease, in name order, granting next waiters,
 // and forgets the locks it lost. expired selects whether holders' lock-delays apply
-// (they do not on a clean revoke).
+// (they do on an expiry and a disconnect, not on a clean revoke).
 func (t *Locks) DropLease(lease LeaseID, expired bool, seq Sequence, r *Result) {
 	delete(t.lost, lease)
 	ll := t.leases[lease]

@@ -97,16 +97,19 @@ func (s *State) Apply(c Command) Result {
 		}
 		s.leases[c.Lease] = &Lease{ID: c.Lease, TTLMillis: c.TTLMillis}
 		return Result{Effects: []Effect{{Kind: EffectLeaseGranted, Lease: c.Lease, TTLMillis: c.TTLMillis}}}
-	case OpRevoke, OpExpire:
+	case OpRevoke, OpExpire, OpDisconnect:
 		if s.leases[c.Lease] == nil {
 			return Result{Err: s.leaseGone(c.Lease)}
 		}
 		reason := EndRevoked
-		if c.Op == OpExpire {
+		switch c.Op {
+		case OpExpire:
 			reason = EndExpired
+		case OpDisconnect:
+			reason = EndDisconnected
 		}
 		var r Result
-		s.locks.DropLease(c.Lease, reason == EndExpired, s, &r)
+		s.locks.DropLease(c.Lease, reason != EndRevoked, s, &r) // a crashed holder's delay applies
 		delete(s.leases, c.Lease)
 		s.keys.dropLease(c.Lease)
 		s.remember(c.Lease, reason)

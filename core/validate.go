@@ -90,7 +90,7 @@ func (c *Command) validate() error {
 			return Invalid("ttl_ms", "must be positive")
 		}
 		return needLease()
-	case OpRevoke, OpExpire:
+	case OpRevoke, OpExpire, OpDisconnect:
 		return needLease()
 	case OpAcquire:
 		if len(c.Names) > 0 {

@@ -159,6 +159,8 @@ var leaseGoneReasons = map[core.EndReason]string{
 	core.EndUnknown: reason.LeaseUnknown,
 	core.EndExpired: reason.LeaseExpired,
 	core.EndRevoked: reason.LeaseRevoked,
+
+	core.EndDisconnected: reason.LeaseDisconnected,
 }
 
 // limitError is a request that exceeds a size bound of the server (not a field rule).

@@ -11,6 +11,7 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
+	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/fastlane"
 	"github.com/leasehold/leasehold/internal/auth"
 	"github.com/leasehold/leasehold/leader"
@@ -287,6 +288,9 @@ type caller struct {
 	// clusterID is the cluster the caller expects to talk to; "" when it does not say
 	// (the fast lane checks it in its handshake).
 	clusterID string
+	// fastLane: the request came on a fast-lane connection, which can hold the
+	// binding of a release-on-disconnect lease (G7).
+	fastLane bool
 }
 
 // callerOf reads a Connect request's headers.
@@ -302,6 +306,9 @@ func (s *Server) call(ctx context.Context, m *method, req proto.Message, from ca
 	start := time.Now()
 	if err := s.checkClusterID(from.clusterID); err != nil {
 		return nil, s.finish(m, start, err)
+	}
+	if g, ok := req.(*leaseholdv1.GrantRequest); ok && g.GetReleaseOnDisconnect() && !from.fastLane && !from.forwarded {
+		return nil, s.finish(m, start, core.Invalid("release_on_disconnect", "needs a fast-lane connection to bind the lease to"))
 	}
 	resp, err := s.serveOrForward(ctx, m, req, from.forwarded)
 	return resp, s.finish(m, start, err)

@@ -39,7 +39,8 @@ func runLock(args []string) int {
 	delay := fs.Duration("lock-delay", 0, "after an expiry (not a clean release), keep the lock free of new holders this long")
 	shared := fs.Bool("shared", false, "hold the lock shared (a reader): with other shared holders, never with an exclusive one")
 	limit := fs.Int("limit", 0, "hold one of N slots of a semaphore of N (1 to 10000); every holder must give the same N")
-	names, argv, ok := namesAndCommand(fs, args, "lock NAME... [--class correctness|efficiency] [--ttl 10s] [--wait forever|0|DURATION] [--shared | --limit N]")
+	rod := fs.Bool("release-on-disconnect", false, "bind the lease to this process's connection: if it dies or is cut off, the server frees the lock at once, not after the TTL")
+	names, argv, ok := namesAndCommand(fs, args, "lock NAME... [--class correctness|efficiency] [--ttl 10s] [--wait forever|0|DURATION] [--shared | --limit N] [--release-on-disconnect]")
 	if !ok {
 		return exitUsage
 	}
@@ -48,6 +49,9 @@ func runLock(args []string) int {
 		return exitUsage
 	}
 	opts := []client.LockOption{client.LockTTL(*ttl), client.WithNote(*note), client.LockDelay(*delay)}
+	if *rod {
+		opts = append(opts, client.ReleaseOnDisconnect)
+	}
 	switch {
 	case *shared && *limit != 0:
 		fmt.Fprintln(os.Stderr, "leasehold lock: --shared and --limit exclude each other")

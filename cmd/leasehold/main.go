@@ -92,7 +92,9 @@ Usage:
                                             run CMD while holding lock NAME; CMD gets
                                             LEASEHOLD_TOKEN and LEASEHOLD_LOCK; several
                                             names are one lock set (all at once, one
-                                            token); --shared, --limit N (semaphore)
+                                            token); --shared, --limit N (semaphore);
+                                            --release-on-disconnect: freed at once if
+                                            this process dies or is cut off
   leasehold once KEY [flags] -- CMD [ARG...]
                                             run CMD at most once per KEY; later calls
                                             print its stored outcome and exit with its code

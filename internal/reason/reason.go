@@ -19,7 +19,9 @@ const (
 	LeaseUnknown = "lease_unknown" // never existed, or ended so long ago nobody remembers
 	LeaseExpired = "lease_expired"
 	LeaseRevoked = "lease_revoked"
-	NoSuchMember = "no_such_member"
+	// LeaseDisconnected: a release-on-disconnect lease (G7) whose connection ended.
+	LeaseDisconnected = "lease_disconnected"
+	NoSuchMember      = "no_such_member"
 
 	// FailedPrecondition.
 	StaleToken      = "stale_token"

@@ -400,9 +400,20 @@ type GrantRequest struct {
 	// Lease time to live in milliseconds. 0 means the server default (10 000). Bounds: the
 	// server's minimum and maximum (by default 100 to 3 600 000); outside them is
 	// InvalidArgument.
-	TtlMs         int64 `protobuf:"varint,1,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TtlMs int64 `protobuf:"varint,1,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	// Release on disconnect (G7): bind the lease to the fast-lane connection this Grant
+	// arrives on. When the node holding that connection sees it end (the client process
+	// died, the connection broke, or nothing arrived on it for the server's
+	// bound_idle_timeout, 5 s by default), it revokes the lease at once, through the log
+	// (ending reason "disconnected"); otherwise the TTL applies as always. The binding is
+	// kept by the node the connection is to, so a leader change elsewhere does not end
+	// it. A client must send something at least every second or two on such a connection
+	// (a cancel of request 0 will do, docs/PROTOCOL.md) and treat the connection's end as
+	// the loss of the lease. Over Connect (no fast-lane connection) it is
+	// InvalidArgument.
+	ReleaseOnDisconnect bool `protobuf:"varint,2,opt,name=release_on_disconnect,json=releaseOnDisconnect,proto3" json:"release_on_disconnect,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *GrantRequest) Reset() {
@@ -440,6 +451,13 @@ func (x *GrantRequest) GetTtlMs() int64 {
 		return x.TtlMs
 	}
 	return 0
+}
+
+func (x *GrantRequest) GetReleaseOnDisconnect() bool {
+	if x != nil {
+		return x.ReleaseOnDisconnect
+	}
+	return false
 }
 
 type GrantResponse struct {
@@ -678,7 +696,11 @@ func (x *LostLock) GetReason() string {
 type RevokeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The lease to end (32 hex characters).
-	LeaseId       string `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseId string `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The revoke is a release on disconnect (G7): the lease ends with reason
+	// "disconnected" rather than "revoked". Nodes set it when they forward the revoke of
+	// a lease whose connection ended to the leader.
+	Disconnected  bool `protobuf:"varint,2,opt,name=disconnected,proto3" json:"disconnected,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -718,6 +740,13 @@ func (x *RevokeRequest) GetLeaseId() string {
 		return x.LeaseId
 	}
 	return ""
+}
+
+func (x *RevokeRequest) GetDisconnected() bool {
+	if x != nil {
+		return x.Disconnected
+	}
+	return false
 }
 
 type RevokeResponse struct {
@@ -3401,9 +3430,10 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\rhighest_token\x18\x05 \x01(\x04R\fhighestToken\x12'\n" +
 	"\x0fcurrent_version\x18\x06 \x01(\x04R\x0ecurrentVersion\x12&\n" +
 	"\x0fleader_api_addr\x18\a \x01(\tR\rleaderApiAddr\x12\x1b\n" +
-	"\theld_lock\x18\x14 \x01(\tR\bheldLock\"%\n" +
+	"\theld_lock\x18\x14 \x01(\tR\bheldLock\"Y\n" +
 	"\fGrantRequest\x12\x15\n" +
-	"\x06ttl_ms\x18\x01 \x01(\x03R\x05ttlMs\"A\n" +
+	"\x06ttl_ms\x18\x01 \x01(\x03R\x05ttlMs\x122\n" +
+	"\x15release_on_disconnect\x18\x02 \x01(\bR\x13releaseOnDisconnect\"A\n" +
 	"\rGrantResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\"-\n" +
@@ -3416,9 +3446,10 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\bLostLock\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"*\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"N\n" +
 	"\rRevokeRequest\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\x10\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\"\n" +
+	"\fdisconnected\x18\x02 \x01(\bR\fdisconnected\"\x10\n" +
 	"\x0eRevokeResponse\"\xb1\x02\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
