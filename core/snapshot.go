@@ -35,7 +35,9 @@ const (
 
 // snapshotFields are the keys of a version-2 snapshot, in the order they are written;
 // a version-1 snapshot has all but the last.
-var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost"}
+// "elections" came after "lost" in version 2: a version-2 snapshot written before has
+// none, and restores with no elections.
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "elections"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
@@ -69,6 +71,7 @@ type SnapshotView struct {
 	lost       []leaseLost
 	keys       []keyRecord // in progress (unsorted), then done oldest first
 	inProgress int         // how many of keys are in progress
+	elections  []Election  // in name order; copies
 }
 
 // SnapshotView copies what a snapshot of s needs. It is meant to run where applies must
@@ -91,6 +94,7 @@ func (s *State) SnapshotView() *SnapshotView {
 		v.lost = append(v.lost, leaseLost{lease: id, lost: lost})
 	}
 	v.keys, v.inProgress = s.keys.records()
+	v.elections = s.elections.records()
 	for _, l := range s.leases {
 		v.leases = append(v.leases, *l)
 	}
@@ -164,6 +168,10 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 			}
 		}
 		e.raw("]")
+	}
+	if len(v.elections) > 0 {
+		e.raw(`,"elections":`)
+		writeArray(e, v.elections)
 	}
 	e.raw("}\n")
 	err := e.flush()
@@ -285,7 +293,7 @@ func ReadSnapshot(r io.Reader, limits Limits) (*State, error) {
 	switch {
 	case err != nil:
 	case version == snapshotV1:
-		fields = snapshotFields[:len(snapshotFields)-1]
+		fields = snapshotFields[:slices.Index(snapshotFields, "lost")]
 	case version != snapshotV2:
 		err = fmt.Errorf("%w: snapshot version %d", ErrCorrupt, version)
 	}
@@ -391,6 +399,8 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 			err = eachElement(dec, s.restoreKey)
 		case "lost":
 			err = eachElement(dec, s.restoreLost)
+		case "elections":
+			err = eachElement(dec, s.restoreElection)
 		}
 		if err != nil {
 			return nil, err

@@ -25,6 +25,7 @@ type State struct {
 	locks      *Locks
 	limits     Limits
 	tombstones map[LeaseID]EndReason
+	elections  *Elections
 	tombOrder  []LeaseID // oldest first
 	kv         kvStore
 	members    map[string]memberAddrs // by node id
@@ -44,6 +45,7 @@ func NewState(limits Limits) *State {
 		kv:         kvStore{entries: make(map[string]*Entry)},
 		members:    make(map[string]memberAddrs),
 		keys:       newKeyStore(),
+		elections:  newElections(),
 	}
 }
 
@@ -80,6 +82,9 @@ func (s *State) NumLeases() int { return len(s.leases) }
 // Locks returns the correctness lock table for reading. Callers must not mutate it.
 func (s *State) Locks() *Locks { return s.locks }
 
+// Elections returns the election table (read-only use).
+func (s *State) Elections() *Elections { return s.elections }
+
 // Apply applies one command and returns its outcome. A command that fails leaves the
 // state unchanged. Apply never panics on any input: commands come from the log and are
 // validated again here.
@@ -110,6 +115,7 @@ func (s *State) Apply(c Command) Result {
 		}
 		var r Result
 		s.locks.DropLease(c.Lease, reason != EndRevoked, s, &r) // a crashed holder's delay applies
+		s.dropLeaseElections(c.Lease, &r)
 		delete(s.leases, c.Lease)
 		s.keys.dropLease(c.Lease)
 		s.remember(c.Lease, reason)
@@ -145,6 +151,8 @@ func (s *State) Apply(c Command) Result {
 		return s.applyWrite(c)
 	case OpBegin, OpComplete, OpAbandon:
 		return s.applyKey(c)
+	case OpCampaign, OpProclaim, OpResign, OpWithdraw:
+		return s.applyElection(&c)
 	case OpSetMember:
 		s.members[c.Node] = memberAddrs{api: c.Addr, fastLane: c.FastLane}
 		return Result{}
