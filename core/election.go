@@ -32,12 +32,12 @@ const (
 	OpWithdraw Op = 34
 )
 
-// EffectElected: Lease leads election Name with epoch Token (it was queued, or
-// campaigned when nobody led).
+// EffectElected reports that Lease leads election Name with epoch Token (it was
+// queued, or campaigned when nobody led).
 const EffectElected EffectKind = 30
 
-// EffectLeaderless: election Name has no leader any more (its leader resigned or its
-// lease ended with no candidate waiting). Token is the epoch that ended.
+// EffectLeaderless reports that election Name has no leader any more (its leader
+// resigned or its lease ended with no candidate waiting). Token is the epoch that ended.
 const EffectLeaderless EffectKind = 31
 
 // Candidate is a lease campaigning for an election, or leading it (Epoch set).

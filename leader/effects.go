@@ -17,6 +17,8 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 		case core.EffectGranted:
 			l.grantedLocked(e.Lease, e.Token, core.Correctness, l.now())
 			l.waits.notify(e.Lease, e.Name, outcome{token: e.Token})
+		case core.EffectElected:
+			l.waits.notify(e.Lease, electionKey(e.Name), outcome{token: e.Token})
 		case core.EffectWaitEnded:
 			// Nothing to do here: EffectLeaseEnded follows in the same batch and tells
 			// the waiter, with the reason its lease ended (expired or revoked).

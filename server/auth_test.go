@@ -59,6 +59,10 @@ var aclNeeds = map[string]struct {
 	"/leasehold.v1.IdempotencyService/Complete": {auth.Lock, true},
 	"/leasehold.v1.IdempotencyService/Abandon":  {auth.Lock, true},
 	"/leasehold.v1.IdempotencyService/Get":      {auth.Read, true},
+	"/leasehold.v1.ElectionService/Campaign":    {auth.Lock, true},
+	"/leasehold.v1.ElectionService/Proclaim":    {auth.Lock, true},
+	"/leasehold.v1.ElectionService/Leader":      {auth.Read, true},
+	"/leasehold.v1.ElectionService/Resign":      {auth.Lock, true},
 }
 
 // aclTokens are the identities of the ACL test: each token's name is its secret too.

@@ -53,6 +53,11 @@ func methodTable() []*method {
 		unary(leaseholdv1connect.IdempotencyServiceCompleteProcedure, (*Server).Complete, needsOn(permLock, (*leaseholdv1.CompleteRequest).GetKey)),
 		unary(leaseholdv1connect.IdempotencyServiceAbandonProcedure, (*Server).Abandon, needsOn(permLock, (*leaseholdv1.AbandonRequest).GetKey)),
 		unary(leaseholdv1connect.IdempotencyServiceGetProcedure, (*Server).GetKey, needsOn(permRead, (*leaseholdv1.IdempotencyServiceGetRequest).GetKey)),
+		// ElectionService
+		unary(leaseholdv1connect.ElectionServiceCampaignProcedure, (*Server).Campaign, needsOn(permLock, (*leaseholdv1.CampaignRequest).GetName)),
+		unary(leaseholdv1connect.ElectionServiceProclaimProcedure, (*Server).Proclaim, needsOn(permLock, (*leaseholdv1.ProclaimRequest).GetName)),
+		unary(leaseholdv1connect.ElectionServiceLeaderProcedure, (*Server).Leader, needsOn(permRead, (*leaseholdv1.LeaderRequest).GetName)),
+		unary(leaseholdv1connect.ElectionServiceResignProcedure, (*Server).Resign, needsOn(permLock, (*leaseholdv1.ResignRequest).GetName)),
 		// ClusterService
 		unary(leaseholdv1connect.ClusterServiceStatusProcedure, (*Server).Status, needs(permRead), anyNode()),
 		unary(leaseholdv1connect.ClusterServiceMembersProcedure, (*Server).Members, needs(permRead), anyNode()),

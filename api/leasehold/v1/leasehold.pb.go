@@ -2751,6 +2751,439 @@ func (x *IdempotencyServiceGetResponse) GetResult() []byte {
 	return nil
 }
 
+type CampaignRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The election: 1 to 256 bytes of ASCII letters, digits and . _ - / : @ + (like lock names).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The candidate's lease (from LeaseService.Grant).
+	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The value the candidate proclaims once it leads (an address, say). At most 32 KiB.
+	Value []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	// Who campaigns, shown by Leader. Optional.
+	Holder        *Holder `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CampaignRequest) Reset() {
+	*x = CampaignRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CampaignRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CampaignRequest) ProtoMessage() {}
+
+func (x *CampaignRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CampaignRequest.ProtoReflect.Descriptor instead.
+func (*CampaignRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *CampaignRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CampaignRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *CampaignRequest) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *CampaignRequest) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+type CampaignResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The leadership's epoch: a token from the sequence; every later leadership of the
+	// election has a larger one.
+	Epoch         uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CampaignResponse) Reset() {
+	*x = CampaignResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CampaignResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CampaignResponse) ProtoMessage() {}
+
+func (x *CampaignResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CampaignResponse.ProtoReflect.Descriptor instead.
+func (*CampaignResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *CampaignResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+type ProclaimRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	LeaseId string                 `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The epoch Campaign answered.
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The new value. At most 32 KiB.
+	Value         []byte `protobuf:"bytes,4,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProclaimRequest) Reset() {
+	*x = ProclaimRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProclaimRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProclaimRequest) ProtoMessage() {}
+
+func (x *ProclaimRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProclaimRequest.ProtoReflect.Descriptor instead.
+func (*ProclaimRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ProclaimRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ProclaimRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *ProclaimRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ProclaimRequest) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+type ProclaimResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProclaimResponse) Reset() {
+	*x = ProclaimResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProclaimResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProclaimResponse) ProtoMessage() {}
+
+func (x *ProclaimResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProclaimResponse.ProtoReflect.Descriptor instead.
+func (*ProclaimResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
+}
+
+type LeaderRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaderRequest) Reset() {
+	*x = LeaderRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaderRequest) ProtoMessage() {}
+
+func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
+func (*LeaderRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *LeaderRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type LeaderResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when nobody leads; the other fields are then empty.
+	HasLeader     bool    `protobuf:"varint,1,opt,name=has_leader,json=hasLeader,proto3" json:"has_leader,omitempty"`
+	Epoch         uint64  `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Value         []byte  `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	Holder        *Holder `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaderResponse) Reset() {
+	*x = LeaderResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaderResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaderResponse) ProtoMessage() {}
+
+func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
+func (*LeaderResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *LeaderResponse) GetHasLeader() bool {
+	if x != nil {
+		return x.HasLeader
+	}
+	return false
+}
+
+func (x *LeaderResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *LeaderResponse) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *LeaderResponse) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+type ResignRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	LeaseId       string                 `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResignRequest) Reset() {
+	*x = ResignRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResignRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResignRequest) ProtoMessage() {}
+
+func (x *ResignRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResignRequest.ProtoReflect.Descriptor instead.
+func (*ResignRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ResignRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ResignRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *ResignRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+type ResignResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResignResponse) Reset() {
+	*x = ResignResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResignResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResignResponse) ProtoMessage() {}
+
+func (x *ResignResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResignResponse.ProtoReflect.Descriptor instead.
+func (*ResignResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
+}
+
 type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node's id (--node-id): 1 to 64 letters, digits, '.', '_' or '-'.
@@ -2772,7 +3205,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2784,7 +3217,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2797,7 +3230,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Member) GetNodeId() string {
@@ -2850,7 +3283,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2862,7 +3295,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2875,7 +3308,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
 }
 
 type MembersResponse struct {
@@ -2887,7 +3320,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2899,7 +3332,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2912,7 +3345,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -2933,7 +3366,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2945,7 +3378,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2958,7 +3391,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AddMemberRequest) GetNodeId() string {
@@ -2991,7 +3424,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3003,7 +3436,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3016,7 +3449,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AddMemberResponse) GetMembers() []*Member {
@@ -3035,7 +3468,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3047,7 +3480,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3060,7 +3493,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RemoveMemberRequest) GetNodeId() string {
@@ -3079,7 +3512,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3091,7 +3524,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3104,7 +3537,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RemoveMemberResponse) GetMembers() []*Member {
@@ -3122,7 +3555,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3134,7 +3567,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3147,7 +3580,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
 }
 
 type StatusResponse struct {
@@ -3186,7 +3619,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3198,7 +3631,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3211,7 +3644,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -3347,7 +3780,7 @@ type FastLaneError struct {
 
 func (x *FastLaneError) Reset() {
 	*x = FastLaneError{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3359,7 +3792,7 @@ func (x *FastLaneError) String() string {
 func (*FastLaneError) ProtoMessage() {}
 
 func (x *FastLaneError) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3372,7 +3805,7 @@ func (x *FastLaneError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastLaneError.ProtoReflect.Descriptor instead.
 func (*FastLaneError) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *FastLaneError) GetCode() uint32 {
@@ -3584,7 +4017,33 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06status\x18\x01 \x01(\x0e2\x17.leasehold.v1.KeyStatusR\x06status\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12,\n" +
 	"\x06holder\x18\x03 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12\x16\n" +
-	"\x06result\x18\x04 \x01(\fR\x06result\"\xb3\x01\n" +
+	"\x06result\x18\x04 \x01(\fR\x06result\"\x84\x01\n" +
+	"\x0fCampaignRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\x12,\n" +
+	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\"(\n" +
+	"\x10CampaignResponse\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"l\n" +
+	"\x0fProclaimRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05value\x18\x04 \x01(\fR\x05value\"\x12\n" +
+	"\x10ProclaimResponse\"#\n" +
+	"\rLeaderRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x89\x01\n" +
+	"\x0eLeaderResponse\x12\x1d\n" +
+	"\n" +
+	"has_leader\x18\x01 \x01(\bR\thasLeader\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\x12,\n" +
+	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\"T\n" +
+	"\rResignRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"\x10\n" +
+	"\x0eResignResponse\"\xb3\x01\n" +
 	"\x06Member\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +
@@ -3667,7 +4126,12 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x12O\n" +
 	"\bComplete\x12\x1d.leasehold.v1.CompleteRequest\x1a\x1e.leasehold.v1.CompleteResponse\"\x04\xb0\xe3\x18\v\x12F\n" +
 	"\aAbandon\x12\x1c.leasehold.v1.AbandonRequest\x1a\x1d.leasehold.v1.AbandonResponse\x12^\n" +
-	"\x03Get\x12*.leasehold.v1.IdempotencyServiceGetRequest\x1a+.leasehold.v1.IdempotencyServiceGetResponse2\xc2\x02\n" +
+	"\x03Get\x12*.leasehold.v1.IdempotencyServiceGetRequest\x1a+.leasehold.v1.IdempotencyServiceGetResponse2\xb1\x02\n" +
+	"\x0fElectionService\x12I\n" +
+	"\bCampaign\x12\x1d.leasehold.v1.CampaignRequest\x1a\x1e.leasehold.v1.CampaignResponse\x12I\n" +
+	"\bProclaim\x12\x1d.leasehold.v1.ProclaimRequest\x1a\x1e.leasehold.v1.ProclaimResponse\x12C\n" +
+	"\x06Leader\x12\x1b.leasehold.v1.LeaderRequest\x1a\x1c.leasehold.v1.LeaderResponse\x12C\n" +
+	"\x06Resign\x12\x1b.leasehold.v1.ResignRequest\x1a\x1c.leasehold.v1.ResignResponse2\xc2\x02\n" +
 	"\x0eClusterService\x12C\n" +
 	"\x06Status\x12\x1b.leasehold.v1.StatusRequest\x1a\x1c.leasehold.v1.StatusResponse\x12F\n" +
 	"\aMembers\x12\x1c.leasehold.v1.MembersRequest\x1a\x1d.leasehold.v1.MembersResponse\x12L\n" +
@@ -3688,7 +4152,7 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(LockClass)(0),                        // 0: leasehold.v1.LockClass
 	(LockMode)(0),                         // 1: leasehold.v1.LockMode
@@ -3734,17 +4198,25 @@ var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(*AbandonResponse)(nil),               // 41: leasehold.v1.AbandonResponse
 	(*IdempotencyServiceGetRequest)(nil),  // 42: leasehold.v1.IdempotencyServiceGetRequest
 	(*IdempotencyServiceGetResponse)(nil), // 43: leasehold.v1.IdempotencyServiceGetResponse
-	(*Member)(nil),                        // 44: leasehold.v1.Member
-	(*MembersRequest)(nil),                // 45: leasehold.v1.MembersRequest
-	(*MembersResponse)(nil),               // 46: leasehold.v1.MembersResponse
-	(*AddMemberRequest)(nil),              // 47: leasehold.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),             // 48: leasehold.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),           // 49: leasehold.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),          // 50: leasehold.v1.RemoveMemberResponse
-	(*StatusRequest)(nil),                 // 51: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),                // 52: leasehold.v1.StatusResponse
-	(*FastLaneError)(nil),                 // 53: leasehold.v1.FastLaneError
-	(*descriptorpb.MethodOptions)(nil),    // 54: google.protobuf.MethodOptions
+	(*CampaignRequest)(nil),               // 44: leasehold.v1.CampaignRequest
+	(*CampaignResponse)(nil),              // 45: leasehold.v1.CampaignResponse
+	(*ProclaimRequest)(nil),               // 46: leasehold.v1.ProclaimRequest
+	(*ProclaimResponse)(nil),              // 47: leasehold.v1.ProclaimResponse
+	(*LeaderRequest)(nil),                 // 48: leasehold.v1.LeaderRequest
+	(*LeaderResponse)(nil),                // 49: leasehold.v1.LeaderResponse
+	(*ResignRequest)(nil),                 // 50: leasehold.v1.ResignRequest
+	(*ResignResponse)(nil),                // 51: leasehold.v1.ResignResponse
+	(*Member)(nil),                        // 52: leasehold.v1.Member
+	(*MembersRequest)(nil),                // 53: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),               // 54: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),              // 55: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),             // 56: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),           // 57: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),          // 58: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),                 // 59: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),                // 60: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),                 // 61: leasehold.v1.FastLaneError
+	(*descriptorpb.MethodOptions)(nil),    // 62: google.protobuf.MethodOptions
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	3,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
@@ -3768,58 +4240,68 @@ var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	3,  // 18: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
 	2,  // 19: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
 	3,  // 20: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
-	44, // 21: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	44, // 22: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	44, // 23: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	4,  // 24: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	54, // 25: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	5,  // 26: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	7,  // 27: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	10, // 28: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	12, // 29: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	14, // 30: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	16, // 31: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	18, // 32: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	22, // 33: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	24, // 34: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	27, // 35: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	29, // 36: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	31, // 37: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	33, // 38: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	36, // 39: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
-	38, // 40: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
-	40, // 41: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
-	42, // 42: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
-	51, // 43: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	45, // 44: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	47, // 45: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	49, // 46: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	6,  // 47: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	8,  // 48: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	11, // 49: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	13, // 50: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	15, // 51: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	17, // 52: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	19, // 53: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	23, // 54: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	25, // 55: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	28, // 56: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	30, // 57: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	32, // 58: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	34, // 59: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	37, // 60: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
-	39, // 61: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
-	41, // 62: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
-	43, // 63: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
-	52, // 64: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	46, // 65: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	48, // 66: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	50, // 67: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	47, // [47:68] is the sub-list for method output_type
-	26, // [26:47] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	25, // [25:26] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	3,  // 21: leasehold.v1.CampaignRequest.holder:type_name -> leasehold.v1.Holder
+	3,  // 22: leasehold.v1.LeaderResponse.holder:type_name -> leasehold.v1.Holder
+	52, // 23: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	52, // 24: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	52, // 25: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	4,  // 26: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	62, // 27: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	5,  // 28: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	7,  // 29: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	10, // 30: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	12, // 31: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	14, // 32: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	16, // 33: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	18, // 34: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	22, // 35: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	24, // 36: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	27, // 37: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	29, // 38: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	31, // 39: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	33, // 40: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	36, // 41: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
+	38, // 42: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
+	40, // 43: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
+	42, // 44: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
+	44, // 45: leasehold.v1.ElectionService.Campaign:input_type -> leasehold.v1.CampaignRequest
+	46, // 46: leasehold.v1.ElectionService.Proclaim:input_type -> leasehold.v1.ProclaimRequest
+	48, // 47: leasehold.v1.ElectionService.Leader:input_type -> leasehold.v1.LeaderRequest
+	50, // 48: leasehold.v1.ElectionService.Resign:input_type -> leasehold.v1.ResignRequest
+	59, // 49: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	53, // 50: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	55, // 51: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	57, // 52: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	6,  // 53: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	8,  // 54: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	11, // 55: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	13, // 56: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	15, // 57: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	17, // 58: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	19, // 59: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	23, // 60: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	25, // 61: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	28, // 62: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	30, // 63: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	32, // 64: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	34, // 65: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	37, // 66: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	39, // 67: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	41, // 68: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	43, // 69: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	45, // 70: leasehold.v1.ElectionService.Campaign:output_type -> leasehold.v1.CampaignResponse
+	47, // 71: leasehold.v1.ElectionService.Proclaim:output_type -> leasehold.v1.ProclaimResponse
+	49, // 72: leasehold.v1.ElectionService.Leader:output_type -> leasehold.v1.LeaderResponse
+	51, // 73: leasehold.v1.ElectionService.Resign:output_type -> leasehold.v1.ResignResponse
+	60, // 74: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	54, // 75: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	56, // 76: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	58, // 77: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	53, // [53:78] is the sub-list for method output_type
+	28, // [28:53] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	27, // [27:28] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -3835,9 +4317,9 @@ func file_leasehold_v1_leasehold_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   51,
+			NumMessages:   59,
 			NumExtensions: 1,
-			NumServices:   5,
+			NumServices:   6,
 		},
 		GoTypes:           file_leasehold_v1_leasehold_proto_goTypes,
 		DependencyIndexes: file_leasehold_v1_leasehold_proto_depIdxs,

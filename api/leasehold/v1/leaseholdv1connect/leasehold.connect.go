@@ -47,6 +47,8 @@ const (
 	KVServiceName = "leasehold.v1.KVService"
 	// IdempotencyServiceName is the fully-qualified name of the IdempotencyService service.
 	IdempotencyServiceName = "leasehold.v1.IdempotencyService"
+	// ElectionServiceName is the fully-qualified name of the ElectionService service.
+	ElectionServiceName = "leasehold.v1.ElectionService"
 	// ClusterServiceName is the fully-qualified name of the ClusterService service.
 	ClusterServiceName = "leasehold.v1.ClusterService"
 )
@@ -97,6 +99,16 @@ const (
 	IdempotencyServiceAbandonProcedure = "/leasehold.v1.IdempotencyService/Abandon"
 	// IdempotencyServiceGetProcedure is the fully-qualified name of the IdempotencyService's Get RPC.
 	IdempotencyServiceGetProcedure = "/leasehold.v1.IdempotencyService/Get"
+	// ElectionServiceCampaignProcedure is the fully-qualified name of the ElectionService's Campaign
+	// RPC.
+	ElectionServiceCampaignProcedure = "/leasehold.v1.ElectionService/Campaign"
+	// ElectionServiceProclaimProcedure is the fully-qualified name of the ElectionService's Proclaim
+	// RPC.
+	ElectionServiceProclaimProcedure = "/leasehold.v1.ElectionService/Proclaim"
+	// ElectionServiceLeaderProcedure is the fully-qualified name of the ElectionService's Leader RPC.
+	ElectionServiceLeaderProcedure = "/leasehold.v1.ElectionService/Leader"
+	// ElectionServiceResignProcedure is the fully-qualified name of the ElectionService's Resign RPC.
+	ElectionServiceResignProcedure = "/leasehold.v1.ElectionService/Resign"
 	// ClusterServiceStatusProcedure is the fully-qualified name of the ClusterService's Status RPC.
 	ClusterServiceStatusProcedure = "/leasehold.v1.ClusterService/Status"
 	// ClusterServiceMembersProcedure is the fully-qualified name of the ClusterService's Members RPC.
@@ -903,6 +915,192 @@ func (UnimplementedIdempotencyServiceHandler) Abandon(context.Context, *v1.Aband
 
 func (UnimplementedIdempotencyServiceHandler) Get(context.Context, *v1.IdempotencyServiceGetRequest) (*v1.IdempotencyServiceGetResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.IdempotencyService.Get is not implemented"))
+}
+
+// ElectionServiceClient is a client for the leasehold.v1.ElectionService service.
+type ElectionServiceClient interface {
+	// Campaign makes the lease a candidate and waits until it leads, or the call's
+	// deadline ends (then the lease leaves the queue and the call fails with
+	// DeadlineExceeded or Canceled). A Campaign repeated by the lease while it waits or
+	// leads is the same request: safe to retry after a lost reply. NotFound when the
+	// lease is gone (before or while waiting).
+	Campaign(context.Context, *v1.CampaignRequest) (*v1.CampaignResponse, error)
+	// Proclaim changes the leader's value. FailedPrecondition ("not_holder") unless the
+	// lease leads under epoch.
+	Proclaim(context.Context, *v1.ProclaimRequest) (*v1.ProclaimResponse, error)
+	// Leader says who leads, linearizably (from the leader).
+	Leader(context.Context, *v1.LeaderRequest) (*v1.LeaderResponse, error)
+	// Resign ends the leadership under epoch; the next candidate leads. FailedPrecondition
+	// ("not_holder") unless the lease leads under epoch (a repeat after a lost reply
+	// gets it too: the leadership has ended either way).
+	Resign(context.Context, *v1.ResignRequest) (*v1.ResignResponse, error)
+}
+
+// NewElectionServiceClient constructs a client for the leasehold.v1.ElectionService service. By
+// default, it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses,
+// and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the
+// connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewElectionServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) ElectionServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	electionServiceMethods := v1.File_leasehold_v1_leasehold_proto.Services().ByName("ElectionService").Methods()
+	return &electionServiceClient{
+		campaign: connect.NewClient[v1.CampaignRequest, v1.CampaignResponse](
+			httpClient,
+			baseURL+ElectionServiceCampaignProcedure,
+			connect.WithSchema(electionServiceMethods.ByName("Campaign")),
+			connect.WithClientOptions(opts...),
+		),
+		proclaim: connect.NewClient[v1.ProclaimRequest, v1.ProclaimResponse](
+			httpClient,
+			baseURL+ElectionServiceProclaimProcedure,
+			connect.WithSchema(electionServiceMethods.ByName("Proclaim")),
+			connect.WithClientOptions(opts...),
+		),
+		leader: connect.NewClient[v1.LeaderRequest, v1.LeaderResponse](
+			httpClient,
+			baseURL+ElectionServiceLeaderProcedure,
+			connect.WithSchema(electionServiceMethods.ByName("Leader")),
+			connect.WithClientOptions(opts...),
+		),
+		resign: connect.NewClient[v1.ResignRequest, v1.ResignResponse](
+			httpClient,
+			baseURL+ElectionServiceResignProcedure,
+			connect.WithSchema(electionServiceMethods.ByName("Resign")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// electionServiceClient implements ElectionServiceClient.
+type electionServiceClient struct {
+	campaign *connect.Client[v1.CampaignRequest, v1.CampaignResponse]
+	proclaim *connect.Client[v1.ProclaimRequest, v1.ProclaimResponse]
+	leader   *connect.Client[v1.LeaderRequest, v1.LeaderResponse]
+	resign   *connect.Client[v1.ResignRequest, v1.ResignResponse]
+}
+
+// Campaign calls leasehold.v1.ElectionService.Campaign.
+func (c *electionServiceClient) Campaign(ctx context.Context, req *v1.CampaignRequest) (*v1.CampaignResponse, error) {
+	response, err := c.campaign.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Proclaim calls leasehold.v1.ElectionService.Proclaim.
+func (c *electionServiceClient) Proclaim(ctx context.Context, req *v1.ProclaimRequest) (*v1.ProclaimResponse, error) {
+	response, err := c.proclaim.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Leader calls leasehold.v1.ElectionService.Leader.
+func (c *electionServiceClient) Leader(ctx context.Context, req *v1.LeaderRequest) (*v1.LeaderResponse, error) {
+	response, err := c.leader.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Resign calls leasehold.v1.ElectionService.Resign.
+func (c *electionServiceClient) Resign(ctx context.Context, req *v1.ResignRequest) (*v1.ResignResponse, error) {
+	response, err := c.resign.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// ElectionServiceHandler is an implementation of the leasehold.v1.ElectionService service.
+type ElectionServiceHandler interface {
+	// Campaign makes the lease a candidate and waits until it leads, or the call's
+	// deadline ends (then the lease leaves the queue and the call fails with
+	// DeadlineExceeded or Canceled). A Campaign repeated by the lease while it waits or
+	// leads is the same request: safe to retry after a lost reply. NotFound when the
+	// lease is gone (before or while waiting).
+	Campaign(context.Context, *v1.CampaignRequest) (*v1.CampaignResponse, error)
+	// Proclaim changes the leader's value. FailedPrecondition ("not_holder") unless the
+	// lease leads under epoch.
+	Proclaim(context.Context, *v1.ProclaimRequest) (*v1.ProclaimResponse, error)
+	// Leader says who leads, linearizably (from the leader).
+	Leader(context.Context, *v1.LeaderRequest) (*v1.LeaderResponse, error)
+	// Resign ends the leadership under epoch; the next candidate leads. FailedPrecondition
+	// ("not_holder") unless the lease leads under epoch (a repeat after a lost reply
+	// gets it too: the leadership has ended either way).
+	Resign(context.Context, *v1.ResignRequest) (*v1.ResignResponse, error)
+}
+
+// NewElectionServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewElectionServiceHandler(svc ElectionServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	electionServiceMethods := v1.File_leasehold_v1_leasehold_proto.Services().ByName("ElectionService").Methods()
+	electionServiceCampaignHandler := connect.NewUnaryHandlerSimple(
+		ElectionServiceCampaignProcedure,
+		svc.Campaign,
+		connect.WithSchema(electionServiceMethods.ByName("Campaign")),
+		connect.WithHandlerOptions(opts...),
+	)
+	electionServiceProclaimHandler := connect.NewUnaryHandlerSimple(
+		ElectionServiceProclaimProcedure,
+		svc.Proclaim,
+		connect.WithSchema(electionServiceMethods.ByName("Proclaim")),
+		connect.WithHandlerOptions(opts...),
+	)
+	electionServiceLeaderHandler := connect.NewUnaryHandlerSimple(
+		ElectionServiceLeaderProcedure,
+		svc.Leader,
+		connect.WithSchema(electionServiceMethods.ByName("Leader")),
+		connect.WithHandlerOptions(opts...),
+	)
+	electionServiceResignHandler := connect.NewUnaryHandlerSimple(
+		ElectionServiceResignProcedure,
+		svc.Resign,
+		connect.WithSchema(electionServiceMethods.ByName("Resign")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/leasehold.v1.ElectionService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case ElectionServiceCampaignProcedure:
+			electionServiceCampaignHandler.ServeHTTP(w, r)
+		case ElectionServiceProclaimProcedure:
+			electionServiceProclaimHandler.ServeHTTP(w, r)
+		case ElectionServiceLeaderProcedure:
+			electionServiceLeaderHandler.ServeHTTP(w, r)
+		case ElectionServiceResignProcedure:
+			electionServiceResignHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedElectionServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedElectionServiceHandler struct{}
+
+func (UnimplementedElectionServiceHandler) Campaign(context.Context, *v1.CampaignRequest) (*v1.CampaignResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ElectionService.Campaign is not implemented"))
+}
+
+func (UnimplementedElectionServiceHandler) Proclaim(context.Context, *v1.ProclaimRequest) (*v1.ProclaimResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ElectionService.Proclaim is not implemented"))
+}
+
+func (UnimplementedElectionServiceHandler) Leader(context.Context, *v1.LeaderRequest) (*v1.LeaderResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ElectionService.Leader is not implemented"))
+}
+
+func (UnimplementedElectionServiceHandler) Resign(context.Context, *v1.ResignRequest) (*v1.ResignResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ElectionService.Resign is not implemented"))
 }
 
 // ClusterServiceClient is a client for the leasehold.v1.ClusterService service.
