@@ -3,6 +3,8 @@
 //	leasehold server                 run a node (single node, data in ./leasehold-data)
 //	leasehold lock NAME... -- CMD... run CMD while holding lock NAME (several: a lock set)
 //	leasehold once KEY -- CMD...     run CMD at most once per KEY
+//	leasehold elect NAME -- CMD...   run CMD while leading election NAME
+//	leasehold leader NAME            who leads election NAME
 //	leasehold locks [PREFIX]         list locks
 //	leasehold kv get|put|del|ls      the fenced key-value store
 //	leasehold status                 show the node's status
@@ -47,6 +49,10 @@ func run(args []string) int {
 		return runLock(args[1:])
 	case "once":
 		return runOnce(args[1:])
+	case "elect":
+		return runElect(args[1:])
+	case "leader":
+		return runLeader(args[1:])
 	case "locks":
 		return runLocks(args[1:])
 	case "status":
@@ -95,6 +101,10 @@ Usage:
                                             token); --shared, --limit N (semaphore);
                                             --release-on-disconnect: freed at once if
                                             this process dies or is cut off
+  leasehold elect NAME [--value V] [flags] -- CMD [ARG...]
+                                            campaign for election NAME; run CMD while
+                                            leading, with LEASEHOLD_TOKEN = the epoch
+  leasehold leader NAME [--output json]     who leads election NAME (epoch, value)
   leasehold once KEY [flags] -- CMD [ARG...]
                                             run CMD at most once per KEY; later calls
                                             print its stored outcome and exit with its code
