@@ -179,6 +179,22 @@ func TestFailoverLeaderUnknown(t *testing.T) {
 	}
 }
 
+// TestFailoverShuttingDown: a node that drains its connections before it stops refuses
+// new requests, unstarted, with "shutting_down"; the client sends them, Put included, to
+// the next node at once, and stays off the draining node.
+func TestFailoverShuttingDown(t *testing.T) {
+	node := testnode.Start(t)
+	draining := startFakeNode(t, unavailable(reason.ShuttingDown, ""))
+	ctx, c := dial(t, draining.addr+","+node.Addr())
+	if _, err := c.Put(ctx, "draining/first", []byte("v")); err != nil {
+		t.Fatalf("a Put refused by a node that shuts down: %v, want it served by the next node", err)
+	}
+	exercise(ctx, t, c, "draining/a")
+	if n := draining.calls.Load(); n != 1 {
+		t.Errorf("the node that shuts down got %d calls, want 1", n)
+	}
+}
+
 // TestFailoverOutcomeUnknown: after a failure that leaves the outcome unknown (the node
 // could not reach the leader it forwarded to), a Put is not sent again — it fails with
 // ErrUnavailable and the key is untouched elsewhere — while a read is retried on the

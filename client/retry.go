@@ -124,6 +124,10 @@ func (c *Client) judge(ctx context.Context, node string, err error, silent bool)
 	case reason.LeaderUnknown:
 		c.nodes.leave(node)
 		return resend
+	case reason.ShuttingDown:
+		// The node refused the request before starting it, and will be gone soon.
+		c.nodes.distrust(node)
+		return resend
 	case reason.LeaderUnreachable:
 		// This node answers; the leader it forwards to does not. Try another node, but
 		// not that leader: the node could not reach it, most likely nobody can.

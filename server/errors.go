@@ -48,6 +48,7 @@ var errorCodes = []struct {
 	{errNotCaughtUp, connect.CodeUnavailable, reason.NotCaughtUp},
 	{errWrongCluster, connect.CodeFailedPrecondition, reason.WrongCluster},
 	{errNoClusterID, connect.CodeUnavailable, reason.NoClusterID},
+	{ErrShuttingDown, connect.CodeUnavailable, reason.ShuttingDown},
 	{auth.ErrUnauthenticated, connect.CodeUnauthenticated, reason.Unauthenticated},
 	{auth.ErrPermissionDenied, connect.CodePermissionDenied, reason.PermissionDenied},
 	{auth.ErrQuota, connect.CodeResourceExhausted, reason.Quota},

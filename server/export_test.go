@@ -18,6 +18,11 @@ func ReplaceHandlers(s *Server, fn func(procedure string) error) {
 		m.serve = func(_ *Server, _ context.Context, req proto.Message) (proto.Message, error) {
 			return nil, fn(m.procedure)
 		}
+		if m.stream != nil {
+			m.stream = func(*Server, context.Context, proto.Message, func(proto.Message) error) error {
+				return fn(m.procedure)
+			}
+		}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -62,10 +63,14 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &fastConn{
-		s: s, pool: pool, r: fastlane.NewReader(conn), w: fastlane.NewWriter(conn),
+		s: s, pool: pool, conn: conn, r: fastlane.NewReader(conn), w: fastlane.NewWriter(conn),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), base: context.Background(),
 		inflight: make(map[uint64]context.CancelFunc),
 	}
+	if !s.lanes.add(c) {
+		return nil // the server drains (DrainFastLane): the client will try elsewhere
+	}
+	defer s.lanes.remove(c)
 	if lc, ok := conn.(*laneConn); ok {
 		lc.watch(c.busy)
 	}
@@ -89,6 +94,7 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 type fastConn struct {
 	s      *Server
 	pool   *workers
+	conn   net.Conn
 	r      *fastlane.Reader
 	w      *fastlane.Writer
 	ctx    context.Context // ends with the connection
@@ -97,6 +103,9 @@ type fastConn struct {
 	once   sync.Once
 	done   chan struct{} // closed when the connection has failed
 	err    error         // why; set before done is closed
+	// lastFrame is when a frame last arrived since the server began to drain (Unix
+	// nanoseconds; 0: none), see DrainFastLane.
+	lastFrame atomic.Int64
 
 	// Who the connection's requests come from (auth.go); only the reader of the moment
 	// uses these. base is what each request's context derives from: it carries the principal.
@@ -144,6 +153,7 @@ func (c *fastConn) read() {
 			c.end(err)
 			return
 		}
+		c.heard()
 		switch f.Kind {
 		case fastlane.KindCancel:
 			c.mu.Lock()
@@ -202,6 +212,8 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 	m := c.s.methods.byFast[f.Method]
 	var err error
 	switch {
+	case c.s.lanes.draining.Load() && m != nil:
+		err = ErrShuttingDown
 	case dup:
 		err = connect.NewError(connect.CodeInvalidArgument, errors.New("fastlane: request id already in flight"))
 	case full:

@@ -89,8 +89,8 @@ const (
 	onAnyNode
 )
 
-// method is one RPC, as methodTable lists it. Only the unary constructor and its options
-// fill it in.
+// method is one RPC, as methodTable lists it. Only the constructors (unary,
+// serverStream) and their options fill it in.
 type method struct {
 	procedure string // Connect procedure, e.g. "/leasehold.v1.LockService/Acquire"
 	schema    protoreflect.MethodDescriptor
@@ -110,6 +110,13 @@ type method struct {
 	forward func(p *peer, ctx context.Context, req proto.Message, headers func(http.Header)) (proto.Message, error)
 	// connectHandler serves the RPC over Connect (gRPC, gRPC-Web, Connect).
 	connectHandler func(*Server, ...connect.HandlerOption) http.Handler
+
+	// A server stream (serverStream) has these instead of serve and forward:
+	// stream runs the handler on this node, sending each answer with send.
+	stream func(s *Server, ctx context.Context, req proto.Message, send func(proto.Message) error) error
+	// forwardStream opens the stream at the leader's node p and relays every message
+	// it sends to send, until the stream ends.
+	forwardStream func(p *peer, ctx context.Context, req proto.Message, headers func(http.Header), send func(proto.Message) error) error
 
 	// The fast-lane reader's shortcuts (docs/ARCHITECTURE.md, "The fast lane's
 	// threads"), each nil when the RPC has none:
@@ -175,11 +182,76 @@ func unary[Req, Res any, PReq interface {
 			return connect.NewResponse((*Res)(resp.(PRes))), nil
 		}, append(opts, connect.WithSchema(m.schema))...)
 	}
+	return m.with(opts)
+}
+
+// serverStream makes the table entry of a server-streaming RPC (one request, a stream of
+// answers) served by handler, which sends each answer with send and returns when the
+// stream ends; send fails once the caller has gone (its error is the stream's end, as
+// it is). A stream goes through what a unary RPC does — the gate (permission, quotas),
+// the cluster-ID check, the route (served here, or forwarded to the leader's node, which
+// serves it and whose every message this node relays, with forwardHeaders and the
+// caller's credentials), and, when it ends, the one error mapping and the metrics
+// (finish: one request, its duration the stream's). Streams are served over Connect only:
+// the fast lane carries none. A forwarded stream is not bounded by forwardContext; a
+// silent leader ends it with the peer connection's failed ping.
+func serverStream[Req, Res any, PReq interface {
+	*Req
+	proto.Message
+}, PRes interface {
+	*Res
+	proto.Message
+}](procedure string, handler func(s *Server, ctx context.Context, req PReq, send func(PRes) error) error, opts ...methodOption) *method {
+	m := &method{procedure: procedure, route: onLeader}
+	m.schema = methodDescriptor(procedure)
+	if !m.schema.IsStreamingServer() || m.schema.IsStreamingClient() {
+		panic("server: " + procedure + " is not a server-streaming RPC")
+	}
+	m.newRequest = func() proto.Message { return PReq(new(Req)) }
+	m.stream = func(s *Server, ctx context.Context, req proto.Message, send func(proto.Message) error) error {
+		return handler(s, ctx, req.(PReq), func(resp PRes) error { return send(resp) })
+	}
+	m.forwardStream = func(p *peer, ctx context.Context, req proto.Message, headers func(http.Header), send func(proto.Message) error) error {
+		r := connect.NewRequest((*Req)(req.(PReq)))
+		headers(r.Header())
+		forwardCredentials(ctx, r.Header())
+		st, err := peerClient[Req, Res](p, procedure).CallServerStream(ctx, r)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		for st.Receive() {
+			if err := send(PRes(st.Msg())); err != nil {
+				return err
+			}
+		}
+		return st.Err()
+	}
+	m.connectHandler = func(s *Server, opts ...connect.HandlerOption) http.Handler {
+		return connect.NewServerStreamHandler(procedure, func(ctx context.Context, r *connect.Request[Req], st *connect.ServerStream[Res]) error {
+			settle, err := s.gate(principalOf(ctx), m, PReq(r.Msg))
+			if err != nil {
+				return s.finish(m, time.Now(), err)
+			}
+			err = s.callStream(ctx, m, PReq(r.Msg), callerOf(r.Header()), func(resp proto.Message) error {
+				return st.Send((*Res)(resp.(PRes)))
+			})
+			if settle != nil {
+				settle(nil, err)
+			}
+			return err
+		}, append(opts, connect.WithSchema(m.schema))...)
+	}
+	return m.with(opts)
+}
+
+// with sets opts on m, which must name the permission it needs.
+func (m *method) with(opts []methodOption) *method {
 	for _, o := range opts {
 		o(m)
 	}
 	if m.perm == 0 {
-		panic("server: " + procedure + " has no permission in the method table")
+		panic("server: " + m.procedure + " has no permission in the method table")
 	}
 	return m
 }
@@ -317,6 +389,44 @@ func (s *Server) call(ctx context.Context, m *method, req proto.Message, from ca
 	}
 	resp, err := s.serveOrForward(ctx, m, req, from.forwarded)
 	return resp, s.finish(m, start, err)
+}
+
+// callStream serves one server stream as call serves a unary request: the cluster-ID
+// check, then the stream served here or forwarded to the leader (one hop, every message
+// relayed to send), finished when it ends.
+func (s *Server) callStream(ctx context.Context, m *method, req proto.Message, from caller, send func(proto.Message) error) error {
+	start := time.Now()
+	if err := s.checkClusterID(from.clusterID); err != nil {
+		return s.finish(m, start, err)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(s.streams, func() { cancel(ErrShuttingDown) })()
+	err := s.serveStream(ctx, m, req, from, send)
+	if context.Cause(ctx) == ErrShuttingDown {
+		err = ErrShuttingDown // the caller resumes at another node
+	}
+	return s.finish(m, start, err)
+}
+
+// EndStreams ends every server stream, now and from now on, with ErrShuttingDown
+// (Unavailable, reason shutting_down), so that a node can shut down without waiting for
+// its streams and their callers resume at another node. service.Node.Close calls it.
+func (s *Server) EndStreams() { s.endStreams() }
+
+// serveStream serves a stream here or forwards it to the leader (callStream).
+func (s *Server) serveStream(ctx context.Context, m *method, req proto.Message, from caller, send func(proto.Message) error) error {
+	addr, here, err := s.routeTo(m, req, from.forwarded)
+	switch {
+	case err != nil:
+	case here:
+		err = m.stream(s, ctx, req, send)
+	default:
+		if err = m.forwardStream(s.peers.get(addr), ctx, req, s.forwardHeaders, send); err != nil {
+			err = forwardError(ctx, addr, err)
+		}
+	}
+	return err
 }
 
 // forwardHeaders sets the headers of a request this node forwards to the leader.

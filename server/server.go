@@ -51,6 +51,11 @@ type Server struct {
 	clusterID atomic.Pointer[string]
 	log       *slog.Logger
 	quotas    quotas
+	lanes     lanes // the open fast-lane connections, for DrainFastLane
+	// streams ends (EndStreams) when the node shuts down; every server stream ends
+	// with it.
+	streams    context.Context
+	endStreams context.CancelFunc
 }
 
 // New returns a Server with cfg, whose zero fields take their defaults. An invalid cfg
@@ -61,6 +66,7 @@ func New(cfg Config, l *leader.Leader, r Raft) (*Server, error) {
 	}
 	cfg = cfg.WithDefaults()
 	s := &Server{cfg: cfg, leader: l, raft: r, peers: newPeers(cfg.TLS), started: time.Now(), log: cfg.Logger}
+	s.streams, s.endStreams = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s)
 	s.methods = newMethods(s)
 	return s, nil

@@ -396,18 +396,30 @@ func (n *Node) WaitReady(ctx context.Context) error {
 // Done returns a channel that receives the HTTP server's error if it stops by itself.
 func (n *Node) Done() <-chan error { return n.serveErr }
 
-// Close stops accepting requests, lets requests in flight finish until ctx ends, stops
+// Close stops accepting requests, lets requests in flight finish until ctx ends (on the
+// fast lane too, where requests that arrive meanwhile are refused unstarted), stops
 // the leader runtime and closes raft. It does not revoke any lease: after a restart the
 // leases count down again from their full TTL.
 func (n *Node) Close(ctx context.Context) error {
+	drained := make(chan struct{})
 	if n.fastLn != nil {
-		_ = n.fastLn.Close() // connections end when their requests fail or finish
+		_ = n.fastLn.Close()
+		go func() {
+			defer close(drained)
+			// Requests in flight are answered; later ones are refused, unstarted, so
+			// that clients send them to another node (server.ErrShuttingDown).
+			_ = n.Server.DrainFastLane(ctx)
+		}()
+	} else {
+		close(drained)
 	}
-	n.Leader.Demote() // fail waiting acquires (Unavailable: clients retry after the restart)
+	n.Leader.Demote()     // fail waiting acquires (Unavailable: clients retry after the restart)
+	n.Server.EndStreams() // streams would keep Shutdown waiting: their callers resume elsewhere
 	herr := n.http.Shutdown(ctx)
 	if errors.Is(herr, context.DeadlineExceeded) || errors.Is(herr, context.Canceled) {
 		herr = n.http.Close()
 	}
+	<-drained
 	n.cancel()
 	n.Leader.Demote()
 	return errors.Join(herr, n.Raft.Close())

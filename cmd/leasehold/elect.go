@@ -2,8 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"flag"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -12,41 +11,67 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/client"
 )
 
-// runElect is `leasehold elect NAME [--value V] [--ttl D] [--release-on-disconnect] --
-// CMD [ARG...]`: it campaigns for election NAME and, once it leads, runs CMD in its own
-// process group with LEASEHOLD_ELECTION=NAME and LEASEHOLD_TOKEN=the epoch (a fencing
-// token: every later leader's is larger). Signals are forwarded to the group. If the
-// leadership is lost while CMD runs — as for `leasehold lock`, at the cautious local
-// deadline at the latest, before the server can hand it over — the whole group is
-// killed with SIGKILL and leasehold exits 76. When CMD exits, leasehold resigns (the
-// next candidate leads at once) and exits with CMD's code.
-func runElect(args []string) int {
-	fs := flag.NewFlagSet("elect", flag.ContinueOnError)
-	addr := addrFlag(fs)
-	value := fs.String("value", "", "the value the election shows while this process leads (an address, say)")
-	ttl := fs.Duration("ttl", 10*time.Second, "lease TTL: a leader that dies is replaced after this long at most")
-	note := fs.String("note", "", "free text shown by 'leasehold leader'")
-	rod := fs.Bool("release-on-disconnect", false, "bind the candidacy to this process's connection: if it dies or is cut off, the next candidate leads at once")
-	names, argv, ok := namesAndCommand(fs, args, "elect NAME [--value V] [--ttl 10s] [--release-on-disconnect]")
-	if !ok {
-		return exitUsage
+// newElectCmd is `leasehold elect NAME [--value V] [--ttl D] [--release-on-disconnect]
+// -- CMD [ARG...]`.
+func newElectCmd() *cobra.Command {
+	var f struct {
+		addr        string
+		value, note *string
+		ttl         *time.Duration
+		rod         *bool
 	}
-	if len(names) != 1 {
-		fmt.Fprintln(os.Stderr, "leasehold elect: give one election NAME before --")
-		return exitUsage
+	cmd := &cobra.Command{
+		Use:   "elect NAME [flags] -- CMD [ARG...]",
+		Short: "campaign for election NAME and run CMD while leading it",
+		Long: `Campaigns for election NAME (FIFO behind the other candidates) and, once it leads,
+runs CMD in its own process group with LEASEHOLD_ELECTION=NAME and LEASEHOLD_TOKEN=the
+epoch: a fencing token, larger for every later leader. Signals are forwarded to CMD.
+'leasehold leader NAME' shows the leader and its --value.
+
+If the leadership is lost while CMD runs (at the cautious local deadline at the latest,
+before the server can hand it over), CMD's process group is killed (SIGKILL) and
+leasehold exits 76. When CMD exits, leasehold resigns — the next candidate leads at
+once — and exits with CMD's code. With --release-on-disconnect a leader that dies or
+is cut off is replaced at once, not after the TTL.`,
+		Example: `  leasehold elect db/primary --value 10.0.0.7:5432 -- ./run-primary.sh
+  leasehold elect jobs/scheduler --ttl 5s --release-on-disconnect -- ./scheduler`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			names, argv, err := namesAndCommand(cmd, args)
+			if err != nil {
+				return err
+			}
+			if len(names) != 1 {
+				return errors.New("give one election NAME before --: " + cmd.UseLine())
+			}
+			opts := []client.ElectOption{client.ElectTTL(*f.ttl), client.ElectNote(*f.note)}
+			if *f.rod {
+				opts = append(opts, client.ElectReleaseOnDisconnect)
+			}
+			return exitWith(electAndRun(f.addr, *f.ttl, names[0], []byte(*f.value), argv, opts))
+		},
 	}
-	name := names[0]
-	opts := []client.ElectOption{client.ElectTTL(*ttl), client.ElectNote(*note)}
-	if *rod {
-		opts = append(opts, client.ElectReleaseOnDisconnect)
-	}
+	fs := cmd.Flags()
+	addrFlag(fs, &f.addr)
+	f.value = fs.String("value", "", "the value the election shows while this process leads (an address, say)")
+	f.ttl = fs.Duration("ttl", 10*time.Second, "lease TTL: a leader that dies is replaced after this long at most")
+	f.note = fs.String("note", "", "free text shown by 'leasehold leader'")
+	f.rod = fs.Bool("release-on-disconnect", false, "bind the candidacy to this process's connection: if it dies or is cut off, the next candidate leads at once")
+	return cmd
+}
+
+// electAndRun campaigns for election name and runs argv while it leads; it returns the
+// exit code.
+func electAndRun(addr string, ttl time.Duration, name string, value []byte, argv []string, opts []client.ElectOption) int {
 	sigCtx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	c, code := dial(sigCtx, *addr, client.WithTTL(*ttl))
+	defer stop()
+	c, code := dial(sigCtx, addr, client.WithTTL(ttl))
 	if c == nil {
-		stop()
 		return code
 	}
 	defer func() { _ = c.Close(context.Background()) }()
@@ -63,7 +88,7 @@ func runElect(args []string) int {
 		}
 	}()
 	exit := exitOK
-	err := c.Elect(ctx, name, []byte(*value), func(lctx context.Context, l client.Leadership) error {
+	err := c.Elect(ctx, name, value, func(lctx context.Context, l client.Leadership) error {
 		leading.Store(true)
 		stop() // from here on, signals go to CMD
 		env := []string{"LEASEHOLD_ELECTION=" + name, "LEASEHOLD_TOKEN=" + strconv.FormatUint(l.Epoch(), 10)}
@@ -82,7 +107,6 @@ func runElect(args []string) int {
 		}
 		return nil
 	}, opts...)
-	stop()
 	switch {
 	case interrupted.Load():
 		fmt.Fprintln(os.Stderr, "leasehold elect: interrupted while campaigning")
@@ -93,49 +117,42 @@ func runElect(args []string) int {
 	return exit
 }
 
-// runLeader is `leasehold leader NAME [--output json]`: who leads election NAME.
-func runLeader(args []string) int {
-	fs := flag.NewFlagSet("leader", flag.ContinueOnError)
-	addr := addrFlag(fs)
-	output := fs.String("output", "text", "text or json")
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+// newLeaderCmd is `leasehold leader NAME [--output json]`: who leads election NAME.
+// Exit 75 when nobody does.
+func newLeaderCmd() *cobra.Command {
+	var addr string
+	cmd := &cobra.Command{
+		Use:   "leader NAME",
+		Short: "show who leads election NAME: epoch, value, holder (exit 75: nobody)",
+		Args:  cobra.ExactArgs(1),
 	}
-	var name string
-	if fs.NArg() > 0 { // flags may come after NAME too
-		name = fs.Arg(0)
-		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return exitUsage
+	output := outputFlag(cmd)
+	addrFlag(cmd.Flags(), &addr)
+	cmd.RunE = clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		ld, ok, err := c.Leader(ctx, args[0])
+		if err != nil {
+			return err
 		}
-	}
-	if name == "" || fs.NArg() != 0 || (*output != "text" && *output != "json") {
-		fmt.Fprintln(os.Stderr, "usage: leasehold leader NAME [--addr HOST:PORT] [--output text|json]")
-		return exitUsage
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, code := dial(ctx, *addr)
-	if c == nil {
-		return code
-	}
-	defer func() { _ = c.Close(context.Background()) }()
-	ld, ok, err := c.Leader(ctx, name)
-	if err != nil {
-		return exitFor("leader", err)
-	}
-	if *output == "json" {
-		out := map[string]any{"name": name, "has_leader": ok}
-		if ok {
-			out["epoch"], out["value"], out["holder"] = ld.Epoch, string(ld.Value), ld.Holder
+		w := cmd.OutOrStdout()
+		switch {
+		case *output == "json":
+			resp := &leaseholdv1.LeaderResponse{HasLeader: ok, Epoch: ld.Epoch, Value: ld.Value}
+			if ok {
+				resp.Holder = &leaseholdv1.Holder{Host: ld.Holder.Host, Pid: ld.Holder.PID, Note: ld.Holder.Note}
+			}
+			if err := printJSON(w, resp); err != nil {
+				return err
+			}
+		case ok:
+			fmt.Fprintf(w, "%s\tepoch %d\tvalue %q\theld by %s pid %d %s\n", args[0], ld.Epoch, ld.Value, ld.Holder.Host, ld.Holder.PID, ld.Holder.Note)
 		}
-		b, _ := json.Marshal(out)
-		fmt.Println(string(b))
-	} else if ok {
-		fmt.Printf("%s\tepoch %d\tvalue %q\theld by %s pid %d %s\n", name, ld.Epoch, ld.Value, ld.Holder.Host, ld.Holder.PID, ld.Holder.Note)
-	}
-	if !ok {
-		fmt.Fprintf(os.Stderr, "leasehold leader: nobody leads %s\n", name)
-		return exitNotAcquired
-	}
-	return exitOK
+		if !ok {
+			fmt.Fprintf(cmd.ErrOrStderr(), "leasehold leader: nobody leads %s\n", args[0])
+			return exitWith(exitNotAcquired)
+		}
+		return nil
+	})
+	return cmd
 }

@@ -56,8 +56,9 @@ const (
 	OutcomeUnknown    = "outcome_unknown"    // leadership was lost before the commit was confirmed
 	EpochLost         = "epoch_lost"
 	// Unavailable, nothing done: try another node.
-	NotCaughtUp = "not_caught_up" // a new member added as a non-voter has not caught up
-	NoClusterID = "no_cluster_id" // this node does not know its cluster yet
+	NotCaughtUp  = "not_caught_up" // a new member added as a non-voter has not caught up
+	NoClusterID  = "no_cluster_id" // this node does not know its cluster yet
+	ShuttingDown = "shutting_down" // this node is shutting down and did not start the request
 
 	// Unauthenticated and PermissionDenied (auth, G11).
 	Unauthenticated  = "unauthenticated"

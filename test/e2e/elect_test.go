@@ -58,12 +58,12 @@ func TestCLIElect(t *testing.T) {
 		case <-time.After(time.Second):
 		}
 		r := RunCLI(t, 10*time.Second, "leader", tc.name, "--addr", s.Addr, "--output", "json")
-		var out struct {
-			HasLeader bool   `json:"has_leader"`
-			Epoch     uint64 `json:"epoch"`
-			Value     string `json:"value"`
+		var out struct { // the protobuf JSON mapping: uint64 as a string, bytes base64
+			HasLeader bool   `json:"hasLeader"`
+			Epoch     string `json:"epoch"`
+			Value     []byte `json:"value"`
 		}
-		if err := json.Unmarshal([]byte(r.Stdout), &out); err != nil || r.Code != 0 || !out.HasLeader || out.Epoch != e1 || out.Value != "one" {
+		if err := json.Unmarshal([]byte(r.Stdout), &out); err != nil || r.Code != 0 || !out.HasLeader || out.Epoch != strconv.FormatUint(e1, 10) || string(out.Value) != "one" {
 			t.Fatalf("%s: leader = %q (exit %d), want epoch %d value one", tc.name, r.Stdout, r.Code, e1)
 		}
 
