@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"connectrpc.com/connect"
+
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/internal/reason"
 )
@@ -180,4 +182,51 @@ func (c *Client) Leader(ctx context.Context, name string) (ElectionLeader, bool,
 	}
 	h := resp.GetHolder()
 	return ElectionLeader{Epoch: resp.GetEpoch(), Value: resp.GetValue(), Holder: Holder{Host: h.GetHost(), PID: h.GetPid(), Note: h.GetNote()}}, true, nil
+}
+
+// Observe calls fn with who leads election name now (ok false: nobody), then with each
+// change of leader as the cluster applies it, until ctx ends or fn returns an error
+// (which Observe returns). Within one stream every change comes once and in order, and
+// the epochs of the leaders shown strictly increase (G8). When the stream breaks (its
+// node failed, or it fell behind), Observe opens a new one, on the next node, and goes
+// on from the leader then: the changes in between are not shown, and a change already
+// shown is not shown again (epochs still only rise). A change to nobody leading has
+// ok false and the epoch of the leadership that ended.
+func (c *Client) Observe(ctx context.Context, name string, fn func(l ElectionLeader, ok bool) error) error {
+	var last ElectionLeader
+	var lastOK, started bool
+	b := newBackoff()
+	for {
+		node := c.nodes.current()
+		st, err := c.elect.Observe(ctx, &leaseholdv1.ObserveRequest{Name: name})
+		if err == nil {
+			for st.Receive() {
+				b = newBackoff()
+				m := st.Msg()
+				h := m.GetHolder()
+				l := ElectionLeader{Epoch: m.GetEpoch(), Value: m.GetValue(), Holder: Holder{Host: h.GetHost(), PID: h.GetPid(), Note: h.GetNote()}}
+				ok := m.GetHasLeader()
+				// After a resume: only what is newer than what was shown.
+				if started && (ok && l.Epoch <= last.Epoch || !ok && (!lastOK || l.Epoch != last.Epoch)) {
+					continue
+				}
+				if ferr := fn(l, ok); ferr != nil {
+					_ = st.Close()
+					return ferr
+				}
+				last, lastOK, started = l, ok, true
+			}
+			err = st.Err()
+			_ = st.Close()
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if v := c.judge(ctx, node, err, false); v == final && err != nil && detailReason(err) != reason.ObserverLagging && connect.CodeOf(err) != connect.CodeUnavailable {
+			return err
+		}
+		if b.sleep(ctx) != nil {
+			return ctx.Err()
+		}
+	}
 }

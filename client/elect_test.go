@@ -92,6 +92,26 @@ func TestElect(t *testing.T) {
 	var mu sync.Mutex
 	var terms []term
 
+	// An observer on its own client sees every change, once, in order.
+	type seen struct {
+		epoch uint64
+		value string
+		ok    bool
+	}
+	events := make(chan seen, 64)
+	octx, ostop := context.WithCancel(context.Background())
+	defer ostop()
+	co := dial()
+	go func() {
+		_ = co.Observe(octx, "svc", func(l client.ElectionLeader, ok bool) error {
+			events <- seen{l.Epoch, string(l.Value), ok}
+			return nil
+		})
+	}()
+	if first := <-events; first.ok {
+		t.Fatalf("Observe before anyone campaigns: %+v, want nobody", first)
+	}
+
 	a := campaign(ctx, ca, "a", &mu, &terms)
 	la := leads(t, a)
 	b := campaign(ctx, cb, "b", &mu, &terms, client.ElectReleaseOnDisconnect)
@@ -144,6 +164,24 @@ func TestElect(t *testing.T) {
 	cancel() // b told to stop
 	if err := <-b.out; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Elect of b after its ctx ended = %v", err)
+	}
+	ctx = context.Background()
+
+	want := []seen{{la.Epoch(), "a", true}, {lb.Epoch(), "b", true}, {lc.Epoch(), "c", true}, {lb2.Epoch(), "b", true}, {lb2.Epoch(), "", false}}
+	for i, w := range want {
+		select {
+		case got := <-events:
+			if got != w {
+				t.Fatalf("Observe change %d = %+v, want %+v (all: %+v)", i, got, w, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("Observe: change %d (%+v) not seen", i, w)
+		}
+	}
+	select {
+	case got := <-events:
+		t.Fatalf("Observe: a change too many: %+v", got)
+	case <-time.After(300 * time.Millisecond):
 	}
 
 	mu.Lock()

@@ -125,7 +125,7 @@ func (s *State) applyElection(c *Command) Result {
 			epoch := s.Next()
 			e.Leader = &Candidate{Lease: c.Lease, Epoch: epoch, Value: c.Value, Holder: c.Holder}
 			t.index(c.Lease, c.Name)
-			return Result{Token: epoch, Effects: []Effect{{Kind: EffectElected, Lease: c.Lease, Name: c.Name, Token: epoch}}}
+			return Result{Token: epoch, Effects: []Effect{{Kind: EffectElected, Lease: c.Lease, Name: c.Name, Token: epoch, Value: c.Value, Holder: c.Holder}}}
 		case !c.Wait:
 			return Result{Err: fmt.Errorf("%w: election %q is led", ErrLockHeld, c.Name), HolderToken: e.Leader.Epoch, Holder: e.Leader.Holder}
 		case len(e.Candidates) >= s.limits.MaxWaitersPerLock:
@@ -176,7 +176,7 @@ func (s *State) unseat(e *Election, r *Result) {
 	e.Candidates = slices.Delete(e.Candidates, 0, 1)
 	next.Epoch = s.Next()
 	e.Leader = &next
-	r.Effects = append(r.Effects, Effect{Kind: EffectElected, Lease: next.Lease, Name: e.Name, Token: next.Epoch})
+	r.Effects = append(r.Effects, Effect{Kind: EffectElected, Lease: next.Lease, Name: e.Name, Token: next.Epoch, Value: next.Value, Holder: next.Holder})
 }
 
 // dropLeaseElections takes an ended lease out of every election, in name order: the

@@ -20,7 +20,7 @@ func TestElection(t *testing.T) {
 	if r.Queued || e1 != h.s.LastToken() {
 		t.Fatalf("first campaign = %+v, want to lead with the last token", r)
 	}
-	wantEffects(t, r.Effects, Effect{Kind: EffectElected, Lease: leaseA, Name: "svc", Token: e1})
+	wantEffects(t, r.Effects, Effect{Kind: EffectElected, Lease: leaseA, Name: "svc", Token: e1, Value: []byte("a")})
 	if r := h.ok(camp(leaseA, "a")); r.Token != e1 || len(r.Effects) != 0 {
 		t.Fatalf("repeated campaign of the leader = %+v", r)
 	}
@@ -53,7 +53,7 @@ func TestElection(t *testing.T) {
 
 	r = h.ok(Command{Op: OpResign, Lease: leaseA, Name: "svc", Token: e1})
 	e2 := h.s.LastToken()
-	wantEffects(t, r.Effects, Effect{Kind: EffectElected, Lease: leaseB, Name: "svc", Token: e2})
+	wantEffects(t, r.Effects, Effect{Kind: EffectElected, Lease: leaseB, Name: "svc", Token: e2, Value: []byte("b")})
 	if got := h.s.Elections().Get("svc").Leader; got.Lease != leaseB || got.Epoch != e2 || e2 <= e1 || string(got.Value) != "b" {
 		t.Fatalf("leader after Resign %+v", got)
 	}

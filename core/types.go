@@ -231,6 +231,9 @@ type Effect struct {
 	DelayMillis int64
 	TTLMillis   int64
 	Note        string
+	// Value and Holder are the new leader's, for EffectElected.
+	Value  []byte
+	Holder Holder
 }
 
 // Result is the outcome of applying one command.

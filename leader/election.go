@@ -109,3 +109,97 @@ func (l *Leader) LeaderOf(name string) (Leadership, bool) {
 	})
 	return ld, ok
 }
+
+// ElectionChange is one change Observe reports: a leadership (Leads), or that nobody
+// leads any more (Epoch is the leadership that ended; 0 at a stream's start when
+// nobody led).
+type ElectionChange struct {
+	Leads bool
+	Leadership
+}
+
+// maxObserverLag is how many changes an Observe stream may fall behind before it ends
+// with ErrObserverLagging.
+const maxObserverLag = 1024
+
+// observer is one Observe stream's queue of changes, filled by OnEffects (under
+// Leader.mu) in log order.
+type observer struct {
+	queue   []ElectionChange
+	lagging bool
+	wake    chan struct{} // holds one signal: changes are queued
+}
+
+// observedLocked queues change for every observer of election name.
+func (l *Leader) observedLocked(name string, change ElectionChange) {
+	for o := range l.observers[name] {
+		if len(o.queue) >= maxObserverLag {
+			o.lagging = true
+		} else {
+			o.queue = append(o.queue, change)
+		}
+		select {
+		case o.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Observe calls send with who leads election name now, then with each change as this
+// node applies it, in log order, each once: the epochs of the leaderships sent
+// strictly increase (G8), and a change that happened before the first one sent is not
+// sent. It returns when ctx ends (ctx's error), when send fails (its error), or with
+// ErrObserverLagging when the stream fell maxObserverLag changes behind. It serves on
+// any node that applies the log; the server routes it to the leader.
+func (l *Leader) Observe(ctx context.Context, name string, send func(ElectionChange) error) error {
+	o := &observer{wake: make(chan struct{}, 1)}
+	l.mu.Lock()
+	if l.observers == nil {
+		l.observers = make(map[string]map[*observer]struct{})
+	}
+	if l.observers[name] == nil {
+		l.observers[name] = make(map[*observer]struct{})
+	}
+	l.observers[name][o] = struct{}{}
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.observers[name], o)
+		if len(l.observers[name]) == 0 {
+			delete(l.observers, name)
+		}
+		l.mu.Unlock()
+	}()
+	// Read after registering: a change applied since is both in the state read and
+	// in the queue, and the epoch rule below drops it from the queue.
+	ld, leads := l.LeaderOf(name)
+	last := ElectionChange{Leads: leads, Leadership: ld}
+	if err := send(last); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-o.wake:
+		}
+		l.mu.Lock()
+		queue, lagging := o.queue, o.lagging
+		o.queue = nil
+		l.mu.Unlock()
+		for _, c := range queue {
+			// A new leadership is news when its epoch is higher than the last sent;
+			// an end, when it ends the leadership last sent.
+			if c.Leads && c.Epoch <= last.Epoch || !c.Leads && (!last.Leads || c.Epoch != last.Epoch) {
+				continue
+			}
+			if err := send(c); err != nil {
+				return err
+			}
+			last = c
+		}
+		if lagging {
+			return ErrObserverLagging
+		}
+	}
+}

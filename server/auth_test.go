@@ -63,6 +63,7 @@ var aclNeeds = map[string]struct {
 	"/leasehold.v1.ElectionService/Proclaim":    {auth.Lock, true},
 	"/leasehold.v1.ElectionService/Leader":      {auth.Read, true},
 	"/leasehold.v1.ElectionService/Resign":      {auth.Lock, true},
+	"/leasehold.v1.ElectionService/Observe":     {auth.Read, true},
 }
 
 // aclTokens are the identities of the ACL test: each token's name is its secret too.
@@ -251,21 +252,8 @@ func authCall(t *testing.T, addr, procedure, token string, req proto.Message) (c
 	if err != nil {
 		t.Fatal(err)
 	}
-	hr, err := http.NewRequest(http.MethodPost, "http://"+addr+procedure, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hr.Header.Set("Content-Type", "application/proto")
-	if token != "" {
-		hr.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(hr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode == http.StatusOK {
+	b := connectPost(t, addr, procedure, token, body)
+	if b == nil {
 		return 0, ""
 	}
 	var e struct {

@@ -5,6 +5,7 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/leader"
 )
 
 // ---- ElectionService (G8) ---------------------------------------------------------------
@@ -78,4 +79,19 @@ func (s *Server) Leader(_ context.Context, req *leaseholdv1.LeaderRequest) (*lea
 		return &leaseholdv1.LeaderResponse{}, nil
 	}
 	return &leaseholdv1.LeaderResponse{HasLeader: true, Epoch: ld.Epoch, Value: ld.Value, Holder: holderToProto(ld.Holder)}, nil
+}
+
+// Observe serves ElectionService.Observe: the leader now, then every change, in log
+// order (leader.Observe).
+func (s *Server) Observe(ctx context.Context, req *leaseholdv1.ObserveRequest, send func(*leaseholdv1.ObserveResponse) error) error {
+	if err := core.ValidateName("name", req.GetName()); err != nil {
+		return err
+	}
+	return s.leader.Observe(ctx, req.GetName(), func(c leader.ElectionChange) error {
+		resp := &leaseholdv1.ObserveResponse{HasLeader: c.Leads, Epoch: c.Epoch, Value: c.Value}
+		if c.Leads {
+			resp.Holder = holderToProto(c.Holder)
+		}
+		return send(resp)
+	})
 }

@@ -42,6 +42,7 @@ var errorCodes = []struct {
 	{replication.ErrNotLeader, connect.CodeUnavailable, reason.NotLeader},
 	{replication.ErrOutcomeUnknown, connect.CodeUnavailable, reason.OutcomeUnknown},
 	{leader.ErrEpochLost, connect.CodeUnavailable, reason.EpochLost},
+	{leader.ErrObserverLagging, connect.CodeResourceExhausted, reason.ObserverLagging},
 	{errNoSuchMember, connect.CodeNotFound, reason.NoSuchMember},
 	{errMemberCheck, connect.CodeFailedPrecondition, reason.MemberCheck},
 	{errLastVoter, connect.CodeFailedPrecondition, reason.LastVoter},

@@ -58,6 +58,7 @@ func methodTable() []*method {
 		unary(leaseholdv1connect.ElectionServiceProclaimProcedure, (*Server).Proclaim, needsOn(permLock, (*leaseholdv1.ProclaimRequest).GetName)),
 		unary(leaseholdv1connect.ElectionServiceLeaderProcedure, (*Server).Leader, needsOn(permRead, (*leaseholdv1.LeaderRequest).GetName)),
 		unary(leaseholdv1connect.ElectionServiceResignProcedure, (*Server).Resign, needsOn(permLock, (*leaseholdv1.ResignRequest).GetName)),
+		serverStream(leaseholdv1connect.ElectionServiceObserveProcedure, (*Server).Observe, needsOn(permRead, (*leaseholdv1.ObserveRequest).GetName)),
 		// ClusterService
 		unary(leaseholdv1connect.ClusterServiceStatusProcedure, (*Server).Status, needs(permRead), anyNode()),
 		unary(leaseholdv1connect.ClusterServiceMembersProcedure, (*Server).Members, needs(permRead), anyNode()),

@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -96,14 +95,9 @@ func TestTransportsAgree(t *testing.T) {
 // returns the error's code and ErrorDetail reason.
 func connectCall(t *testing.T, addr, procedure string) (connect.Code, string) {
 	t.Helper()
-	resp, err := http.Post("http://"+addr+procedure, "application/proto", bytes.NewReader(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode == http.StatusOK {
-		t.Fatalf("%s: 200 OK, want an error", procedure)
+	body := connectPost(t, addr, procedure, "", nil)
+	if body == nil {
+		t.Fatalf("%s: served, want an error", procedure)
 	}
 	var e struct {
 		Code    string `json:"code"`

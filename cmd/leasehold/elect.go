@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/client"
@@ -153,6 +154,55 @@ func newLeaderCmd() *cobra.Command {
 			return exitWith(exitNotAcquired)
 		}
 		return nil
+	})
+	return cmd
+}
+
+// newObserveCmd is `leasehold observe NAME [--output json]`: who leads election NAME,
+// then every change, one line each, until interrupted.
+func newObserveCmd() *cobra.Command {
+	var addr string
+	cmd := &cobra.Command{
+		Use:   "observe NAME",
+		Short: "show who leads election NAME, then every change of leader, one line each",
+		Long: `Prints who leads election NAME, then each change of leader as the cluster applies it,
+one line each, until interrupted: "epoch N value V held by HOST pid PID", or "no leader
+(epoch N ended)". Within one stream every change comes once and in order, epochs rising;
+when the stream breaks it resumes from the leader then. --output json prints one
+compact protobuf-JSON ObserveResponse per line.`,
+		Args: cobra.ExactArgs(1),
+	}
+	output := outputFlag(cmd)
+	addrFlag(cmd.Flags(), &addr)
+	cmd.RunE = clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+		ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		w := cmd.OutOrStdout()
+		err := c.Observe(ctx, args[0], func(l client.ElectionLeader, ok bool) error {
+			if *output == "json" {
+				resp := &leaseholdv1.ObserveResponse{HasLeader: ok, Epoch: l.Epoch, Value: l.Value}
+				if ok {
+					resp.Holder = &leaseholdv1.Holder{Host: l.Holder.Host, Pid: l.Holder.PID, Note: l.Holder.Note}
+				}
+				b, err := protojson.Marshal(resp)
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintln(w, string(b))
+				return err
+			}
+			var err error
+			if ok {
+				_, err = fmt.Fprintf(w, "epoch %d\tvalue %q\theld by %s pid %d %s\n", l.Epoch, l.Value, l.Holder.Host, l.Holder.PID, l.Holder.Note)
+			} else {
+				_, err = fmt.Fprintf(w, "no leader (epoch %d ended)\n", l.Epoch)
+			}
+			return err
+		})
+		if ctx.Err() != nil {
+			return nil // interrupted: the normal end
+		}
+		return err
 	})
 	return cmd
 }

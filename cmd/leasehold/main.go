@@ -5,6 +5,7 @@
 //	leasehold once KEY -- CMD...     run CMD at most once per KEY
 //	leasehold elect NAME -- CMD...   run CMD while leading election NAME
 //	leasehold leader NAME            who leads election NAME
+//	leasehold observe NAME           every change of leader of election NAME
 //	leasehold locks [PREFIX]         list locks
 //	leasehold kv get|put|del|ls      the fenced key-value store
 //	leasehold status                 show the node's status
@@ -121,6 +122,7 @@ elsewhere; 76 lock or key lost while CMD ran (CMD's process group was killed).`,
 		newOnceCmd(),
 		newElectCmd(),
 		newLeaderCmd(),
+		newObserveCmd(),
 		newLocksCmd(),
 		newUnlockCmd(),
 		newKVCmd(),

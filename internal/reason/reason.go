@@ -42,7 +42,8 @@ const (
 	LimitLocksPerLease = "limit_locks_per_lease"
 	LimitWaiters       = "limit_waiters"
 	LimitKeys          = "limit_idempotency_keys"
-	Quota              = "quota" // an identity's quota (auth); the message says which
+	Quota              = "quota"            // an identity's quota (auth); the message says which
+	ObserverLagging    = "observer_lagging" // an Observe stream fell too far behind
 
 	// AlreadyExists.
 	LeaseExists = "lease_exists"

@@ -3088,6 +3088,120 @@ func (x *LeaderResponse) GetHolder() *Holder {
 	return nil
 }
 
+type ObserveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObserveRequest) Reset() {
+	*x = ObserveRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObserveRequest) ProtoMessage() {}
+
+func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObserveRequest.ProtoReflect.Descriptor instead.
+func (*ObserveRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ObserveRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type ObserveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when nobody leads (from then on); epoch is then the leadership that ended
+	// (0 at the start of a stream when nobody leads).
+	HasLeader     bool    `protobuf:"varint,1,opt,name=has_leader,json=hasLeader,proto3" json:"has_leader,omitempty"`
+	Epoch         uint64  `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Value         []byte  `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	Holder        *Holder `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObserveResponse) Reset() {
+	*x = ObserveResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObserveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObserveResponse) ProtoMessage() {}
+
+func (x *ObserveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObserveResponse.ProtoReflect.Descriptor instead.
+func (*ObserveResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ObserveResponse) GetHasLeader() bool {
+	if x != nil {
+		return x.HasLeader
+	}
+	return false
+}
+
+func (x *ObserveResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ObserveResponse) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *ObserveResponse) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
 type ResignRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -3099,7 +3213,7 @@ type ResignRequest struct {
 
 func (x *ResignRequest) Reset() {
 	*x = ResignRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3111,7 +3225,7 @@ func (x *ResignRequest) String() string {
 func (*ResignRequest) ProtoMessage() {}
 
 func (x *ResignRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3124,7 +3238,7 @@ func (x *ResignRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResignRequest.ProtoReflect.Descriptor instead.
 func (*ResignRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ResignRequest) GetName() string {
@@ -3156,7 +3270,7 @@ type ResignResponse struct {
 
 func (x *ResignResponse) Reset() {
 	*x = ResignResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3168,7 +3282,7 @@ func (x *ResignResponse) String() string {
 func (*ResignResponse) ProtoMessage() {}
 
 func (x *ResignResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3181,7 +3295,7 @@ func (x *ResignResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResignResponse.ProtoReflect.Descriptor instead.
 func (*ResignResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
 }
 
 type Member struct {
@@ -3205,7 +3319,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3217,7 +3331,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3230,7 +3344,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Member) GetNodeId() string {
@@ -3283,7 +3397,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3295,7 +3409,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3308,7 +3422,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
 }
 
 type MembersResponse struct {
@@ -3320,7 +3434,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3332,7 +3446,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3345,7 +3459,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -3366,7 +3480,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3378,7 +3492,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3391,7 +3505,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *AddMemberRequest) GetNodeId() string {
@@ -3424,7 +3538,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3436,7 +3550,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3449,7 +3563,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *AddMemberResponse) GetMembers() []*Member {
@@ -3468,7 +3582,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3480,7 +3594,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3493,7 +3607,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RemoveMemberRequest) GetNodeId() string {
@@ -3512,7 +3626,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3524,7 +3638,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3537,7 +3651,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RemoveMemberResponse) GetMembers() []*Member {
@@ -3555,7 +3669,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3567,7 +3681,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3580,7 +3694,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
 }
 
 type StatusResponse struct {
@@ -3619,7 +3733,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3631,7 +3745,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3644,7 +3758,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -3780,7 +3894,7 @@ type FastLaneError struct {
 
 func (x *FastLaneError) Reset() {
 	*x = FastLaneError{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3792,7 +3906,7 @@ func (x *FastLaneError) String() string {
 func (*FastLaneError) ProtoMessage() {}
 
 func (x *FastLaneError) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3805,7 +3919,7 @@ func (x *FastLaneError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastLaneError.ProtoReflect.Descriptor instead.
 func (*FastLaneError) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *FastLaneError) GetCode() uint32 {
@@ -4038,6 +4152,14 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"has_leader\x18\x01 \x01(\bR\thasLeader\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\fR\x05value\x12,\n" +
+	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\"$\n" +
+	"\x0eObserveRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x8a\x01\n" +
+	"\x0fObserveResponse\x12\x1d\n" +
+	"\n" +
+	"has_leader\x18\x01 \x01(\bR\thasLeader\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\x12,\n" +
 	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\"T\n" +
 	"\rResignRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
@@ -4126,11 +4248,12 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x12O\n" +
 	"\bComplete\x12\x1d.leasehold.v1.CompleteRequest\x1a\x1e.leasehold.v1.CompleteResponse\"\x04\xb0\xe3\x18\v\x12F\n" +
 	"\aAbandon\x12\x1c.leasehold.v1.AbandonRequest\x1a\x1d.leasehold.v1.AbandonResponse\x12^\n" +
-	"\x03Get\x12*.leasehold.v1.IdempotencyServiceGetRequest\x1a+.leasehold.v1.IdempotencyServiceGetResponse2\xb1\x02\n" +
+	"\x03Get\x12*.leasehold.v1.IdempotencyServiceGetRequest\x1a+.leasehold.v1.IdempotencyServiceGetResponse2\xfb\x02\n" +
 	"\x0fElectionService\x12I\n" +
 	"\bCampaign\x12\x1d.leasehold.v1.CampaignRequest\x1a\x1e.leasehold.v1.CampaignResponse\x12I\n" +
 	"\bProclaim\x12\x1d.leasehold.v1.ProclaimRequest\x1a\x1e.leasehold.v1.ProclaimResponse\x12C\n" +
-	"\x06Leader\x12\x1b.leasehold.v1.LeaderRequest\x1a\x1c.leasehold.v1.LeaderResponse\x12C\n" +
+	"\x06Leader\x12\x1b.leasehold.v1.LeaderRequest\x1a\x1c.leasehold.v1.LeaderResponse\x12H\n" +
+	"\aObserve\x12\x1c.leasehold.v1.ObserveRequest\x1a\x1d.leasehold.v1.ObserveResponse0\x01\x12C\n" +
 	"\x06Resign\x12\x1b.leasehold.v1.ResignRequest\x1a\x1c.leasehold.v1.ResignResponse2\xc2\x02\n" +
 	"\x0eClusterService\x12C\n" +
 	"\x06Status\x12\x1b.leasehold.v1.StatusRequest\x1a\x1c.leasehold.v1.StatusResponse\x12F\n" +
@@ -4152,7 +4275,7 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(LockClass)(0),                        // 0: leasehold.v1.LockClass
 	(LockMode)(0),                         // 1: leasehold.v1.LockMode
@@ -4204,19 +4327,21 @@ var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(*ProclaimResponse)(nil),              // 47: leasehold.v1.ProclaimResponse
 	(*LeaderRequest)(nil),                 // 48: leasehold.v1.LeaderRequest
 	(*LeaderResponse)(nil),                // 49: leasehold.v1.LeaderResponse
-	(*ResignRequest)(nil),                 // 50: leasehold.v1.ResignRequest
-	(*ResignResponse)(nil),                // 51: leasehold.v1.ResignResponse
-	(*Member)(nil),                        // 52: leasehold.v1.Member
-	(*MembersRequest)(nil),                // 53: leasehold.v1.MembersRequest
-	(*MembersResponse)(nil),               // 54: leasehold.v1.MembersResponse
-	(*AddMemberRequest)(nil),              // 55: leasehold.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),             // 56: leasehold.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),           // 57: leasehold.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),          // 58: leasehold.v1.RemoveMemberResponse
-	(*StatusRequest)(nil),                 // 59: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),                // 60: leasehold.v1.StatusResponse
-	(*FastLaneError)(nil),                 // 61: leasehold.v1.FastLaneError
-	(*descriptorpb.MethodOptions)(nil),    // 62: google.protobuf.MethodOptions
+	(*ObserveRequest)(nil),                // 50: leasehold.v1.ObserveRequest
+	(*ObserveResponse)(nil),               // 51: leasehold.v1.ObserveResponse
+	(*ResignRequest)(nil),                 // 52: leasehold.v1.ResignRequest
+	(*ResignResponse)(nil),                // 53: leasehold.v1.ResignResponse
+	(*Member)(nil),                        // 54: leasehold.v1.Member
+	(*MembersRequest)(nil),                // 55: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),               // 56: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),              // 57: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),             // 58: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),           // 59: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),          // 60: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),                 // 61: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),                // 62: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),                 // 63: leasehold.v1.FastLaneError
+	(*descriptorpb.MethodOptions)(nil),    // 64: google.protobuf.MethodOptions
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	3,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
@@ -4242,66 +4367,69 @@ var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	3,  // 20: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
 	3,  // 21: leasehold.v1.CampaignRequest.holder:type_name -> leasehold.v1.Holder
 	3,  // 22: leasehold.v1.LeaderResponse.holder:type_name -> leasehold.v1.Holder
-	52, // 23: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	52, // 24: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	52, // 25: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	4,  // 26: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	62, // 27: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	5,  // 28: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	7,  // 29: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	10, // 30: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	12, // 31: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	14, // 32: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	16, // 33: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	18, // 34: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	22, // 35: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	24, // 36: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	27, // 37: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	29, // 38: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	31, // 39: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	33, // 40: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	36, // 41: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
-	38, // 42: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
-	40, // 43: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
-	42, // 44: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
-	44, // 45: leasehold.v1.ElectionService.Campaign:input_type -> leasehold.v1.CampaignRequest
-	46, // 46: leasehold.v1.ElectionService.Proclaim:input_type -> leasehold.v1.ProclaimRequest
-	48, // 47: leasehold.v1.ElectionService.Leader:input_type -> leasehold.v1.LeaderRequest
-	50, // 48: leasehold.v1.ElectionService.Resign:input_type -> leasehold.v1.ResignRequest
-	59, // 49: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	53, // 50: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	55, // 51: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	57, // 52: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	6,  // 53: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	8,  // 54: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	11, // 55: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	13, // 56: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	15, // 57: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	17, // 58: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	19, // 59: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	23, // 60: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	25, // 61: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	28, // 62: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	30, // 63: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	32, // 64: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	34, // 65: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	37, // 66: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
-	39, // 67: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
-	41, // 68: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
-	43, // 69: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
-	45, // 70: leasehold.v1.ElectionService.Campaign:output_type -> leasehold.v1.CampaignResponse
-	47, // 71: leasehold.v1.ElectionService.Proclaim:output_type -> leasehold.v1.ProclaimResponse
-	49, // 72: leasehold.v1.ElectionService.Leader:output_type -> leasehold.v1.LeaderResponse
-	51, // 73: leasehold.v1.ElectionService.Resign:output_type -> leasehold.v1.ResignResponse
-	60, // 74: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	54, // 75: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	56, // 76: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	58, // 77: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	53, // [53:78] is the sub-list for method output_type
-	28, // [28:53] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	27, // [27:28] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	3,  // 23: leasehold.v1.ObserveResponse.holder:type_name -> leasehold.v1.Holder
+	54, // 24: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	54, // 25: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	54, // 26: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	4,  // 27: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	64, // 28: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	5,  // 29: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	7,  // 30: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	10, // 31: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	12, // 32: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	14, // 33: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	16, // 34: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	18, // 35: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	22, // 36: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	24, // 37: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	27, // 38: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	29, // 39: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	31, // 40: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	33, // 41: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	36, // 42: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
+	38, // 43: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
+	40, // 44: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
+	42, // 45: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
+	44, // 46: leasehold.v1.ElectionService.Campaign:input_type -> leasehold.v1.CampaignRequest
+	46, // 47: leasehold.v1.ElectionService.Proclaim:input_type -> leasehold.v1.ProclaimRequest
+	48, // 48: leasehold.v1.ElectionService.Leader:input_type -> leasehold.v1.LeaderRequest
+	50, // 49: leasehold.v1.ElectionService.Observe:input_type -> leasehold.v1.ObserveRequest
+	52, // 50: leasehold.v1.ElectionService.Resign:input_type -> leasehold.v1.ResignRequest
+	61, // 51: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	55, // 52: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	57, // 53: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	59, // 54: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	6,  // 55: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	8,  // 56: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	11, // 57: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	13, // 58: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	15, // 59: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	17, // 60: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	19, // 61: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	23, // 62: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	25, // 63: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	28, // 64: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	30, // 65: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	32, // 66: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	34, // 67: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	37, // 68: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	39, // 69: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	41, // 70: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	43, // 71: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	45, // 72: leasehold.v1.ElectionService.Campaign:output_type -> leasehold.v1.CampaignResponse
+	47, // 73: leasehold.v1.ElectionService.Proclaim:output_type -> leasehold.v1.ProclaimResponse
+	49, // 74: leasehold.v1.ElectionService.Leader:output_type -> leasehold.v1.LeaderResponse
+	51, // 75: leasehold.v1.ElectionService.Observe:output_type -> leasehold.v1.ObserveResponse
+	53, // 76: leasehold.v1.ElectionService.Resign:output_type -> leasehold.v1.ResignResponse
+	62, // 77: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	56, // 78: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	58, // 79: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	60, // 80: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	55, // [55:81] is the sub-list for method output_type
+	29, // [29:55] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	28, // [28:29] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -4317,7 +4445,7 @@ func file_leasehold_v1_leasehold_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   59,
+			NumMessages:   61,
 			NumExtensions: 1,
 			NumServices:   6,
 		},

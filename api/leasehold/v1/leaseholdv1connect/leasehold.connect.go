@@ -107,6 +107,8 @@ const (
 	ElectionServiceProclaimProcedure = "/leasehold.v1.ElectionService/Proclaim"
 	// ElectionServiceLeaderProcedure is the fully-qualified name of the ElectionService's Leader RPC.
 	ElectionServiceLeaderProcedure = "/leasehold.v1.ElectionService/Leader"
+	// ElectionServiceObserveProcedure is the fully-qualified name of the ElectionService's Observe RPC.
+	ElectionServiceObserveProcedure = "/leasehold.v1.ElectionService/Observe"
 	// ElectionServiceResignProcedure is the fully-qualified name of the ElectionService's Resign RPC.
 	ElectionServiceResignProcedure = "/leasehold.v1.ElectionService/Resign"
 	// ClusterServiceStatusProcedure is the fully-qualified name of the ClusterService's Status RPC.
@@ -930,6 +932,15 @@ type ElectionServiceClient interface {
 	Proclaim(context.Context, *v1.ProclaimRequest) (*v1.ProclaimResponse, error)
 	// Leader says who leads, linearizably (from the leader).
 	Leader(context.Context, *v1.LeaderRequest) (*v1.LeaderResponse, error)
+	// Observe streams who leads: first the leader now (or that nobody leads), then each
+	// change — a new leader, with its epoch and campaign value, or the end of a
+	// leadership with nobody to follow (has_leader false, epoch the one that ended) — in
+	// the order the log applied them, each once: within a stream, the epochs of the
+	// leaders shown strictly increase and none is skipped. Values changed by Proclaim are
+	// not streamed (Leader reads them). A stream that falls 1024 changes behind ends with
+	// ResourceExhausted; after a stream ends, a new one starts from the leader then (the
+	// leaderships in between are not shown; their epochs are lower).
+	Observe(context.Context, *v1.ObserveRequest) (*connect.ServerStreamForClient[v1.ObserveResponse], error)
 	// Resign ends the leadership under epoch; the next candidate leads. FailedPrecondition
 	// ("not_holder") unless the lease leads under epoch (a repeat after a lost reply
 	// gets it too: the leadership has ended either way).
@@ -965,6 +976,12 @@ func NewElectionServiceClient(httpClient connect.HTTPClient, baseURL string, opt
 			connect.WithSchema(electionServiceMethods.ByName("Leader")),
 			connect.WithClientOptions(opts...),
 		),
+		observe: connect.NewClient[v1.ObserveRequest, v1.ObserveResponse](
+			httpClient,
+			baseURL+ElectionServiceObserveProcedure,
+			connect.WithSchema(electionServiceMethods.ByName("Observe")),
+			connect.WithClientOptions(opts...),
+		),
 		resign: connect.NewClient[v1.ResignRequest, v1.ResignResponse](
 			httpClient,
 			baseURL+ElectionServiceResignProcedure,
@@ -979,6 +996,7 @@ type electionServiceClient struct {
 	campaign *connect.Client[v1.CampaignRequest, v1.CampaignResponse]
 	proclaim *connect.Client[v1.ProclaimRequest, v1.ProclaimResponse]
 	leader   *connect.Client[v1.LeaderRequest, v1.LeaderResponse]
+	observe  *connect.Client[v1.ObserveRequest, v1.ObserveResponse]
 	resign   *connect.Client[v1.ResignRequest, v1.ResignResponse]
 }
 
@@ -1009,6 +1027,11 @@ func (c *electionServiceClient) Leader(ctx context.Context, req *v1.LeaderReques
 	return nil, err
 }
 
+// Observe calls leasehold.v1.ElectionService.Observe.
+func (c *electionServiceClient) Observe(ctx context.Context, req *v1.ObserveRequest) (*connect.ServerStreamForClient[v1.ObserveResponse], error) {
+	return c.observe.CallServerStream(ctx, connect.NewRequest(req))
+}
+
 // Resign calls leasehold.v1.ElectionService.Resign.
 func (c *electionServiceClient) Resign(ctx context.Context, req *v1.ResignRequest) (*v1.ResignResponse, error) {
 	response, err := c.resign.CallUnary(ctx, connect.NewRequest(req))
@@ -1031,6 +1054,15 @@ type ElectionServiceHandler interface {
 	Proclaim(context.Context, *v1.ProclaimRequest) (*v1.ProclaimResponse, error)
 	// Leader says who leads, linearizably (from the leader).
 	Leader(context.Context, *v1.LeaderRequest) (*v1.LeaderResponse, error)
+	// Observe streams who leads: first the leader now (or that nobody leads), then each
+	// change — a new leader, with its epoch and campaign value, or the end of a
+	// leadership with nobody to follow (has_leader false, epoch the one that ended) — in
+	// the order the log applied them, each once: within a stream, the epochs of the
+	// leaders shown strictly increase and none is skipped. Values changed by Proclaim are
+	// not streamed (Leader reads them). A stream that falls 1024 changes behind ends with
+	// ResourceExhausted; after a stream ends, a new one starts from the leader then (the
+	// leaderships in between are not shown; their epochs are lower).
+	Observe(context.Context, *v1.ObserveRequest, *connect.ServerStream[v1.ObserveResponse]) error
 	// Resign ends the leadership under epoch; the next candidate leads. FailedPrecondition
 	// ("not_holder") unless the lease leads under epoch (a repeat after a lost reply
 	// gets it too: the leadership has ended either way).
@@ -1062,6 +1094,12 @@ func NewElectionServiceHandler(svc ElectionServiceHandler, opts ...connect.Handl
 		connect.WithSchema(electionServiceMethods.ByName("Leader")),
 		connect.WithHandlerOptions(opts...),
 	)
+	electionServiceObserveHandler := connect.NewServerStreamHandlerSimple(
+		ElectionServiceObserveProcedure,
+		svc.Observe,
+		connect.WithSchema(electionServiceMethods.ByName("Observe")),
+		connect.WithHandlerOptions(opts...),
+	)
 	electionServiceResignHandler := connect.NewUnaryHandlerSimple(
 		ElectionServiceResignProcedure,
 		svc.Resign,
@@ -1076,6 +1114,8 @@ func NewElectionServiceHandler(svc ElectionServiceHandler, opts ...connect.Handl
 			electionServiceProclaimHandler.ServeHTTP(w, r)
 		case ElectionServiceLeaderProcedure:
 			electionServiceLeaderHandler.ServeHTTP(w, r)
+		case ElectionServiceObserveProcedure:
+			electionServiceObserveHandler.ServeHTTP(w, r)
 		case ElectionServiceResignProcedure:
 			electionServiceResignHandler.ServeHTTP(w, r)
 		default:
@@ -1097,6 +1137,10 @@ func (UnimplementedElectionServiceHandler) Proclaim(context.Context, *v1.Proclai
 
 func (UnimplementedElectionServiceHandler) Leader(context.Context, *v1.LeaderRequest) (*v1.LeaderResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ElectionService.Leader is not implemented"))
+}
+
+func (UnimplementedElectionServiceHandler) Observe(context.Context, *v1.ObserveRequest, *connect.ServerStream[v1.ObserveResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ElectionService.Observe is not implemented"))
 }
 
 func (UnimplementedElectionServiceHandler) Resign(context.Context, *v1.ResignRequest) (*v1.ResignResponse, error) {
