@@ -135,4 +135,3 @@ func TestElectLeadersKilledAndPaused(t *testing.T) {
 		}
 	}
 }
-
