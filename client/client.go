@@ -312,12 +312,13 @@ func (c *Client) leaseFor(ctx context.Context, set *leaseSet, k leaseKind) (*lea
 	// A repeated Grant after an unknown outcome may leave a lease nobody uses; it
 	// expires after its TTL.
 	var sent time.Time
-	var conn *flConn // the connection a bound lease is bound to
+	var conn *flConn     // the fast-lane connection a bound lease is bound to
+	var bind *bindStream // or the Bind stream (over Connect)
 	req := &leaseholdv1.GrantRequest{TtlMs: k.ttl.Milliseconds(), ReleaseOnDisconnect: k.bound}
 	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.GrantResponse, error) {
 		sent = time.Now() // the answered attempt's: the lease's countdown began after it
 		if k.bound {
-			return c.grantBound(ctx, req, &conn)
+			return c.grantBound(ctx, req, &conn, &bind)
 		}
 		return rpc(ctx, c, c.leases.Grant, req)
 	})
@@ -325,8 +326,11 @@ func (c *Client) leaseFor(ctx context.Context, set *leaseSet, k leaseKind) (*lea
 		return nil, err
 	}
 	s := newLease(c, resp.GetLeaseId(), time.Duration(resp.GetTtlMs())*time.Millisecond, sent)
-	if conn != nil {
+	switch {
+	case conn != nil:
 		go s.watchConn(conn)
+	case bind != nil:
+		go s.watchBind(bind)
 	}
 	set.mu.Lock()
 	defer set.mu.Unlock()

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -28,34 +29,35 @@ const (
 
 var grantMethod = fastlane.MustMethodOf(leaseholdv1connect.LeaseServiceGrantProcedure)
 
-// grantBound sends Grant req over the fast-lane connection to the current node,
-// waiting for one while it is being dialled, and records in *conn the connection the
-// lease is then bound to.
-func (c *Client) grantBound(ctx context.Context, req *leaseholdv1.GrantRequest, conn **flConn) (*leaseholdv1.GrantResponse, error) {
-	b := newBackoff()
-	for {
-		if c.fast.off() {
-			return nil, ErrNoFastLane
+// grantBound grants the bound lease of req: over the fast-lane connection to the
+// current node, recording in *conn the connection the lease is then bound to, or, when
+// no fast-lane connection can be had (WithoutFastLane, a node without one, one that
+// cannot be reached), over Connect, then bound to a Bind stream (bindStream), recorded
+// in *bind.
+func (c *Client) grantBound(ctx context.Context, req *leaseholdv1.GrantRequest, conn **flConn, bind **bindStream) (*leaseholdv1.GrantResponse, error) {
+	if fc := c.fast.get(ctx); fc != nil {
+		resp := new(leaseholdv1.GrantResponse)
+		if err := fc.call(ctx, grantMethod, req, resp); err != nil {
+			return nil, err
 		}
-		if fc := c.fast.get(ctx); fc != nil {
-			resp := new(leaseholdv1.GrantResponse)
-			if err := fc.call(ctx, grantMethod, req, resp); err != nil {
-				return nil, err
-			}
-			*conn = fc
-			return resp, nil
-		}
-		if err := b.sleep(ctx); err != nil {
-			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("no fast-lane connection: %w", err))
-		}
+		*conn = fc
+		return resp, nil
 	}
-}
-
-// off reports whether the fast lane is turned off (WithoutFastLane, or Close).
-func (f *fastLanes) off() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.disabled
+	plain := &leaseholdv1.GrantRequest{TtlMs: req.GetTtlMs()}
+	resp, err := c.leases.Grant(ctx, plain)
+	if err != nil {
+		return nil, err
+	}
+	b, err := c.bind(ctx, resp.GetLeaseId())
+	if err != nil {
+		// The lease is bound to nothing: let it go (it expires after its TTL anyway).
+		go func() {
+			_, _ = c.leases.Revoke(context.Background(), &leaseholdv1.RevokeRequest{LeaseId: resp.GetLeaseId()})
+		}()
+		return nil, err
+	}
+	*bind = b
+	return resp, nil
 }
 
 // watchConn ends the bound lease s with ErrDisconnected when conn breaks, or when a
@@ -88,5 +90,108 @@ func (s *lease) watchConn(conn *flConn) {
 			continue // dead now
 		}
 		conn.cancel(probeMethod, 0)
+	}
+}
+
+// bindStream is a Bind stream that a lease is bound to (release on disconnect over
+// Connect).
+type bindStream struct {
+	st     *connect.ServerStreamForClient[leaseholdv1.BindResponse]
+	cancel context.CancelFunc
+}
+
+// bind opens a Bind stream for lease id and waits for its first message: the lease is
+// then bound.
+func (c *Client) bind(ctx context.Context, id string) (*bindStream, error) {
+	sctx, cancel := context.WithCancel(context.Background()) // outlives the Lock's ctx
+	stop := context.AfterFunc(ctx, cancel)
+	st, err := c.leases.Bind(sctx, &leaseholdv1.BindRequest{LeaseId: id})
+	if err == nil && !st.Receive() {
+		err = st.Err()
+		if err == nil {
+			err = connect.NewError(connect.CodeUnavailable, errors.New("client: the Bind stream ended at once"))
+		}
+	}
+	if !stop() || err != nil {
+		cancel()
+		if err == nil {
+			err = ctx.Err()
+		}
+		return nil, err
+	}
+	return &bindStream{st: st, cancel: cancel}, nil
+}
+
+// watchBind ends the bound lease s with ErrDisconnected when its Bind stream breaks —
+// the connection failed, or no message came for boundSilence — and binds it again when a
+// node ended the stream with an answer of its own (its leader changed, it shuts down),
+// until the lease ends. It stops when s ends.
+func (s *lease) watchBind(b *bindStream) {
+	c := s.c
+	for {
+		msgs := make(chan bool, 1)
+		go func() {
+			for b.st.Receive() {
+				select {
+				case msgs <- true:
+				default:
+				}
+			}
+			close(msgs)
+		}()
+		silence := time.NewTimer(boundSilence)
+	watch:
+		for {
+			select {
+			case <-s.stop:
+				silence.Stop()
+				b.cancel()
+				return
+			case _, ok := <-msgs:
+				if !ok {
+					break watch
+				}
+				silence.Reset(boundSilence)
+			case <-silence.C:
+				b.cancel()
+				s.end(fmt.Errorf("%w (lease %s): the Bind stream fell silent", ErrDisconnected, s.id))
+				go c.revokeLater(s)
+				return
+			}
+		}
+		silence.Stop()
+		err := b.st.Err()
+		b.cancel()
+		switch {
+		case errIsLeaseGone(err):
+			s.end(leaseGoneCause(err))
+			return
+		case detailReason(err) == "":
+			// The transport's failure, not a node's answer: the connection is gone.
+			s.end(fmt.Errorf("%w (lease %s): %w", ErrDisconnected, s.id, err))
+			go c.revokeLater(s)
+			return
+		}
+		// A node ended it (a leader change, a shutdown): bind again, before the TTL.
+		retry := newBackoff()
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), max(s.remaining(), time.Millisecond))
+			nb, err := c.bind(ctx, s.id)
+			cancel()
+			if err == nil {
+				b = nb
+				break
+			}
+			if errIsLeaseGone(err) || !s.alive() {
+				s.end(leaseGoneCause(err))
+				return
+			}
+			c.judge(context.Background(), c.nodes.current(), err, false)
+			select {
+			case <-s.stop:
+				return
+			case <-time.After(retry.delay()):
+			}
+		}
 	}
 }

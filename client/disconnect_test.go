@@ -14,7 +14,8 @@ import (
 // another client within a second of its holder's connections going away without a
 // word (Close is never called: a crash, as the server sees it); a lock without the
 // option stays held. The holder's Context is cancelled with ErrDisconnected when its
-// own connection breaks. Over Connect alone the option is refused.
+// own connection breaks. Over Connect alone (no fast lane) the same holds, through a
+// Bind stream.
 func TestReleaseOnDisconnect(t *testing.T) {
 	n := testnode.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -65,12 +66,31 @@ func TestReleaseOnDisconnect(t *testing.T) {
 	}
 	_ = holder.Close(ctx)
 
-	noLane, err := client.Dial(ctx, n.Addr(), client.WithoutFastLane())
+	// Over Connect alone the lease is bound to a Bind stream: the same.
+	breakable, breakConnect := client.WithBreakableConnectForTest()
+	noLane, err := client.Dial(ctx, n.Addr(), client.WithoutFastLane(), client.WithTTL(30*time.Second), breakable)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = noLane.Close(context.Background()) }()
-	if _, err := noLane.Lock(ctx, "rod/x", client.Correctness, client.ReleaseOnDisconnect); !errors.Is(err, client.ErrNoFastLane) {
-		t.Fatalf("ReleaseOnDisconnect without the fast lane: %v, want ErrNoFastLane", err)
+	viaConnect, err := noLane.Lock(ctx, "rod/connect", client.Correctness, client.ReleaseOnDisconnect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	breakConnect()
+	start = time.Now()
+	select {
+	case <-viaConnect.Context().Done():
+	case <-time.After(3 * time.Second):
+		t.Fatal("the Connect-bound lock's context is alive 3s after its connection broke")
+	}
+	if cause := context.Cause(viaConnect.Context()); !errors.Is(cause, client.ErrDisconnected) {
+		t.Fatalf("cause %v, want ErrDisconnected", cause)
+	}
+	if _, err := other.Lock(ctx, "rod/connect", client.Correctness, client.WaitFor(5*time.Second)); err != nil {
+		t.Fatalf("the Connect-bound lock was not freed: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the Connect-bound lock was freed %v after the disconnect, want within 2s", d)
 	}
 }

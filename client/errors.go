@@ -71,9 +71,6 @@ var (
 	// ReleaseOnDisconnect) whose fast-lane connection broke or fell silent; the server
 	// revokes such a lease when it sees the connection end.
 	ErrDisconnected = errors.New("client: disconnected")
-	// ErrNoFastLane is returned by Lock with ReleaseOnDisconnect on a Client made
-	// WithoutFastLane: the lease must be bound to a fast-lane connection.
-	ErrNoFastLane = errors.New("client: release on disconnect needs the fast lane")
 	// ErrUnlocked is the cause of a lock context after a successful Unlock.
 	ErrUnlocked = errors.New("client: unlocked")
 	// ErrUnlockUnconfirmed is the cause of a lock context after an Unlock that no

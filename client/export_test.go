@@ -1,7 +1,10 @@
 package client
 
 import (
+	"context"
 	"net"
+	"net/http"
+	"sync"
 	"time"
 )
 
@@ -23,4 +26,32 @@ func BreakFastLaneForTest(c *Client) {
 	if conn != nil {
 		_ = conn.conn.Close()
 	}
+}
+
+// WithBreakableConnectForTest returns an option whose Connect transport records its
+// connections, and a function that closes them all under the client, as a broken
+// network would.
+func WithBreakableConnectForTest() (Option, func()) {
+	var mu sync.Mutex
+	var conns []net.Conn
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+		return c, err
+	}
+	breakAll := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		conns = nil
+	}
+	return WithHTTPClient(&http.Client{Transport: tr}), breakAll
 }

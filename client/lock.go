@@ -89,9 +89,10 @@ func WithNote(note string) LockOption {
 // connection breaks, or stays unacknowledged for 2 s: its Context is cancelled with
 // ErrDisconnected, though the server may still hold the lease until its TTL (or until
 // a leader change elsewhere is over; the binding survives one). Locks with this
-// option and the same TTL share one lease. It needs the fast lane: with
-// WithoutFastLane, or against a server without one, Lock waits for a fast-lane
-// connection until ctx ends (ErrNoFastLane when the lane is turned off).
+// option and the same TTL share one lease. The lease is bound to the fast-lane
+// connection it is granted on; without one (WithoutFastLane, a node without a fast
+// lane) it is granted over Connect and bound to a Bind stream instead, which the
+// client binds again, within the TTL, when a node ends it (a leader change).
 //
 // The window: the server may revoke before the client has noticed — a cut path is
 // found by the server after Config.BoundIdleTimeout (5 s) of silence, by the client

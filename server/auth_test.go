@@ -41,6 +41,7 @@ var aclNeeds = map[string]struct {
 	"/leasehold.v1.LeaseService/Grant":          {auth.Lock, false},
 	"/leasehold.v1.LeaseService/KeepAlive":      {auth.Lock, false},
 	"/leasehold.v1.LeaseService/Revoke":         {auth.Lock, false},
+	"/leasehold.v1.LeaseService/Bind":           {auth.Lock, false},
 	"/leasehold.v1.LockService/Acquire":         {auth.Lock, true},
 	"/leasehold.v1.LockService/Release":         {auth.Lock, true},
 	"/leasehold.v1.LockService/Describe":        {auth.Read, true},

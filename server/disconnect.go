@@ -81,3 +81,39 @@ func (s *Server) revokeDisconnected(id string, ttl time.Duration) {
 		wait = min(2*wait, time.Second)
 	}
 }
+
+// bindBeat is how often a Bind stream sends a message: a client that stopped reading,
+// or whose connection broke, is found when one cannot be written.
+const bindBeat = time.Second
+
+// Bind serves LeaseService.Bind: release on disconnect over Connect. The lease is bound
+// to the stream: when the stream ends because its caller went away, the lease is
+// revoked (revokeDisconnected). A node shutting down ends its streams without revoking.
+func (s *Server) Bind(ctx context.Context, req *leaseholdv1.BindRequest, send func(*leaseholdv1.BindResponse) error) error {
+	id, err := leaseID(req.GetLeaseId())
+	if err != nil {
+		return err
+	}
+	ka, err := s.leader.KeepAlive(ctx, id)
+	if err != nil {
+		return err
+	}
+	resp := &leaseholdv1.BindResponse{TtlMs: ka.TTL.Milliseconds()}
+	t := time.NewTicker(bindBeat)
+	defer t.Stop()
+	for {
+		if err := send(resp); err != nil {
+			go s.revokeDisconnected(req.GetLeaseId(), ka.TTL)
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(context.Cause(ctx), ErrShuttingDown) {
+				return ctx.Err() // this node goes away, not the client: it binds again elsewhere
+			}
+			go s.revokeDisconnected(req.GetLeaseId(), ka.TTL)
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -30,6 +31,7 @@ func methodTable() []*method {
 		unary(leaseholdv1connect.LeaseServiceGrantProcedure, (*Server).Grant, needs(permLock)),
 		unary(leaseholdv1connect.LeaseServiceKeepAliveProcedure, (*Server).KeepAlive, needs(permLock)),
 		unary(leaseholdv1connect.LeaseServiceRevokeProcedure, (*Server).Revoke, needs(permLock)),
+		serverStream(leaseholdv1connect.LeaseServiceBindProcedure, (*Server).Bind, needs(permLock)),
 		// LockService
 		unary(leaseholdv1connect.LockServiceAcquireProcedure, (*Server).Acquire,
 			needsOnEach(permLock, lockNames),
@@ -404,7 +406,7 @@ func (s *Server) callStream(ctx context.Context, m *method, req proto.Message, f
 	defer cancel(nil)
 	defer context.AfterFunc(s.streams, func() { cancel(ErrShuttingDown) })()
 	err := s.serveStream(ctx, m, req, from, send)
-	if context.Cause(ctx) == ErrShuttingDown {
+	if errors.Is(context.Cause(ctx), ErrShuttingDown) {
 		err = ErrShuttingDown // the caller resumes at another node
 	}
 	return s.finish(m, start, err)

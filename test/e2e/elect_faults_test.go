@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -86,7 +87,9 @@ func TestElectLeadersKilledAndPaused(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second)
 	ostop()
-	<-odone
+	if err := <-odone; err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("Observe ended with %v", err)
+	}
 	t.Logf("%d rounds: %d kills, %d pauses; Observe saw %d changes; Leader polls saw %d epochs", rounds, kills, pauses, len(observed), len(polled))
 	if rounds < 4 {
 		t.Fatalf("only %d rounds of faults", rounds)

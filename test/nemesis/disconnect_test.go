@@ -12,9 +12,9 @@ import (
 
 // rodHolder dials node i only (so that it cannot move to another node) with a 30 s TTL
 // and takes name with release on disconnect.
-func rodHolder(t *testing.T, ctx context.Context, c *Cluster, i int, name string) (*client.Client, *client.Lock) {
+func rodHolder(t *testing.T, ctx context.Context, c *Cluster, i int, name string, opts ...client.Option) (*client.Client, *client.Lock) {
 	t.Helper()
-	cl, err := client.Dial(ctx, c.Nodes[i].API, client.WithTTL(30*time.Second))
+	cl, err := client.Dial(ctx, c.Nodes[i].API, append([]client.Option{client.WithTTL(30 * time.Second)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,9 @@ func others(t *testing.T, ctx context.Context, c *Cluster, skip int) *client.Cli
 // TestReleaseOnDisconnectSurvivesLeaderChange (G7): a release-on-disconnect lock whose
 // holder is connected to a follower stays held when the leader is killed with SIGKILL:
 // the binding lives with the follower's connection, which did not end. Its context stays
-// alive, another client is refused it, and the holder unlocks it afterwards.
+// alive, another client is refused it, and the holder unlocks it afterwards. Over
+// Connect (no fast lane) the lease is bound to a Bind stream that the follower relays
+// from the leader: the relay breaks with the leader, and the client binds again.
 func TestReleaseOnDisconnectSurvivesLeaderChange(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a real cluster; skipped with -short")
@@ -59,7 +61,8 @@ func TestReleaseOnDisconnectSurvivesLeaderChange(t *testing.T) {
 	defer cancel()
 	leader := settle(t, c)
 	f := (leader + 1) % 3
-	_, l := rodHolder(t, ctx, c, f, "rod/leader-change")
+	_, fast := rodHolder(t, ctx, c, f, "rod/leader-change/fast-lane")
+	_, viaConnect := rodHolder(t, ctx, c, f, "rod/leader-change/connect", client.WithoutFastLane())
 	if err := c.Nodes[leader].Kill9(); err != nil {
 		t.Fatal(err)
 	}
@@ -67,15 +70,17 @@ func TestReleaseOnDisconnectSurvivesLeaderChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(3 * time.Second) // a keepalive (every 10 s) may well fall in; the binding must not care
-	if err := l.Context().Err(); err != nil {
-		t.Fatalf("the lock was lost over a leader change elsewhere: %v", context.Cause(l.Context()))
-	}
 	other := others(t, ctx, c, leader)
-	if _, err := other.Lock(ctx, l.Name(), client.Correctness, client.TryOnce); !errors.Is(err, client.ErrNotAcquired) {
-		t.Fatalf("another client's Lock after the leader change = %v, want ErrNotAcquired (still held)", err)
-	}
-	if err := l.Unlock(ctx); err != nil {
-		t.Fatalf("Unlock after the leader change: %v", err)
+	for _, l := range []*client.Lock{fast, viaConnect} {
+		if err := l.Context().Err(); err != nil {
+			t.Fatalf("%s was lost over a leader change elsewhere: %v", l.Name(), context.Cause(l.Context()))
+		}
+		if _, err := other.Lock(ctx, l.Name(), client.Correctness, client.TryOnce); !errors.Is(err, client.ErrNotAcquired) {
+			t.Fatalf("another client's Lock of %s after the leader change = %v, want ErrNotAcquired (still held)", l.Name(), err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock of %s after the leader change: %v", l.Name(), err)
+		}
 	}
 }
 

@@ -67,6 +67,8 @@ const (
 	LeaseServiceKeepAliveProcedure = "/leasehold.v1.LeaseService/KeepAlive"
 	// LeaseServiceRevokeProcedure is the fully-qualified name of the LeaseService's Revoke RPC.
 	LeaseServiceRevokeProcedure = "/leasehold.v1.LeaseService/Revoke"
+	// LeaseServiceBindProcedure is the fully-qualified name of the LeaseService's Bind RPC.
+	LeaseServiceBindProcedure = "/leasehold.v1.LeaseService/Bind"
 	// LockServiceAcquireProcedure is the fully-qualified name of the LockService's Acquire RPC.
 	LockServiceAcquireProcedure = "/leasehold.v1.LockService/Acquire"
 	// LockServiceReleaseProcedure is the fully-qualified name of the LockService's Release RPC.
@@ -135,6 +137,17 @@ type LeaseServiceClient interface {
 	// Revoke ends the lease now and releases every lock it holds. Revoking an unknown lease
 	// is NotFound.
 	Revoke(context.Context, *v1.RevokeRequest) (*v1.RevokeResponse, error)
+	// Bind is release on disconnect (G7) over Connect, where there is no fast-lane
+	// connection to bind a lease to: it binds the lease to this stream (and renews it once,
+	// as a KeepAlive). The server sends a message at once — the lease is bound — and then
+	// one every second. When the stream ends because its caller went away — the client
+	// closed it, its connection broke, a message could not be written — the node serving
+	// it revokes the lease at once, through the log (reason "disconnected"). A stream that
+	// a node ends with an error of its own (the leader it relayed the stream from failed:
+	// Unavailable with a reason; or shutting_down) leaves the lease bound to nothing: Bind
+	// again within the TTL, or the TTL applies. NotFound when the lease is gone. Keep
+	// sending KeepAlives as usual.
+	Bind(context.Context, *v1.BindRequest) (*connect.ServerStreamForClient[v1.BindResponse], error)
 }
 
 // NewLeaseServiceClient constructs a client for the leasehold.v1.LeaseService service. By default,
@@ -166,6 +179,12 @@ func NewLeaseServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(leaseServiceMethods.ByName("Revoke")),
 			connect.WithClientOptions(opts...),
 		),
+		bind: connect.NewClient[v1.BindRequest, v1.BindResponse](
+			httpClient,
+			baseURL+LeaseServiceBindProcedure,
+			connect.WithSchema(leaseServiceMethods.ByName("Bind")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -174,6 +193,7 @@ type leaseServiceClient struct {
 	grant     *connect.Client[v1.GrantRequest, v1.GrantResponse]
 	keepAlive *connect.Client[v1.KeepAliveRequest, v1.KeepAliveResponse]
 	revoke    *connect.Client[v1.RevokeRequest, v1.RevokeResponse]
+	bind      *connect.Client[v1.BindRequest, v1.BindResponse]
 }
 
 // Grant calls leasehold.v1.LeaseService.Grant.
@@ -203,6 +223,11 @@ func (c *leaseServiceClient) Revoke(ctx context.Context, req *v1.RevokeRequest) 
 	return nil, err
 }
 
+// Bind calls leasehold.v1.LeaseService.Bind.
+func (c *leaseServiceClient) Bind(ctx context.Context, req *v1.BindRequest) (*connect.ServerStreamForClient[v1.BindResponse], error) {
+	return c.bind.CallServerStream(ctx, connect.NewRequest(req))
+}
+
 // LeaseServiceHandler is an implementation of the leasehold.v1.LeaseService service.
 type LeaseServiceHandler interface {
 	// Grant creates a lease. It is replicated and durable before the reply. The lease
@@ -215,6 +240,17 @@ type LeaseServiceHandler interface {
 	// Revoke ends the lease now and releases every lock it holds. Revoking an unknown lease
 	// is NotFound.
 	Revoke(context.Context, *v1.RevokeRequest) (*v1.RevokeResponse, error)
+	// Bind is release on disconnect (G7) over Connect, where there is no fast-lane
+	// connection to bind a lease to: it binds the lease to this stream (and renews it once,
+	// as a KeepAlive). The server sends a message at once — the lease is bound — and then
+	// one every second. When the stream ends because its caller went away — the client
+	// closed it, its connection broke, a message could not be written — the node serving
+	// it revokes the lease at once, through the log (reason "disconnected"). A stream that
+	// a node ends with an error of its own (the leader it relayed the stream from failed:
+	// Unavailable with a reason; or shutting_down) leaves the lease bound to nothing: Bind
+	// again within the TTL, or the TTL applies. NotFound when the lease is gone. Keep
+	// sending KeepAlives as usual.
+	Bind(context.Context, *v1.BindRequest, *connect.ServerStream[v1.BindResponse]) error
 }
 
 // NewLeaseServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -242,6 +278,12 @@ func NewLeaseServiceHandler(svc LeaseServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(leaseServiceMethods.ByName("Revoke")),
 		connect.WithHandlerOptions(opts...),
 	)
+	leaseServiceBindHandler := connect.NewServerStreamHandlerSimple(
+		LeaseServiceBindProcedure,
+		svc.Bind,
+		connect.WithSchema(leaseServiceMethods.ByName("Bind")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.v1.LeaseService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LeaseServiceGrantProcedure:
@@ -250,6 +292,8 @@ func NewLeaseServiceHandler(svc LeaseServiceHandler, opts ...connect.HandlerOpti
 			leaseServiceKeepAliveHandler.ServeHTTP(w, r)
 		case LeaseServiceRevokeProcedure:
 			leaseServiceRevokeHandler.ServeHTTP(w, r)
+		case LeaseServiceBindProcedure:
+			leaseServiceBindHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -269,6 +313,10 @@ func (UnimplementedLeaseServiceHandler) KeepAlive(context.Context, *v1.KeepAlive
 
 func (UnimplementedLeaseServiceHandler) Revoke(context.Context, *v1.RevokeRequest) (*v1.RevokeResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.LeaseService.Revoke is not implemented"))
+}
+
+func (UnimplementedLeaseServiceHandler) Bind(context.Context, *v1.BindRequest, *connect.ServerStream[v1.BindResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.LeaseService.Bind is not implemented"))
 }
 
 // LockServiceClient is a client for the leasehold.v1.LockService service.
