@@ -12,7 +12,13 @@
 // process's monotonic clock. The server cannot expire the lease before that moment
 // (it counts the TTL from when it *received* the keepalive), so the holder hears first
 // (guarantee G4b). context.Cause tells why: ErrLeaseExpired, ErrLeaseRevoked,
-// ErrLeaseDeadline, ErrReleasedByOperator, ErrStateLost, or ErrUnlocked.
+// ErrLeaseDeadline, ErrReleasedByOperator, ErrStateLost, ErrDisconnected (a lock taken
+// with ReleaseOnDisconnect whose connection broke, G7), ErrUnlocked, or
+// ErrUnlockUnconfirmed (Unlock returned before a server confirmed it; the release goes
+// on in the background).
+//
+// Client.Elect runs a function while the client leads an election (G8), fenced by the
+// leadership's epoch; Client.Leader and Client.Observe tell who leads.
 //
 // All locks a Client takes hang on its leases; a Session (Client.NewSession) is a lock
 // holder with leases of its own on the same connections, for workers of one process that
