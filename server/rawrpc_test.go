@@ -70,16 +70,26 @@ func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire,
 		return rawAnswer{}, err
 	}
 	hc := c.h1
-	switch w {
-	case connectJSON:
+	stream := isServerStream(procedure) && (w == connectJSON || w == connectProto)
+	switch {
+	case stream:
+		// Connect's streaming protocol: an enveloped request, and answers in envelopes
+		// ending with an end-of-stream message (rawStreamAnswer).
+		req.Body = io.NopCloser(bytes.NewReader(envelope(0, body)))
+		req.ContentLength = int64(5 + len(body))
+		req.Header.Set("Content-Type", "application/connect+proto")
+		if w == connectJSON {
+			req.Header.Set("Content-Type", "application/connect+json")
+		}
+	case w == connectJSON:
 		req.Header.Set("Content-Type", "application/json")
-	case connectProto:
+	case w == connectProto:
 		req.Header.Set("Content-Type", "application/proto")
-	case grpcWire:
+	case w == grpcWire:
 		req.Header.Set("Content-Type", "application/grpc")
 		req.Header.Set("Te", "trailers")
 		hc = c.h2
-	case grpcWebWire:
+	case w == grpcWebWire:
 		req.Header.Set("Content-Type", "application/grpc-web+proto")
 	}
 	for k, v := range header {
@@ -90,6 +100,9 @@ func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire,
 		return rawAnswer{}, err
 	}
 	defer resp.Body.Close()
+	if stream {
+		return rawStreamAnswer(resp)
+	}
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return rawAnswer{}, err
@@ -146,4 +159,40 @@ func grpcStatus(h, fallback http.Header) (rawAnswer, error) {
 	}
 	msg, _ := url.PathUnescape(h.Get("Grpc-Message"))
 	return rawAnswer{code: connect.Code(code), message: msg}, nil
+}
+
+// rawStreamAnswer reads a Connect server stream's answer: its first message (the call
+// was served: OK, without waiting for the stream's end), or its end-of-stream message's
+// error.
+func rawStreamAnswer(resp *http.Response) (rawAnswer, error) {
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/connect+") {
+		b, _ := io.ReadAll(resp.Body)
+		return rawAnswer{}, fmt.Errorf("status %d, content type %q, body %q: not a Connect stream", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
+	var head [5]byte
+	if _, err := io.ReadFull(resp.Body, head[:]); err != nil {
+		return rawAnswer{}, fmt.Errorf("stream ended without an end-of-stream message: %w", err)
+	}
+	msg := make([]byte, binary.BigEndian.Uint32(head[1:]))
+	if _, err := io.ReadFull(resp.Body, msg); err != nil {
+		return rawAnswer{}, fmt.Errorf("stream message: %w", err)
+	}
+	if head[0]&2 == 0 {
+		return rawAnswer{}, nil
+	}
+	var end struct {
+		Error *wireError `json:"error"`
+	}
+	if err := json.Unmarshal(msg, &end); err != nil {
+		return rawAnswer{}, fmt.Errorf("end of stream %q: %w", msg, err)
+	}
+	if end.Error == nil {
+		return rawAnswer{}, nil
+	}
+	var a rawAnswer
+	if err := a.code.UnmarshalText([]byte(end.Error.Code)); err != nil {
+		return rawAnswer{}, fmt.Errorf("code %q: %w", end.Error.Code, err)
+	}
+	a.message = end.Error.Message
+	return a, nil
 }
