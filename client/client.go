@@ -102,6 +102,7 @@ type Client struct {
 	cluster leaseholdv1connect.ClusterServiceClient
 	kv      leaseholdv1connect.KVServiceClient
 	keys    leaseholdv1connect.IdempotencyServiceClient
+	groups  leaseholdv1connect.GroupServiceClient
 	elect   leaseholdv1connect.ElectionServiceClient
 	fast    *fastLanes
 	id      *clusterID // the cluster every answer must come from (cluster.go)
@@ -162,6 +163,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		cluster:  leaseholdv1connect.NewClusterServiceClient(hc, base, copts...),
 		kv:       leaseholdv1connect.NewKVServiceClient(hc, base, copts...),
 		keys:     leaseholdv1connect.NewIdempotencyServiceClient(hc, base, copts...),
+		groups:   leaseholdv1connect.NewGroupServiceClient(hc, base, copts...),
 		elect:    leaseholdv1connect.NewElectionServiceClient(hc, base, copts...),
 		id:       id,
 		sessions: make(map[*Session]struct{}),

@@ -3,7 +3,9 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log"
+	"time"
 
 	"github.com/leasehold/leasehold/client"
 )
@@ -64,6 +66,35 @@ func ExampleClient_NewSession() {
 			defer l.Unlock(context.Background())
 			// Only one worker at a time gets here; the others wait in line.
 		}()
+	}
+}
+
+// ExampleClient_JoinGroup consumes a group's partitions: one handler per partition this
+// process owns, each fencing its writes with the partition's epoch in the built-in
+// store, until the process is told to stop (then it leaves and its partitions move at
+// once).
+func ExampleClient_JoinGroup() {
+	ctx, stop := context.WithCancel(context.Background()) // cancel to leave the group
+	defer stop()
+	c, err := client.Dial(ctx, "127.0.0.1:7740")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.CreateGroup(ctx, "orders", 16, 10*time.Second); err != nil {
+		log.Fatal(err)
+	}
+	err = c.JoinGroup(ctx, "orders", "worker-1", func(ctx context.Context, p client.Partition) {
+		fence := client.FencedBy(fmt.Sprintf("orders/%d", p.Number), p.Epoch)
+		for ctx.Err() == nil { // cancelled before the partition can move
+			key := fmt.Sprintf("orders/%d/cursor", p.Number)
+			if _, err := c.Put(ctx, key, []byte("next"), fence); errors.Is(err, client.ErrStaleToken) {
+				return // a newer owner has written
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	if err != nil {
+		log.Fatal(err)
 	}
 }
 

@@ -159,8 +159,11 @@ func (c *flConn) readOwn(ctx context.Context, id uint64) (flResult, error) {
 			return flResult{}, c.brokenError()
 		}
 		if f.ID == id {
+			// Copy the payload before the turn ends: the next reader reuses the
+			// reader's buffer that f.Payload points into.
+			res := flResult{kind: f.Kind, payload: bytes.Clone(f.Payload)}
 			c.endTurn(id, true)
-			return flResult{kind: f.Kind, payload: bytes.Clone(f.Payload)}, nil
+			return res, nil
 		}
 		c.handOut(f, false)
 	}
@@ -179,6 +182,9 @@ func (c *flConn) read() (fastlane.Frame, error) {
 // With last, a reader that has just handed out the final pending answer stops reading,
 // in the same step, and handOut reports true.
 func (c *flConn) handOut(f fastlane.Frame, last bool) bool {
+	// Copy the payload while this goroutine still reads: once stop is decided another
+	// call may take the reading, and the reader's buffer under f.Payload with it.
+	res := flResult{kind: f.Kind, payload: bytes.Clone(f.Payload)}
 	c.mu.Lock()
 	ch, ok := c.pending[f.ID]
 	delete(c.pending, f.ID)
@@ -191,7 +197,7 @@ func (c *flConn) handOut(f fastlane.Frame, last bool) bool {
 		<-c.slots // answered: the server no longer counts it
 	}
 	if ch != nil {
-		ch <- flResult{kind: f.Kind, payload: bytes.Clone(f.Payload)}
+		ch <- res
 	}
 	return stop
 }

@@ -35,6 +35,11 @@ func sampleCommands() []Command {
 		{Op: OpAcquire, Lease: leaseA, Name: "readers", Class: Correctness, Mode: Shared, Wait: true},
 		{Op: OpAcquire, Lease: leaseB, Name: "pool", Class: Correctness, Mode: Semaphore, Limit: 8},
 		{Op: OpAcquire, Lease: leaseC, Names: []string{"a", "b/c", "z"}, Class: Correctness, Mode: Shared, Wait: true, DelayMillis: 100},
+		{Op: OpGroupCreate, Name: "orders", Count: 64, DrainMillis: 10_000},
+		{Op: OpGroupJoin, Name: "orders", Member: "worker-1", Lease: leaseA, Weight: 3},
+		{Op: OpGroupLeave, Name: "orders", Member: "worker-1", Lease: leaseA},
+		{Op: OpGroupRelease, Name: "orders", Partition: 63, Token: 9, Lease: leaseA},
+		{Op: OpGroupDrainEnd, Name: "orders", Partition: 1, Token: 9},
 	}
 }
 

@@ -48,11 +48,20 @@ const (
 	fMode  = 24 + iota // 1 byte
 	fLimit             // uvarint
 	fNames             // uvarint count (at least 1), then each name as a string
+	numLockFields
+)
+
+// The fields of groups (groups.go). They take bits 56 to 59.
+const (
+	fMember      = 56 + iota // string
+	fPartition               // uvarint
+	fWeight                  // uvarint
+	fDrainMillis             // varint
 	numFields
 )
 
 // knownFields has the bits of every field.
-const knownFields = (1<<(fClusterID+1) - 1) | (1<<numFields-1)&^(1<<fMode-1)
+const knownFields = (1<<(fClusterID+1) - 1) | (1<<numLockFields-1)&^(1<<fMode-1) | (1<<numFields-1)&^(1<<fMember-1)
 
 const commandV2 = 2
 
@@ -88,6 +97,10 @@ func appendCommand(b []byte, c Command) []byte {
 	set(fMode, c.Mode != 0)
 	set(fLimit, c.Limit != 0)
 	set(fNames, len(c.Names) != 0)
+	set(fMember, c.Member != "")
+	set(fPartition, c.Partition != 0)
+	set(fWeight, c.Weight != 0)
+	set(fDrainMillis, c.DrainMillis != 0)
 
 	b = append(b, commandV2, byte(c.Op))
 	b = binary.AppendUvarint(b, mask)
@@ -146,6 +159,14 @@ func appendCommand(b []byte, c Command) []byte {
 			for _, n := range c.Names {
 				str(n)
 			}
+		case fMember:
+			str(c.Member)
+		case fPartition:
+			b = binary.AppendUvarint(b, uint64(c.Partition))
+		case fWeight:
+			b = binary.AppendUvarint(b, uint64(c.Weight))
+		case fDrainMillis:
+			b = binary.AppendVarint(b, c.DrainMillis)
 		}
 	}
 	return b
@@ -160,6 +181,9 @@ func commandSize(c Command) int {
 	}
 	for _, name := range c.Names {
 		n += binary.MaxVarintLen64 + len(name)
+	}
+	if c.Member != "" || c.Partition != 0 || c.Weight != 0 || c.DrainMillis != 0 {
+		n += 7 + binary.MaxVarintLen64 + len(c.Member) + 2*binary.MaxVarintLen32 + binary.MaxVarintLen64 // mask growth, member, partition, weight, drain
 	}
 	return n
 }
@@ -195,12 +219,7 @@ func decodeCommandV2(b []byte) (Command, error) {
 		case fHolderHost:
 			c.Holder.Host = d.str("holder host")
 		case fHolderPID:
-			pid := d.uvarint("holder pid")
-			if pid > 1<<32-1 {
-				d.fail("holder pid out of range")
-			}
-			c.Holder.PID = uint32(pid)
-			d.nonZero("holder pid", pid != 0)
+			c.Holder.PID = d.uint32("holder pid")
 		case fHolderNote:
 			c.Holder.Note = d.str("holder note")
 		case fWait:
@@ -241,12 +260,7 @@ func decodeCommandV2(b []byte) (Command, error) {
 			c.Mode = Mode(d.u8("mode"))
 			d.nonZero("mode", c.Mode != 0)
 		case fLimit:
-			limit := d.uvarint("limit")
-			if limit > 1<<32-1 {
-				d.fail("limit out of range")
-			}
-			c.Limit = uint32(limit)
-			d.nonZero("limit", limit != 0)
+			c.Limit = d.uint32("limit")
 		case fNames:
 			// Each name takes at least two bytes, which bounds the count by the input.
 			n := d.uvarint("names count")
@@ -260,6 +274,15 @@ func decodeCommandV2(b []byte) (Command, error) {
 				}
 				c.Names = append(c.Names, d.str("names"))
 			}
+		case fMember:
+			c.Member = d.str("member")
+		case fPartition:
+			c.Partition = d.uint32("partition")
+		case fWeight:
+			c.Weight = d.uint32("weight")
+		case fDrainMillis:
+			c.DrainMillis = d.varint("drain")
+			d.nonZero("drain", c.DrainMillis != 0)
 		}
 	}
 	if d.err == nil && len(d.b) != 0 {
@@ -296,6 +319,16 @@ func (d *decoder) u8(field string) byte {
 }
 
 func (d *decoder) uvarint(field string) uint64 { return readVarint(d, field, binary.Uvarint) }
+
+// uint32 reads a uvarint that must fit 32 bits and be present (not zero).
+func (d *decoder) uint32(field string) uint32 {
+	v := d.uvarint(field)
+	if v > 1<<32-1 {
+		d.fail(field + " out of range")
+	}
+	d.nonZero(field, v != 0)
+	return uint32(v)
+}
 
 func (d *decoder) varint(field string) int64 { return readVarint(d, field, binary.Varint) }
 

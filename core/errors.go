@@ -41,6 +41,26 @@ var (
 	// ErrTooManyKeys is returned by OpBegin when Limits.IdempotencyKeys keys are in
 	// progress already.
 	ErrTooManyKeys = errors.New("core: too many idempotency keys in progress")
+	// ErrTooManyGroups is returned by OpGroupCreate when Limits.MaxGroups groups exist.
+	ErrTooManyGroups = errors.New("core: too many groups")
+	// ErrTooManyMembers is returned by OpGroupJoin when the group has
+	// Limits.MaxGroupMembers members.
+	ErrTooManyMembers = errors.New("core: too many members in the group")
+	// ErrGroupNotFound is returned by the group commands for a group that does not
+	// exist.
+	ErrGroupNotFound = errors.New("core: group not found")
+	// ErrGroupExists is returned by OpGroupCreate when the group exists with another
+	// partition count or drain deadline.
+	ErrGroupExists = errors.New("core: group exists with other settings")
+	// ErrMemberExists is returned by OpGroupJoin when the member name is taken by
+	// another lease (a previous process of the member whose lease has not ended yet).
+	ErrMemberExists = errors.New("core: member exists under another lease")
+	// ErrNotMember is returned by OpGroupLeave when the lease is not that member's.
+	ErrNotMember = errors.New("core: not a member of the group")
+	// ErrNotOwner is returned by OpGroupRelease when the lease does not own the
+	// partition at that epoch (and the epoch has not ended: releasing an ended epoch
+	// succeeds and changes nothing).
+	ErrNotOwner = errors.New("core: not the owner of the partition")
 	// ErrStaleToken is returned by a fenced OpPut or OpDelete whose token is lower than
 	// the highest token the key has accepted (the error is then a *StaleTokenError), and
 	// by OpComplete whose token is not that of the Begin the idempotency key is in

@@ -112,6 +112,13 @@ func snapshotSeeds(t testing.TB) [][]byte {
 		}
 		out = append(out, mustSnapshot(t, s))
 	}
+	for seed := range uint64(2) { // groups with members, owners and drains
+		s, err := runGroupSequence(newRandChooser(seed), seed, 60)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, mustSnapshot(t, s))
+	}
 	return out
 }
 

@@ -28,16 +28,18 @@ import (
 // with one more field at the end, "lost" when not empty: every lease's lost locks
 // (LostLock and the lease's "lease" id), leases in id order and each lease's oldest
 // first. ReadSnapshot reads both versions; a version-1 snapshot has no lost locks.
+// Since groups, a version-2 snapshot has one more field after "lost", "groups" when not
+// empty: groups in name order (groupRecord); snapshots written before have no groups.
 const (
 	snapshotV1 = 1
 	snapshotV2 = 2
 )
 
 // snapshotFields are the keys of a version-2 snapshot, in the order they are written;
-// a version-1 snapshot has all but the last.
-// "elections" came after "lost" in version 2: a version-2 snapshot written before has
-// none, and restores with no elections.
-var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "elections"}
+// a version-1 snapshot has those before "lost". "groups" and then "elections" came
+// after "lost" in version 2: a version-2 snapshot written before them has none, and
+// restores with no groups and no elections.
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "groups", "elections"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
@@ -71,7 +73,8 @@ type SnapshotView struct {
 	lost       []leaseLost
 	keys       []keyRecord // in progress (unsorted), then done oldest first
 	inProgress int         // how many of keys are in progress
-	elections  []Election  // in name order; copies
+	groups     []groupRecord
+	elections  []Election // in name order; copies
 }
 
 // SnapshotView copies what a snapshot of s needs. It is meant to run where applies must
@@ -94,6 +97,7 @@ func (s *State) SnapshotView() *SnapshotView {
 		v.lost = append(v.lost, leaseLost{lease: id, lost: lost})
 	}
 	v.keys, v.inProgress = s.keys.records()
+	v.groups = s.groups.records()
 	v.elections = s.elections.records()
 	for _, l := range s.leases {
 		v.leases = append(v.leases, *l)
@@ -168,6 +172,10 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 			}
 		}
 		e.raw("]")
+	}
+	if len(v.groups) > 0 {
+		e.raw(`,"groups":`)
+		writeArray(e, v.groups)
 	}
 	if len(v.elections) > 0 {
 		e.raw(`,"elections":`)
@@ -399,6 +407,8 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 			err = eachElement(dec, s.restoreKey)
 		case "lost":
 			err = eachElement(dec, s.restoreLost)
+		case "groups":
+			err = eachElement(dec, s.restoreGroup)
 		case "elections":
 			err = eachElement(dec, s.restoreElection)
 		}

@@ -31,6 +31,7 @@ type State struct {
 	members    map[string]memberAddrs // by node id
 	clusterID  string                 // "" until OpSetClusterID
 	keys       keyStore               // idempotency keys (idempotency.go)
+	groups     groupStore             // groups and partitions (groups.go)
 }
 
 // NewState returns an empty state with the given limits. Every replica must use the same
@@ -45,6 +46,7 @@ func NewState(limits Limits) *State {
 		kv:         kvStore{entries: make(map[string]*Entry)},
 		members:    make(map[string]memberAddrs),
 		keys:       newKeyStore(),
+		groups:     newGroupStore(),
 		elections:  newElections(),
 	}
 }
@@ -118,6 +120,7 @@ func (s *State) Apply(c Command) Result {
 		s.dropLeaseElections(c.Lease, &r)
 		delete(s.leases, c.Lease)
 		s.keys.dropLease(c.Lease)
+		s.dropGroupLease(c.Lease, &r)
 		s.remember(c.Lease, reason)
 		r.Effects = append(r.Effects, Effect{Kind: EffectLeaseEnded, Lease: c.Lease, Reason: reason})
 		return r
@@ -151,6 +154,8 @@ func (s *State) Apply(c Command) Result {
 		return s.applyWrite(c)
 	case OpBegin, OpComplete, OpAbandon:
 		return s.applyKey(c)
+	case OpGroupCreate, OpGroupJoin, OpGroupLeave, OpGroupRelease, OpGroupDrainEnd:
+		return s.applyGroup(c)
 	case OpCampaign, OpProclaim, OpResign, OpWithdraw:
 		return s.applyElection(&c)
 	case OpSetMember:

@@ -158,6 +158,9 @@ func (o Op) String() string {
 	if n, ok := keyOpNames[o]; ok {
 		return n
 	}
+	if n, ok := groupOpNames[o]; ok {
+		return n
+	}
 	return fmt.Sprintf("op(%d)", o)
 }
 
@@ -189,6 +192,12 @@ type Command struct {
 	Mode  Mode     `json:"mode,omitempty"`
 	Limit uint32   `json:"limit,omitempty"`
 	Names []string `json:"names,omitempty"`
+	// Groups (groups.go): the member, the partition, the member's weight, the group's
+	// drain deadline. A group's partition count is Count, an epoch is Token.
+	Member      string `json:"member,omitempty"`
+	Partition   uint32 `json:"partition,omitempty"`
+	Weight      uint32 `json:"weight,omitempty"`
+	DrainMillis int64  `json:"drain,omitempty"`
 }
 
 // acquireArgs returns the arguments of an OpAcquire.
@@ -231,6 +240,7 @@ type Effect struct {
 	DelayMillis int64
 	TTLMillis   int64
 	Note        string
+	Partition   uint32 // of a group's partition effects
 	// Value and Holder are the new leader's, for EffectElected.
 	Value  []byte
 	Holder Holder
@@ -272,11 +282,14 @@ type Limits struct {
 	// the total size of the kept results (at least MaxResultLen).
 	IdempotencyKeys  int `json:"idempotencyKeys,omitempty"`
 	IdempotencyBytes int `json:"idempotencyBytes,omitempty"`
+	// MaxGroups bounds the number of groups, MaxGroupMembers the members of one group.
+	MaxGroups       int `json:"maxGroups,omitempty"`
+	MaxGroupMembers int `json:"maxGroupMembers,omitempty"`
 }
 
 // DefaultLimits are the limits used for zero fields of Limits.
 var DefaultLimits = Limits{MaxLeases: 1 << 20, MaxLocksPerLease: 10000, MaxWaitersPerLock: 10000,
-	IdempotencyKeys: 100_000, IdempotencyBytes: 64 << 20}
+	IdempotencyKeys: 100_000, IdempotencyBytes: 64 << 20, MaxGroups: 10_000, MaxGroupMembers: 1000}
 
 func (l Limits) withDefaults() Limits {
 	if l.MaxLeases <= 0 {
@@ -293,6 +306,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.IdempotencyBytes <= 0 {
 		l.IdempotencyBytes = DefaultLimits.IdempotencyBytes
+	}
+	if l.MaxGroups <= 0 {
+		l.MaxGroups = DefaultLimits.MaxGroups
+	}
+	if l.MaxGroupMembers <= 0 {
+		l.MaxGroupMembers = DefaultLimits.MaxGroupMembers
 	}
 	l.IdempotencyBytes = max(l.IdempotencyBytes, MaxResultLen) // the newest result always fits
 	return l

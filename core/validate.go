@@ -147,6 +147,8 @@ func (c *Command) validate() error {
 		return nil
 	case OpBegin, OpComplete, OpAbandon:
 		return c.validateKeyOp()
+	case OpGroupCreate, OpGroupJoin, OpGroupLeave, OpGroupRelease, OpGroupDrainEnd:
+		return c.validateGroupOp()
 	case OpCampaign, OpProclaim, OpResign, OpWithdraw:
 		if err := ValidateName("name", c.Name); err != nil {
 			return err

@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"log"
 	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
@@ -168,4 +170,41 @@ func ExampleIdempotency() {
 	var payments http.Handler // the application's handler
 	c, _ := client.Dial(ctx, "127.0.0.1:7740")
 	http.Handle("POST /payments", fence.Idempotency(c, fence.WithKeyPrefix("payments/"))(payments))
+}
+
+func Example_partitions() {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", "postgres://app@db/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	guard, err := fence.NewSQL(fence.Postgres, "leasehold_fence")
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := client.Dial(ctx, "127.0.0.1:7740")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.CreateGroup(ctx, "orders", 64, 10*time.Second); err != nil {
+		log.Fatal(err)
+	}
+	err = c.JoinGroup(ctx, "orders", "worker-1", func(ctx context.Context, p client.Partition) {
+		resource := fmt.Sprintf("orders/partition/%d", p.Number)
+		for ctx.Err() == nil { // cancelled before the partition can move
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return
+			}
+			if err := guard.Admit(ctx, tx, resource, p.Epoch); err != nil {
+				_ = tx.Rollback()
+				return // a newer owner of the partition has written: stop
+			}
+			// ... process the partition's next batch through tx ...
+			_ = tx.Commit()
+		}
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
 }

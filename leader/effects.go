@@ -14,6 +14,16 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 	defer l.mu.Unlock()
 	for _, e := range effects {
 		switch e.Kind {
+		case core.EffectPartitionDraining:
+			if l.active {
+				l.startDrainLocked(drainKey{e.Name, e.Partition, e.Token}, e.DelayMillis)
+			}
+			l.groupsChangedLocked()
+		case core.EffectPartitionReleased:
+			l.endDrainLocked(drainKey{e.Name, e.Partition, e.Token})
+			l.groupsChangedLocked()
+		case core.EffectPartitionAssigned:
+			l.groupsChangedLocked()
 		case core.EffectGranted:
 			l.grantedLocked(e.Lease, e.Token, core.Correctness, l.now())
 			l.waits.notify(e.Lease, e.Name, outcome{token: e.Token})

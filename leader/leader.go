@@ -15,7 +15,7 @@
 // Revoke), countdown.go (lease countdowns, the expiry loop), acquire.go, class.go (the
 // one place that decides a name's class), efficiency.go (the in-memory table),
 // tokens.go (its token blocks), waits.go (queued acquires), release.go (Release,
-// ForceRelease), delay.go (lock-delays), views.go (Describe, List, CheckToken, Stats),
+// ForceRelease), delay.go (lock-delays), groups.go (partition drains), views.go (Describe, List, CheckToken, Stats),
 // observe.go (what it measures for metrics: waits, holds, expiry lateness).
 //
 // Lock order: Leader.mu guards everything except the registry of waiting acquires
@@ -120,6 +120,9 @@ type Leader struct {
 	names classes
 	// Lock-delays (delay.go).
 	delays map[string]*delay
+	// Partition drains and the Assignments streams' wake-up (groups.go).
+	drains        map[drainKey]*time.Timer
+	groupsChanged chan struct{}
 }
 
 // SetLog sets the log when it could not be given to New (the log's apply callback needs
@@ -143,8 +146,10 @@ func New(log Log, cfg Config) *Leader {
 		waits:  waits{m: make(map[core.LeaseID]map[string][]chan outcome)},
 		leases: make(map[core.LeaseID]*countdown),
 		delays: make(map[string]*delay),
+		drains: make(map[drainKey]*time.Timer),
 		eff:    core.NewLocks(cfg.Limits),
 	}
+	l.groupsChanged = make(chan struct{})
 	l.names.init(l)
 	return l
 }

@@ -30,8 +30,8 @@ func (l *Leader) Run(ctx context.Context, changes <-chan bool) {
 }
 
 // Promote starts serving as leader: it waits until every committed entry is applied,
-// starts a full-TTL countdown for every lease and a full lock-delay for every delayed
-// lock, and opens a new efficiency epoch (with no tokens reserved yet).
+// starts a full-TTL countdown for every lease, a full lock-delay for every delayed
+// lock and a full drain deadline for every draining partition, and opens a new efficiency epoch (with no tokens reserved yet).
 func (l *Leader) Promote(ctx context.Context) error {
 	if err := l.log.Barrier(ctx); err != nil {
 		return fmt.Errorf("leader: barrier: %w", err)
@@ -50,7 +50,15 @@ func (l *Leader) Promote(ctx context.Context) error {
 	l.effSeq = block{}
 	now := time.Now()
 	var delayed []*core.Lock
+	type drain struct {
+		k      drainKey
+		millis int64
+	}
+	var drains []drain
 	l.log.Read(func(s *core.State) {
+		s.Draining(func(group string, partition int, epoch uint64, millis int64) {
+			drains = append(drains, drain{drainKey{group, uint32(partition), epoch}, millis})
+		})
 		s.Leases(func(ls *core.Lease) {
 			c := l.addCountdownLocked(ls.ID, ls.TTLMillis, now)
 			c.lost = s.Locks().Lost(ls.ID) != nil
@@ -61,6 +69,9 @@ func (l *Leader) Promote(ctx context.Context) error {
 	l.obs.Promoted()
 	for _, lk := range delayed {
 		l.startDelayLocked(lk.Name, core.Correctness, lk.DelayMillis)
+	}
+	for _, d := range drains {
+		l.startDrainLocked(d.k, d.millis)
 	}
 	stop, kick, epoch, counting := l.stop, l.kick, l.epoch, len(l.leases)
 	l.mu.Unlock()
@@ -102,6 +113,10 @@ func (l *Leader) Demote() {
 		d.timer.Stop()
 	}
 	clear(l.delays)
+	for _, t := range l.drains {
+		t.Stop()
+	}
+	clear(l.drains)
 	l.waits.failAll(func(name string) error {
 		if l.names.inMemoryLocked(name) {
 			return ErrEpochLost

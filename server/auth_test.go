@@ -60,6 +60,12 @@ var aclNeeds = map[string]struct {
 	"/leasehold.v1.IdempotencyService/Complete": {auth.Lock, true},
 	"/leasehold.v1.IdempotencyService/Abandon":  {auth.Lock, true},
 	"/leasehold.v1.IdempotencyService/Get":      {auth.Read, true},
+	"/leasehold.v1.GroupService/Create":         {auth.Lock, true},
+	"/leasehold.v1.GroupService/Join":           {auth.Lock, true},
+	"/leasehold.v1.GroupService/Leave":          {auth.Lock, true},
+	"/leasehold.v1.GroupService/Release":        {auth.Lock, true},
+	"/leasehold.v1.GroupService/Status":         {auth.Read, true},
+	"/leasehold.v1.GroupService/Assignments":    {auth.Lock, true},
 	"/leasehold.v1.ElectionService/Campaign":    {auth.Lock, true},
 	"/leasehold.v1.ElectionService/Proclaim":    {auth.Lock, true},
 	"/leasehold.v1.ElectionService/Leader":      {auth.Read, true},
@@ -214,13 +220,13 @@ func aclRequest(t *testing.T, procedure string, named bool) proto.Message {
 	}
 	if named {
 		fields := req.ProtoReflect().Descriptor().Fields()
-		for _, f := range []protoreflect.Name{"name", "key", "prefix"} {
+		for _, f := range []protoreflect.Name{"name", "key", "prefix", "group"} {
 			if fd := fields.ByName(f); fd != nil {
 				req.ProtoReflect().Set(fd, protoreflect.ValueOfString("acl/x"))
 				return req
 			}
 		}
-		t.Fatalf("%s is named but its request has no name, key or prefix", procedure)
+		t.Fatalf("%s is named but its request has no name, key, prefix or group", procedure)
 	}
 	return req
 }
@@ -249,12 +255,29 @@ func newRequest(t *testing.T, procedure string) proto.Message {
 // returns the answer's code (0 for success) and error message.
 func authCall(t *testing.T, addr, procedure, token string, req proto.Message) (connect.Code, string) {
 	t.Helper()
+	if isStream(procedure) {
+		code, msg, _ := streamCall(t, addr, procedure, token, req)
+		return code, msg
+	}
 	body, err := proto.Marshal(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := connectPost(t, addr, procedure, token, body)
-	if b == nil {
+	hr, err := http.NewRequest(http.MethodPost, "http://"+addr+procedure, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr.Header.Set("Content-Type", "application/proto")
+	if token != "" {
+		hr.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode == http.StatusOK {
 		return 0, ""
 	}
 	var e struct {

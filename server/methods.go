@@ -55,6 +55,13 @@ func methodTable() []*method {
 		unary(leaseholdv1connect.IdempotencyServiceCompleteProcedure, (*Server).Complete, needsOn(permLock, (*leaseholdv1.CompleteRequest).GetKey)),
 		unary(leaseholdv1connect.IdempotencyServiceAbandonProcedure, (*Server).Abandon, needsOn(permLock, (*leaseholdv1.AbandonRequest).GetKey)),
 		unary(leaseholdv1connect.IdempotencyServiceGetProcedure, (*Server).GetKey, needsOn(permRead, (*leaseholdv1.IdempotencyServiceGetRequest).GetKey)),
+		// GroupService
+		unary(leaseholdv1connect.GroupServiceCreateProcedure, (*Server).CreateGroup, needsOn(permLock, (*leaseholdv1.GroupServiceCreateRequest).GetGroup)),
+		unary(leaseholdv1connect.GroupServiceJoinProcedure, (*Server).JoinGroup, needsOn(permLock, (*leaseholdv1.JoinRequest).GetGroup)),
+		unary(leaseholdv1connect.GroupServiceLeaveProcedure, (*Server).LeaveGroup, needsOn(permLock, (*leaseholdv1.LeaveRequest).GetGroup)),
+		unary(leaseholdv1connect.GroupServiceReleaseProcedure, (*Server).ReleasePartition, needsOn(permLock, (*leaseholdv1.GroupServiceReleaseRequest).GetGroup)),
+		unary(leaseholdv1connect.GroupServiceStatusProcedure, (*Server).GroupStatus, needsOn(permRead, (*leaseholdv1.GroupServiceStatusRequest).GetGroup)),
+		serverStream(leaseholdv1connect.GroupServiceAssignmentsProcedure, (*Server).Assignments, needsOn(permLock, (*leaseholdv1.AssignmentsRequest).GetGroup)),
 		// ElectionService
 		unary(leaseholdv1connect.ElectionServiceCampaignProcedure, (*Server).Campaign, needsOn(permLock, (*leaseholdv1.CampaignRequest).GetName)),
 		unary(leaseholdv1connect.ElectionServiceProclaimProcedure, (*Server).Proclaim, needsOn(permLock, (*leaseholdv1.ProclaimRequest).GetName)),

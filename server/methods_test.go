@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -95,9 +96,21 @@ func TestTransportsAgree(t *testing.T) {
 // returns the error's code and ErrorDetail reason.
 func connectCall(t *testing.T, addr, procedure string) (connect.Code, string) {
 	t.Helper()
-	body := connectPost(t, addr, procedure, "", nil)
-	if body == nil {
-		t.Fatalf("%s: served, want an error", procedure)
+	if isStream(procedure) {
+		code, _, reason := streamCall(t, addr, procedure, "", newRequest(t, procedure))
+		if code == 0 {
+			t.Fatalf("%s: the stream opened, want an error", procedure)
+		}
+		return code, reason
+	}
+	resp, err := http.Post("http://"+addr+procedure, "application/proto", bytes.NewReader(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode == http.StatusOK {
+		t.Fatalf("%s: 200 OK, want an error", procedure)
 	}
 	var e struct {
 		Code    string `json:"code"`

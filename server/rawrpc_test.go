@@ -64,32 +64,30 @@ type rawAnswer struct {
 // rawCall sends body, as it is (already enveloped for gRPC and gRPC-Web), to procedure
 // over w and returns the answer. header adds request headers. An error means no answer
 // could be read at all.
+//
+// A server stream over Connect takes its one request enveloped, as Connect's streaming
+// protocol carries it; rawCall envelopes body itself and reads the end of the stream.
 func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire, body []byte, header http.Header) (rawAnswer, error) {
+	stream := isStream(procedure) && (w == connectJSON || w == connectProto)
+	prefix := "application/"
+	if stream {
+		body, prefix = envelope(0, body), "application/connect+"
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+procedure, bytes.NewReader(body))
 	if err != nil {
 		return rawAnswer{}, err
 	}
 	hc := c.h1
-	stream := isServerStream(procedure) && (w == connectJSON || w == connectProto)
-	switch {
-	case stream:
-		// Connect's streaming protocol: an enveloped request, and answers in envelopes
-		// ending with an end-of-stream message (rawStreamAnswer).
-		req.Body = io.NopCloser(bytes.NewReader(envelope(0, body)))
-		req.ContentLength = int64(5 + len(body))
-		req.Header.Set("Content-Type", "application/connect+proto")
-		if w == connectJSON {
-			req.Header.Set("Content-Type", "application/connect+json")
-		}
-	case w == connectJSON:
-		req.Header.Set("Content-Type", "application/json")
-	case w == connectProto:
-		req.Header.Set("Content-Type", "application/proto")
-	case w == grpcWire:
+	switch w {
+	case connectJSON:
+		req.Header.Set("Content-Type", prefix+"json")
+	case connectProto:
+		req.Header.Set("Content-Type", prefix+"proto")
+	case grpcWire:
 		req.Header.Set("Content-Type", "application/grpc")
 		req.Header.Set("Te", "trailers")
 		hc = c.h2
-	case w == grpcWebWire:
+	case grpcWebWire:
 		req.Header.Set("Content-Type", "application/grpc-web+proto")
 	}
 	for k, v := range header {
@@ -100,15 +98,15 @@ func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire,
 		return rawAnswer{}, err
 	}
 	defer resp.Body.Close()
-	if stream {
-		return rawStreamAnswer(resp)
-	}
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return rawAnswer{}, err
 	}
 	switch w {
 	case connectJSON, connectProto:
+		if stream && resp.StatusCode == http.StatusOK {
+			return connectStreamEnd(b)
+		}
 		if resp.StatusCode == http.StatusOK {
 			return rawAnswer{}, nil
 		}
@@ -147,6 +145,36 @@ func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire,
 	return rawAnswer{}, fmt.Errorf("gRPC-Web answer (status %d) without grpc-status", resp.StatusCode)
 }
 
+// connectStreamEnd reads the end-of-stream message (flag 0x02) of a Connect stream's
+// answer b: its error, or none.
+func connectStreamEnd(b []byte) (rawAnswer, error) {
+	for len(b) >= 5 {
+		flags, n := b[0], int(binary.BigEndian.Uint32(b[1:5]))
+		if len(b) < 5+n {
+			break
+		}
+		if flags&0x02 != 0 {
+			var end struct {
+				Error *wireError `json:"error"`
+			}
+			if err := json.Unmarshal(b[5:5+n], &end); err != nil {
+				return rawAnswer{}, fmt.Errorf("end of stream %q: %w", b[5:5+n], err)
+			}
+			if end.Error == nil {
+				return rawAnswer{}, nil
+			}
+			var a rawAnswer
+			if err := a.code.UnmarshalText([]byte(end.Error.Code)); err != nil {
+				return rawAnswer{}, fmt.Errorf("code %q: %w", end.Error.Code, err)
+			}
+			a.message = end.Error.Message
+			return a, nil
+		}
+		b = b[5+n:]
+	}
+	return rawAnswer{}, errors.New("Connect stream answer without an end-of-stream message")
+}
+
 // grpcStatus reads grpc-status and grpc-message from h, or else from fallback.
 func grpcStatus(h, fallback http.Header) (rawAnswer, error) {
 	if h.Get("Grpc-Status") == "" && fallback != nil {
@@ -159,40 +187,4 @@ func grpcStatus(h, fallback http.Header) (rawAnswer, error) {
 	}
 	msg, _ := url.PathUnescape(h.Get("Grpc-Message"))
 	return rawAnswer{code: connect.Code(code), message: msg}, nil
-}
-
-// rawStreamAnswer reads a Connect server stream's answer: its first message (the call
-// was served: OK, without waiting for the stream's end), or its end-of-stream message's
-// error.
-func rawStreamAnswer(resp *http.Response) (rawAnswer, error) {
-	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/connect+") {
-		b, _ := io.ReadAll(resp.Body)
-		return rawAnswer{}, fmt.Errorf("status %d, content type %q, body %q: not a Connect stream", resp.StatusCode, resp.Header.Get("Content-Type"), b)
-	}
-	var head [5]byte
-	if _, err := io.ReadFull(resp.Body, head[:]); err != nil {
-		return rawAnswer{}, fmt.Errorf("stream ended without an end-of-stream message: %w", err)
-	}
-	msg := make([]byte, binary.BigEndian.Uint32(head[1:]))
-	if _, err := io.ReadFull(resp.Body, msg); err != nil {
-		return rawAnswer{}, fmt.Errorf("stream message: %w", err)
-	}
-	if head[0]&2 == 0 {
-		return rawAnswer{}, nil
-	}
-	var end struct {
-		Error *wireError `json:"error"`
-	}
-	if err := json.Unmarshal(msg, &end); err != nil {
-		return rawAnswer{}, fmt.Errorf("end of stream %q: %w", msg, err)
-	}
-	if end.Error == nil {
-		return rawAnswer{}, nil
-	}
-	var a rawAnswer
-	if err := a.code.UnmarshalText([]byte(end.Error.Code)); err != nil {
-		return rawAnswer{}, fmt.Errorf("code %q: %w", end.Error.Code, err)
-	}
-	a.message = end.Error.Message
-	return a, nil
 }

@@ -8,6 +8,7 @@
 //	leasehold observe NAME           every change of leader of election NAME
 //	leasehold locks [PREFIX]         list locks
 //	leasehold kv get|put|del|ls      the fenced key-value store
+//	leasehold group create|join|status  partitions assigned to live members, with epochs
 //	leasehold status                 show the node's status
 //	leasehold demo                   replay the paused-client scenario, unfenced and fenced
 //
@@ -128,6 +129,7 @@ elsewhere; 76 lock or key lost while CMD ran (CMD's process group was killed).`,
 		newKVCmd(),
 		newStatusCmd(),
 		newMembersCmd(),
+		newGroupCmd(),
 		newSnapshotCmd(),
 		newDemoCmd(),
 		newDemoWorkerCmd(),

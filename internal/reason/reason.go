@@ -22,6 +22,7 @@ const (
 	// LeaseDisconnected: a release-on-disconnect lease (G7) whose connection ended.
 	LeaseDisconnected = "lease_disconnected"
 	NoSuchMember      = "no_such_member"
+	GroupUnknown      = "group_unknown"
 
 	// FailedPrecondition.
 	StaleToken      = "stale_token"
@@ -33,6 +34,8 @@ const (
 	MemberCheck     = "member_check"  // the node to add does not answer as itself
 	LastVoter       = "last_voter"
 	WrongCluster    = "wrong_cluster"
+	NotMember       = "not_member" // the lease is not the group member's
+	NotOwner        = "not_owner"  // the lease does not own the partition at that epoch
 
 	// DeadlineExceeded: the lock stayed held for the whole wait.
 	LockHeld = "lock_held"
@@ -42,11 +45,15 @@ const (
 	LimitLocksPerLease = "limit_locks_per_lease"
 	LimitWaiters       = "limit_waiters"
 	LimitKeys          = "limit_idempotency_keys"
+	LimitGroups        = "limit_groups"
+	LimitGroupMembers  = "limit_group_members"
 	Quota              = "quota"            // an identity's quota (auth); the message says which
 	ObserverLagging    = "observer_lagging" // an Observe stream fell too far behind
 
 	// AlreadyExists.
-	LeaseExists = "lease_exists"
+	LeaseExists  = "lease_exists"
+	GroupExists  = "group_exists"  // with other settings
+	MemberExists = "member_exists" // under another lease
 
 	// Unavailable, the request not served by any leader: nothing was done, and the
 	// request is safe to send again, to any node.

@@ -24,6 +24,7 @@ import (
 var (
 	leaseholdBin   string
 	pauseclientBin string
+	groupmemberBin string
 )
 
 func TestMain(m *testing.M) {
@@ -44,11 +45,13 @@ func runMain(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	leaseholdBin = filepath.Join(dir, "leasehold")
 	pauseclientBin = filepath.Join(dir, "pauseclient")
+	groupmemberBin = filepath.Join(dir, "groupmember")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	for _, b := range []struct{ out, pkg string }{
 		{leaseholdBin, "./cmd/leasehold"},
 		{pauseclientBin, "./test/cmd/pauseclient"},
+		{groupmemberBin, "./test/cmd/groupmember"},
 	} {
 		if err := proc.Build(ctx, root, b.out, b.pkg); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e:", err)

@@ -2841,6 +2841,845 @@ func (x *IdempotencyServiceGetResponse) GetResult() []byte {
 	return nil
 }
 
+type GroupServiceCreateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The group's name: 1 to 256 bytes of ASCII letters, digits and . _ - / : @ + (like
+	// lock names).
+	Group string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// How many partitions, 1 to 4096. Fixed for the group's life.
+	Partitions uint32 `protobuf:"varint,2,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	// How long a draining partition may stay with its owner before it is taken, in
+	// milliseconds (100 to 3 600 000); 0 means 10 000.
+	DrainMs       int64 `protobuf:"varint,3,opt,name=drain_ms,json=drainMs,proto3" json:"drain_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupServiceCreateRequest) Reset() {
+	*x = GroupServiceCreateRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupServiceCreateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupServiceCreateRequest) ProtoMessage() {}
+
+func (x *GroupServiceCreateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupServiceCreateRequest.ProtoReflect.Descriptor instead.
+func (*GroupServiceCreateRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *GroupServiceCreateRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupServiceCreateRequest) GetPartitions() uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return 0
+}
+
+func (x *GroupServiceCreateRequest) GetDrainMs() int64 {
+	if x != nil {
+		return x.DrainMs
+	}
+	return 0
+}
+
+type GroupServiceCreateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupServiceCreateResponse) Reset() {
+	*x = GroupServiceCreateResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupServiceCreateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupServiceCreateResponse) ProtoMessage() {}
+
+func (x *GroupServiceCreateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupServiceCreateResponse.ProtoReflect.Descriptor instead.
+func (*GroupServiceCreateResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
+}
+
+type JoinRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Group string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// The member's name, unique in the group (like lock names).
+	Member string `protobuf:"bytes,2,opt,name=member,proto3" json:"member,omitempty"`
+	// The lease the membership hangs on (from LeaseService.Grant). When it ends, the
+	// member is gone and its partitions move at once.
+	LeaseId string `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The member's share of the partitions relative to the others, 1 to 1000; 0 means 1.
+	Weight        uint32 `protobuf:"varint,4,opt,name=weight,proto3" json:"weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *JoinRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetMember() string {
+	if x != nil {
+		return x.Member
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+type JoinResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Assignments   []*Assignment          `protobuf:"bytes,1,rep,name=assignments,proto3" json:"assignments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinResponse) Reset() {
+	*x = JoinResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinResponse) ProtoMessage() {}
+
+func (x *JoinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
+func (*JoinResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *JoinResponse) GetAssignments() []*Assignment {
+	if x != nil {
+		return x.Assignments
+	}
+	return nil
+}
+
+// Assignment is one partition a member owns.
+type Assignment struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The epoch of the grant: the fencing token for the partition's writes.
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The partition is to move: stop working on it and Release it.
+	Draining      bool `protobuf:"varint,3,opt,name=draining,proto3" json:"draining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Assignment) Reset() {
+	*x = Assignment{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Assignment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Assignment) ProtoMessage() {}
+
+func (x *Assignment) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
+func (*Assignment) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *Assignment) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *Assignment) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Assignment) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+type LeaveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Member        string                 `protobuf:"bytes,2,opt,name=member,proto3" json:"member,omitempty"`
+	LeaseId       string                 `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveRequest) Reset() {
+	*x = LeaveRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveRequest) ProtoMessage() {}
+
+func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
+func (*LeaveRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *LeaveRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *LeaveRequest) GetMember() string {
+	if x != nil {
+		return x.Member
+	}
+	return ""
+}
+
+func (x *LeaveRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type LeaveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveResponse) Reset() {
+	*x = LeaveResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveResponse) ProtoMessage() {}
+
+func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
+func (*LeaveResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
+}
+
+type GroupServiceReleaseRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Group     string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The epoch of the assignment being released.
+	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	LeaseId       string `protobuf:"bytes,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupServiceReleaseRequest) Reset() {
+	*x = GroupServiceReleaseRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupServiceReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupServiceReleaseRequest) ProtoMessage() {}
+
+func (x *GroupServiceReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupServiceReleaseRequest.ProtoReflect.Descriptor instead.
+func (*GroupServiceReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *GroupServiceReleaseRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupServiceReleaseRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *GroupServiceReleaseRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *GroupServiceReleaseRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type GroupServiceReleaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupServiceReleaseResponse) Reset() {
+	*x = GroupServiceReleaseResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupServiceReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupServiceReleaseResponse) ProtoMessage() {}
+
+func (x *GroupServiceReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupServiceReleaseResponse.ProtoReflect.Descriptor instead.
+func (*GroupServiceReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
+}
+
+type GroupServiceStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupServiceStatusRequest) Reset() {
+	*x = GroupServiceStatusRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupServiceStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupServiceStatusRequest) ProtoMessage() {}
+
+func (x *GroupServiceStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupServiceStatusRequest.ProtoReflect.Descriptor instead.
+func (*GroupServiceStatusRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *GroupServiceStatusRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+type GroupServiceStatusResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Group   string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	DrainMs int64                  `protobuf:"varint,2,opt,name=drain_ms,json=drainMs,proto3" json:"drain_ms,omitempty"`
+	Members []*GroupMember         `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
+	// Every partition, in order.
+	Partitions    []*PartitionOwner `protobuf:"bytes,4,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupServiceStatusResponse) Reset() {
+	*x = GroupServiceStatusResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupServiceStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupServiceStatusResponse) ProtoMessage() {}
+
+func (x *GroupServiceStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupServiceStatusResponse.ProtoReflect.Descriptor instead.
+func (*GroupServiceStatusResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *GroupServiceStatusResponse) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupServiceStatusResponse) GetDrainMs() int64 {
+	if x != nil {
+		return x.DrainMs
+	}
+	return 0
+}
+
+func (x *GroupServiceStatusResponse) GetMembers() []*GroupMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *GroupServiceStatusResponse) GetPartitions() []*PartitionOwner {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+type GroupMember struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Weight uint32                 `protobuf:"varint,2,opt,name=weight,proto3" json:"weight,omitempty"`
+	// How many partitions it owns (draining ones included).
+	Owns          uint32 `protobuf:"varint,3,opt,name=owns,proto3" json:"owns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupMember) Reset() {
+	*x = GroupMember{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupMember) ProtoMessage() {}
+
+func (x *GroupMember) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
+func (*GroupMember) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *GroupMember) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GroupMember) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *GroupMember) GetOwns() uint32 {
+	if x != nil {
+		return x.Owns
+	}
+	return 0
+}
+
+type PartitionOwner struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The owning member; "" while the group has no member.
+	Owner string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	// The epoch of the owner's grant (of the last grant when there is no owner).
+	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Draining      bool   `protobuf:"varint,4,opt,name=draining,proto3" json:"draining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionOwner) Reset() {
+	*x = PartitionOwner{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionOwner) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionOwner) ProtoMessage() {}
+
+func (x *PartitionOwner) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionOwner.ProtoReflect.Descriptor instead.
+func (*PartitionOwner) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *PartitionOwner) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionOwner) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *PartitionOwner) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PartitionOwner) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+type AssignmentsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Member        string                 `protobuf:"bytes,2,opt,name=member,proto3" json:"member,omitempty"`
+	LeaseId       string                 `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AssignmentsRequest) Reset() {
+	*x = AssignmentsRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AssignmentsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AssignmentsRequest) ProtoMessage() {}
+
+func (x *AssignmentsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AssignmentsRequest.ProtoReflect.Descriptor instead.
+func (*AssignmentsRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *AssignmentsRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *AssignmentsRequest) GetMember() string {
+	if x != nil {
+		return x.Member
+	}
+	return ""
+}
+
+func (x *AssignmentsRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type AssignmentsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The member's partitions, in order.
+	Assignments []*Assignment `protobuf:"bytes,1,rep,name=assignments,proto3" json:"assignments,omitempty"`
+	// The group's drain deadline.
+	DrainMs       int64 `protobuf:"varint,2,opt,name=drain_ms,json=drainMs,proto3" json:"drain_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AssignmentsResponse) Reset() {
+	*x = AssignmentsResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AssignmentsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AssignmentsResponse) ProtoMessage() {}
+
+func (x *AssignmentsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AssignmentsResponse.ProtoReflect.Descriptor instead.
+func (*AssignmentsResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *AssignmentsResponse) GetAssignments() []*Assignment {
+	if x != nil {
+		return x.Assignments
+	}
+	return nil
+}
+
+func (x *AssignmentsResponse) GetDrainMs() int64 {
+	if x != nil {
+		return x.DrainMs
+	}
+	return 0
+}
+
 type CampaignRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The election: 1 to 256 bytes of ASCII letters, digits and . _ - / : @ + (like lock names).
@@ -2857,7 +3696,7 @@ type CampaignRequest struct {
 
 func (x *CampaignRequest) Reset() {
 	*x = CampaignRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2869,7 +3708,7 @@ func (x *CampaignRequest) String() string {
 func (*CampaignRequest) ProtoMessage() {}
 
 func (x *CampaignRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2882,7 +3721,7 @@ func (x *CampaignRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CampaignRequest.ProtoReflect.Descriptor instead.
 func (*CampaignRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CampaignRequest) GetName() string {
@@ -2924,7 +3763,7 @@ type CampaignResponse struct {
 
 func (x *CampaignResponse) Reset() {
 	*x = CampaignResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2936,7 +3775,7 @@ func (x *CampaignResponse) String() string {
 func (*CampaignResponse) ProtoMessage() {}
 
 func (x *CampaignResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2949,7 +3788,7 @@ func (x *CampaignResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CampaignResponse.ProtoReflect.Descriptor instead.
 func (*CampaignResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CampaignResponse) GetEpoch() uint64 {
@@ -2973,7 +3812,7 @@ type ProclaimRequest struct {
 
 func (x *ProclaimRequest) Reset() {
 	*x = ProclaimRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2985,7 +3824,7 @@ func (x *ProclaimRequest) String() string {
 func (*ProclaimRequest) ProtoMessage() {}
 
 func (x *ProclaimRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2998,7 +3837,7 @@ func (x *ProclaimRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProclaimRequest.ProtoReflect.Descriptor instead.
 func (*ProclaimRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ProclaimRequest) GetName() string {
@@ -3037,7 +3876,7 @@ type ProclaimResponse struct {
 
 func (x *ProclaimResponse) Reset() {
 	*x = ProclaimResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3049,7 +3888,7 @@ func (x *ProclaimResponse) String() string {
 func (*ProclaimResponse) ProtoMessage() {}
 
 func (x *ProclaimResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3062,7 +3901,7 @@ func (x *ProclaimResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProclaimResponse.ProtoReflect.Descriptor instead.
 func (*ProclaimResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{61}
 }
 
 type LeaderRequest struct {
@@ -3074,7 +3913,7 @@ type LeaderRequest struct {
 
 func (x *LeaderRequest) Reset() {
 	*x = LeaderRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3086,7 +3925,7 @@ func (x *LeaderRequest) String() string {
 func (*LeaderRequest) ProtoMessage() {}
 
 func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3099,7 +3938,7 @@ func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
 func (*LeaderRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *LeaderRequest) GetName() string {
@@ -3122,7 +3961,7 @@ type LeaderResponse struct {
 
 func (x *LeaderResponse) Reset() {
 	*x = LeaderResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3134,7 +3973,7 @@ func (x *LeaderResponse) String() string {
 func (*LeaderResponse) ProtoMessage() {}
 
 func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3147,7 +3986,7 @@ func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
 func (*LeaderResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *LeaderResponse) GetHasLeader() bool {
@@ -3187,7 +4026,7 @@ type ObserveRequest struct {
 
 func (x *ObserveRequest) Reset() {
 	*x = ObserveRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3199,7 +4038,7 @@ func (x *ObserveRequest) String() string {
 func (*ObserveRequest) ProtoMessage() {}
 
 func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3212,7 +4051,7 @@ func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveRequest.ProtoReflect.Descriptor instead.
 func (*ObserveRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ObserveRequest) GetName() string {
@@ -3236,7 +4075,7 @@ type ObserveResponse struct {
 
 func (x *ObserveResponse) Reset() {
 	*x = ObserveResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3248,7 +4087,7 @@ func (x *ObserveResponse) String() string {
 func (*ObserveResponse) ProtoMessage() {}
 
 func (x *ObserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3261,7 +4100,7 @@ func (x *ObserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveResponse.ProtoReflect.Descriptor instead.
 func (*ObserveResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ObserveResponse) GetHasLeader() bool {
@@ -3303,7 +4142,7 @@ type ResignRequest struct {
 
 func (x *ResignRequest) Reset() {
 	*x = ResignRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3315,7 +4154,7 @@ func (x *ResignRequest) String() string {
 func (*ResignRequest) ProtoMessage() {}
 
 func (x *ResignRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3328,7 +4167,7 @@ func (x *ResignRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResignRequest.ProtoReflect.Descriptor instead.
 func (*ResignRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ResignRequest) GetName() string {
@@ -3360,7 +4199,7 @@ type ResignResponse struct {
 
 func (x *ResignResponse) Reset() {
 	*x = ResignResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3372,7 +4211,7 @@ func (x *ResignResponse) String() string {
 func (*ResignResponse) ProtoMessage() {}
 
 func (x *ResignResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3385,7 +4224,7 @@ func (x *ResignResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResignResponse.ProtoReflect.Descriptor instead.
 func (*ResignResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{67}
 }
 
 type Member struct {
@@ -3409,7 +4248,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3421,7 +4260,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3434,7 +4273,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *Member) GetNodeId() string {
@@ -3487,7 +4326,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3499,7 +4338,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3512,7 +4351,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{69}
 }
 
 type MembersResponse struct {
@@ -3524,7 +4363,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3536,7 +4375,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3549,7 +4388,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -3570,7 +4409,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3582,7 +4421,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3595,7 +4434,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *AddMemberRequest) GetNodeId() string {
@@ -3628,7 +4467,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3640,7 +4479,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3653,7 +4492,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *AddMemberResponse) GetMembers() []*Member {
@@ -3672,7 +4511,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3684,7 +4523,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3697,7 +4536,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *RemoveMemberRequest) GetNodeId() string {
@@ -3716,7 +4555,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3728,7 +4567,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3741,7 +4580,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{59}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *RemoveMemberResponse) GetMembers() []*Member {
@@ -3759,7 +4598,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3771,7 +4610,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3784,7 +4623,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{60}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{75}
 }
 
 type StatusResponse struct {
@@ -3823,7 +4662,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3835,7 +4674,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3848,7 +4687,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{61}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -3984,7 +4823,7 @@ type FastLaneError struct {
 
 func (x *FastLaneError) Reset() {
 	*x = FastLaneError{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3996,7 +4835,7 @@ func (x *FastLaneError) String() string {
 func (*FastLaneError) ProtoMessage() {}
 
 func (x *FastLaneError) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4009,7 +4848,7 @@ func (x *FastLaneError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastLaneError.ProtoReflect.Descriptor instead.
 func (*FastLaneError) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{62}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *FastLaneError) GetCode() uint32 {
@@ -4225,7 +5064,62 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06status\x18\x01 \x01(\x0e2\x17.leasehold.v1.KeyStatusR\x06status\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12,\n" +
 	"\x06holder\x18\x03 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12\x16\n" +
-	"\x06result\x18\x04 \x01(\fR\x06result\"\x84\x01\n" +
+	"\x06result\x18\x04 \x01(\fR\x06result\"l\n" +
+	"\x19GroupServiceCreateRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x02 \x01(\rR\n" +
+	"partitions\x12\x19\n" +
+	"\bdrain_ms\x18\x03 \x01(\x03R\adrainMs\"\x1c\n" +
+	"\x1aGroupServiceCreateResponse\"n\n" +
+	"\vJoinRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06member\x18\x02 \x01(\tR\x06member\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\tR\aleaseId\x12\x16\n" +
+	"\x06weight\x18\x04 \x01(\rR\x06weight\"J\n" +
+	"\fJoinResponse\x12:\n" +
+	"\vassignments\x18\x01 \x03(\v2\x18.leasehold.v1.AssignmentR\vassignments\"\\\n" +
+	"\n" +
+	"Assignment\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1a\n" +
+	"\bdraining\x18\x03 \x01(\bR\bdraining\"W\n" +
+	"\fLeaveRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06member\x18\x02 \x01(\tR\x06member\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\tR\aleaseId\"\x0f\n" +
+	"\rLeaveResponse\"\x81\x01\n" +
+	"\x1aGroupServiceReleaseRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x19\n" +
+	"\blease_id\x18\x04 \x01(\tR\aleaseId\"\x1d\n" +
+	"\x1bGroupServiceReleaseResponse\"1\n" +
+	"\x19GroupServiceStatusRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\"\xc0\x01\n" +
+	"\x1aGroupServiceStatusResponse\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x19\n" +
+	"\bdrain_ms\x18\x02 \x01(\x03R\adrainMs\x123\n" +
+	"\amembers\x18\x03 \x03(\v2\x19.leasehold.v1.GroupMemberR\amembers\x12<\n" +
+	"\n" +
+	"partitions\x18\x04 \x03(\v2\x1c.leasehold.v1.PartitionOwnerR\n" +
+	"partitions\"M\n" +
+	"\vGroupMember\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06weight\x18\x02 \x01(\rR\x06weight\x12\x12\n" +
+	"\x04owns\x18\x03 \x01(\rR\x04owns\"v\n" +
+	"\x0ePartitionOwner\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x1a\n" +
+	"\bdraining\x18\x04 \x01(\bR\bdraining\"]\n" +
+	"\x12AssignmentsRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06member\x18\x02 \x01(\tR\x06member\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\tR\aleaseId\"l\n" +
+	"\x13AssignmentsResponse\x12:\n" +
+	"\vassignments\x18\x01 \x03(\v2\x18.leasehold.v1.AssignmentR\vassignments\x12\x19\n" +
+	"\bdrain_ms\x18\x02 \x01(\x03R\adrainMs\"\x84\x01\n" +
 	"\x0fCampaignRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12\x14\n" +
@@ -4343,7 +5237,14 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x12O\n" +
 	"\bComplete\x12\x1d.leasehold.v1.CompleteRequest\x1a\x1e.leasehold.v1.CompleteResponse\"\x04\xb0\xe3\x18\v\x12F\n" +
 	"\aAbandon\x12\x1c.leasehold.v1.AbandonRequest\x1a\x1d.leasehold.v1.AbandonResponse\x12^\n" +
-	"\x03Get\x12*.leasehold.v1.IdempotencyServiceGetRequest\x1a+.leasehold.v1.IdempotencyServiceGetResponse2\xfb\x02\n" +
+	"\x03Get\x12*.leasehold.v1.IdempotencyServiceGetRequest\x1a+.leasehold.v1.IdempotencyServiceGetResponse2\xff\x03\n" +
+	"\fGroupService\x12[\n" +
+	"\x06Create\x12'.leasehold.v1.GroupServiceCreateRequest\x1a(.leasehold.v1.GroupServiceCreateResponse\x12=\n" +
+	"\x04Join\x12\x19.leasehold.v1.JoinRequest\x1a\x1a.leasehold.v1.JoinResponse\x12@\n" +
+	"\x05Leave\x12\x1a.leasehold.v1.LeaveRequest\x1a\x1b.leasehold.v1.LeaveResponse\x12^\n" +
+	"\aRelease\x12(.leasehold.v1.GroupServiceReleaseRequest\x1a).leasehold.v1.GroupServiceReleaseResponse\x12[\n" +
+	"\x06Status\x12'.leasehold.v1.GroupServiceStatusRequest\x1a(.leasehold.v1.GroupServiceStatusResponse\x12T\n" +
+	"\vAssignments\x12 .leasehold.v1.AssignmentsRequest\x1a!.leasehold.v1.AssignmentsResponse0\x012\xfb\x02\n" +
 	"\x0fElectionService\x12I\n" +
 	"\bCampaign\x12\x1d.leasehold.v1.CampaignRequest\x1a\x1e.leasehold.v1.CampaignResponse\x12I\n" +
 	"\bProclaim\x12\x1d.leasehold.v1.ProclaimRequest\x1a\x1e.leasehold.v1.ProclaimResponse\x12C\n" +
@@ -4370,7 +5271,7 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(LockClass)(0),                        // 0: leasehold.v1.LockClass
 	(LockMode)(0),                         // 1: leasehold.v1.LockMode
@@ -4418,27 +5319,42 @@ var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(*AbandonResponse)(nil),               // 43: leasehold.v1.AbandonResponse
 	(*IdempotencyServiceGetRequest)(nil),  // 44: leasehold.v1.IdempotencyServiceGetRequest
 	(*IdempotencyServiceGetResponse)(nil), // 45: leasehold.v1.IdempotencyServiceGetResponse
-	(*CampaignRequest)(nil),               // 46: leasehold.v1.CampaignRequest
-	(*CampaignResponse)(nil),              // 47: leasehold.v1.CampaignResponse
-	(*ProclaimRequest)(nil),               // 48: leasehold.v1.ProclaimRequest
-	(*ProclaimResponse)(nil),              // 49: leasehold.v1.ProclaimResponse
-	(*LeaderRequest)(nil),                 // 50: leasehold.v1.LeaderRequest
-	(*LeaderResponse)(nil),                // 51: leasehold.v1.LeaderResponse
-	(*ObserveRequest)(nil),                // 52: leasehold.v1.ObserveRequest
-	(*ObserveResponse)(nil),               // 53: leasehold.v1.ObserveResponse
-	(*ResignRequest)(nil),                 // 54: leasehold.v1.ResignRequest
-	(*ResignResponse)(nil),                // 55: leasehold.v1.ResignResponse
-	(*Member)(nil),                        // 56: leasehold.v1.Member
-	(*MembersRequest)(nil),                // 57: leasehold.v1.MembersRequest
-	(*MembersResponse)(nil),               // 58: leasehold.v1.MembersResponse
-	(*AddMemberRequest)(nil),              // 59: leasehold.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),             // 60: leasehold.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),           // 61: leasehold.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),          // 62: leasehold.v1.RemoveMemberResponse
-	(*StatusRequest)(nil),                 // 63: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),                // 64: leasehold.v1.StatusResponse
-	(*FastLaneError)(nil),                 // 65: leasehold.v1.FastLaneError
-	(*descriptorpb.MethodOptions)(nil),    // 66: google.protobuf.MethodOptions
+	(*GroupServiceCreateRequest)(nil),     // 46: leasehold.v1.GroupServiceCreateRequest
+	(*GroupServiceCreateResponse)(nil),    // 47: leasehold.v1.GroupServiceCreateResponse
+	(*JoinRequest)(nil),                   // 48: leasehold.v1.JoinRequest
+	(*JoinResponse)(nil),                  // 49: leasehold.v1.JoinResponse
+	(*Assignment)(nil),                    // 50: leasehold.v1.Assignment
+	(*LeaveRequest)(nil),                  // 51: leasehold.v1.LeaveRequest
+	(*LeaveResponse)(nil),                 // 52: leasehold.v1.LeaveResponse
+	(*GroupServiceReleaseRequest)(nil),    // 53: leasehold.v1.GroupServiceReleaseRequest
+	(*GroupServiceReleaseResponse)(nil),   // 54: leasehold.v1.GroupServiceReleaseResponse
+	(*GroupServiceStatusRequest)(nil),     // 55: leasehold.v1.GroupServiceStatusRequest
+	(*GroupServiceStatusResponse)(nil),    // 56: leasehold.v1.GroupServiceStatusResponse
+	(*GroupMember)(nil),                   // 57: leasehold.v1.GroupMember
+	(*PartitionOwner)(nil),                // 58: leasehold.v1.PartitionOwner
+	(*AssignmentsRequest)(nil),            // 59: leasehold.v1.AssignmentsRequest
+	(*AssignmentsResponse)(nil),           // 60: leasehold.v1.AssignmentsResponse
+	(*CampaignRequest)(nil),               // 61: leasehold.v1.CampaignRequest
+	(*CampaignResponse)(nil),              // 62: leasehold.v1.CampaignResponse
+	(*ProclaimRequest)(nil),               // 63: leasehold.v1.ProclaimRequest
+	(*ProclaimResponse)(nil),              // 64: leasehold.v1.ProclaimResponse
+	(*LeaderRequest)(nil),                 // 65: leasehold.v1.LeaderRequest
+	(*LeaderResponse)(nil),                // 66: leasehold.v1.LeaderResponse
+	(*ObserveRequest)(nil),                // 67: leasehold.v1.ObserveRequest
+	(*ObserveResponse)(nil),               // 68: leasehold.v1.ObserveResponse
+	(*ResignRequest)(nil),                 // 69: leasehold.v1.ResignRequest
+	(*ResignResponse)(nil),                // 70: leasehold.v1.ResignResponse
+	(*Member)(nil),                        // 71: leasehold.v1.Member
+	(*MembersRequest)(nil),                // 72: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),               // 73: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),              // 74: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),             // 75: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),           // 76: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),          // 77: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),                 // 78: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),                // 79: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),                 // 80: leasehold.v1.FastLaneError
+	(*descriptorpb.MethodOptions)(nil),    // 81: google.protobuf.MethodOptions
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	3,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
@@ -4462,73 +5378,89 @@ var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	3,  // 18: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
 	2,  // 19: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
 	3,  // 20: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
-	3,  // 21: leasehold.v1.CampaignRequest.holder:type_name -> leasehold.v1.Holder
-	3,  // 22: leasehold.v1.LeaderResponse.holder:type_name -> leasehold.v1.Holder
-	3,  // 23: leasehold.v1.ObserveResponse.holder:type_name -> leasehold.v1.Holder
-	56, // 24: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	56, // 25: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	56, // 26: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	4,  // 27: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	66, // 28: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	7,  // 29: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	9,  // 30: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	12, // 31: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	5,  // 32: leasehold.v1.LeaseService.Bind:input_type -> leasehold.v1.BindRequest
-	14, // 33: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	16, // 34: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	18, // 35: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	20, // 36: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	24, // 37: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	26, // 38: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	29, // 39: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	31, // 40: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	33, // 41: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	35, // 42: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	38, // 43: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
-	40, // 44: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
-	42, // 45: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
-	44, // 46: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
-	46, // 47: leasehold.v1.ElectionService.Campaign:input_type -> leasehold.v1.CampaignRequest
-	48, // 48: leasehold.v1.ElectionService.Proclaim:input_type -> leasehold.v1.ProclaimRequest
-	50, // 49: leasehold.v1.ElectionService.Leader:input_type -> leasehold.v1.LeaderRequest
-	52, // 50: leasehold.v1.ElectionService.Observe:input_type -> leasehold.v1.ObserveRequest
-	54, // 51: leasehold.v1.ElectionService.Resign:input_type -> leasehold.v1.ResignRequest
-	63, // 52: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	57, // 53: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	59, // 54: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	61, // 55: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	8,  // 56: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	10, // 57: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	13, // 58: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	6,  // 59: leasehold.v1.LeaseService.Bind:output_type -> leasehold.v1.BindResponse
-	15, // 60: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	17, // 61: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	19, // 62: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	21, // 63: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	25, // 64: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	27, // 65: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	30, // 66: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	32, // 67: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	34, // 68: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	36, // 69: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	39, // 70: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
-	41, // 71: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
-	43, // 72: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
-	45, // 73: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
-	47, // 74: leasehold.v1.ElectionService.Campaign:output_type -> leasehold.v1.CampaignResponse
-	49, // 75: leasehold.v1.ElectionService.Proclaim:output_type -> leasehold.v1.ProclaimResponse
-	51, // 76: leasehold.v1.ElectionService.Leader:output_type -> leasehold.v1.LeaderResponse
-	53, // 77: leasehold.v1.ElectionService.Observe:output_type -> leasehold.v1.ObserveResponse
-	55, // 78: leasehold.v1.ElectionService.Resign:output_type -> leasehold.v1.ResignResponse
-	64, // 79: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	58, // 80: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	60, // 81: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	62, // 82: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	56, // [56:83] is the sub-list for method output_type
-	29, // [29:56] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	28, // [28:29] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	50, // 21: leasehold.v1.JoinResponse.assignments:type_name -> leasehold.v1.Assignment
+	57, // 22: leasehold.v1.GroupServiceStatusResponse.members:type_name -> leasehold.v1.GroupMember
+	58, // 23: leasehold.v1.GroupServiceStatusResponse.partitions:type_name -> leasehold.v1.PartitionOwner
+	50, // 24: leasehold.v1.AssignmentsResponse.assignments:type_name -> leasehold.v1.Assignment
+	3,  // 25: leasehold.v1.CampaignRequest.holder:type_name -> leasehold.v1.Holder
+	3,  // 26: leasehold.v1.LeaderResponse.holder:type_name -> leasehold.v1.Holder
+	3,  // 27: leasehold.v1.ObserveResponse.holder:type_name -> leasehold.v1.Holder
+	71, // 28: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	71, // 29: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	71, // 30: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	4,  // 31: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	81, // 32: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	7,  // 33: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	9,  // 34: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	12, // 35: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	5,  // 36: leasehold.v1.LeaseService.Bind:input_type -> leasehold.v1.BindRequest
+	14, // 37: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	16, // 38: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	18, // 39: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	20, // 40: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	24, // 41: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	26, // 42: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	29, // 43: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	31, // 44: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	33, // 45: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	35, // 46: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	38, // 47: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
+	40, // 48: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
+	42, // 49: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
+	44, // 50: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
+	46, // 51: leasehold.v1.GroupService.Create:input_type -> leasehold.v1.GroupServiceCreateRequest
+	48, // 52: leasehold.v1.GroupService.Join:input_type -> leasehold.v1.JoinRequest
+	51, // 53: leasehold.v1.GroupService.Leave:input_type -> leasehold.v1.LeaveRequest
+	53, // 54: leasehold.v1.GroupService.Release:input_type -> leasehold.v1.GroupServiceReleaseRequest
+	55, // 55: leasehold.v1.GroupService.Status:input_type -> leasehold.v1.GroupServiceStatusRequest
+	59, // 56: leasehold.v1.GroupService.Assignments:input_type -> leasehold.v1.AssignmentsRequest
+	61, // 57: leasehold.v1.ElectionService.Campaign:input_type -> leasehold.v1.CampaignRequest
+	63, // 58: leasehold.v1.ElectionService.Proclaim:input_type -> leasehold.v1.ProclaimRequest
+	65, // 59: leasehold.v1.ElectionService.Leader:input_type -> leasehold.v1.LeaderRequest
+	67, // 60: leasehold.v1.ElectionService.Observe:input_type -> leasehold.v1.ObserveRequest
+	69, // 61: leasehold.v1.ElectionService.Resign:input_type -> leasehold.v1.ResignRequest
+	78, // 62: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	72, // 63: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	74, // 64: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	76, // 65: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	8,  // 66: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	10, // 67: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	13, // 68: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	6,  // 69: leasehold.v1.LeaseService.Bind:output_type -> leasehold.v1.BindResponse
+	15, // 70: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	17, // 71: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	19, // 72: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	21, // 73: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	25, // 74: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	27, // 75: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	30, // 76: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	32, // 77: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	34, // 78: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	36, // 79: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	39, // 80: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	41, // 81: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	43, // 82: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	45, // 83: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	47, // 84: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
+	49, // 85: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
+	52, // 86: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
+	54, // 87: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
+	56, // 88: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
+	60, // 89: leasehold.v1.GroupService.Assignments:output_type -> leasehold.v1.AssignmentsResponse
+	62, // 90: leasehold.v1.ElectionService.Campaign:output_type -> leasehold.v1.CampaignResponse
+	64, // 91: leasehold.v1.ElectionService.Proclaim:output_type -> leasehold.v1.ProclaimResponse
+	66, // 92: leasehold.v1.ElectionService.Leader:output_type -> leasehold.v1.LeaderResponse
+	68, // 93: leasehold.v1.ElectionService.Observe:output_type -> leasehold.v1.ObserveResponse
+	70, // 94: leasehold.v1.ElectionService.Resign:output_type -> leasehold.v1.ResignResponse
+	79, // 95: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	73, // 96: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	75, // 97: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	77, // 98: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	66, // [66:99] is the sub-list for method output_type
+	33, // [33:66] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	32, // [32:33] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -4544,9 +5476,9 @@ func file_leasehold_v1_leasehold_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   63,
+			NumMessages:   78,
 			NumExtensions: 1,
-			NumServices:   6,
+			NumServices:   7,
 		},
 		GoTypes:           file_leasehold_v1_leasehold_proto_goTypes,
 		DependencyIndexes: file_leasehold_v1_leasehold_proto_depIdxs,

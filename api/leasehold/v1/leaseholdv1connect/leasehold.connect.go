@@ -47,6 +47,8 @@ const (
 	KVServiceName = "leasehold.v1.KVService"
 	// IdempotencyServiceName is the fully-qualified name of the IdempotencyService service.
 	IdempotencyServiceName = "leasehold.v1.IdempotencyService"
+	// GroupServiceName is the fully-qualified name of the GroupService service.
+	GroupServiceName = "leasehold.v1.GroupService"
 	// ElectionServiceName is the fully-qualified name of the ElectionService service.
 	ElectionServiceName = "leasehold.v1.ElectionService"
 	// ClusterServiceName is the fully-qualified name of the ClusterService service.
@@ -101,6 +103,19 @@ const (
 	IdempotencyServiceAbandonProcedure = "/leasehold.v1.IdempotencyService/Abandon"
 	// IdempotencyServiceGetProcedure is the fully-qualified name of the IdempotencyService's Get RPC.
 	IdempotencyServiceGetProcedure = "/leasehold.v1.IdempotencyService/Get"
+	// GroupServiceCreateProcedure is the fully-qualified name of the GroupService's Create RPC.
+	GroupServiceCreateProcedure = "/leasehold.v1.GroupService/Create"
+	// GroupServiceJoinProcedure is the fully-qualified name of the GroupService's Join RPC.
+	GroupServiceJoinProcedure = "/leasehold.v1.GroupService/Join"
+	// GroupServiceLeaveProcedure is the fully-qualified name of the GroupService's Leave RPC.
+	GroupServiceLeaveProcedure = "/leasehold.v1.GroupService/Leave"
+	// GroupServiceReleaseProcedure is the fully-qualified name of the GroupService's Release RPC.
+	GroupServiceReleaseProcedure = "/leasehold.v1.GroupService/Release"
+	// GroupServiceStatusProcedure is the fully-qualified name of the GroupService's Status RPC.
+	GroupServiceStatusProcedure = "/leasehold.v1.GroupService/Status"
+	// GroupServiceAssignmentsProcedure is the fully-qualified name of the GroupService's Assignments
+	// RPC.
+	GroupServiceAssignmentsProcedure = "/leasehold.v1.GroupService/Assignments"
 	// ElectionServiceCampaignProcedure is the fully-qualified name of the ElectionService's Campaign
 	// RPC.
 	ElectionServiceCampaignProcedure = "/leasehold.v1.ElectionService/Campaign"
@@ -965,6 +980,276 @@ func (UnimplementedIdempotencyServiceHandler) Abandon(context.Context, *v1.Aband
 
 func (UnimplementedIdempotencyServiceHandler) Get(context.Context, *v1.IdempotencyServiceGetRequest) (*v1.IdempotencyServiceGetResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.IdempotencyService.Get is not implemented"))
+}
+
+// GroupServiceClient is a client for the leasehold.v1.GroupService service.
+type GroupServiceClient interface {
+	// Create creates a group. Creating a group that exists with the same partitions and
+	// drain_ms succeeds and changes nothing; with other settings it is AlreadyExists
+	// ("group_exists"). ResourceExhausted ("limit_groups") when the cluster has too many.
+	Create(context.Context, *v1.GroupServiceCreateRequest) (*v1.GroupServiceCreateResponse, error)
+	// Join makes the lease member `member` of the group, or changes its weight. It
+	// answers the member's partitions at the time. NotFound ("group_unknown") for an
+	// unknown group, NotFound (lease reasons) when the lease is gone, AlreadyExists
+	// ("member_exists") while another lease has the member name (its lease must end or
+	// it must leave first), ResourceExhausted ("limit_group_members").
+	Join(context.Context, *v1.JoinRequest) (*v1.JoinResponse, error)
+	// Leave removes the member and frees its partitions at once, to be granted to others
+	// at new epochs: call it only after the member stopped working on them.
+	// FailedPrecondition ("not_member") when the lease is not that member's.
+	Leave(context.Context, *v1.LeaveRequest) (*v1.LeaveResponse, error)
+	// Release gives one partition back, owned by the lease at epoch; the owner calls it
+	// once it stopped working on a draining partition. Releasing an epoch that already
+	// ended succeeds and changes nothing (a retry is safe). FailedPrecondition
+	// ("not_owner") when the lease does not own the partition at that epoch.
+	Release(context.Context, *v1.GroupServiceReleaseRequest) (*v1.GroupServiceReleaseResponse, error)
+	// Status reads a group, linearizably: its members (never their leases) and every
+	// partition's owner, epoch and whether it drains.
+	Status(context.Context, *v1.GroupServiceStatusRequest) (*v1.GroupServiceStatusResponse, error)
+	// Assignments streams the member's partitions: one message at once, then one each
+	// time they change, each with the member's whole current assignment (changes that
+	// follow each other closely may arrive as one message; none is reordered). It is a
+	// prompt, not a promise: a member must still confirm with a read (Status) that a
+	// partition is not draining before it trusts it for longer (the Go client does:
+	// JoinGroup). The stream is served by the leader; it ends with Unavailable when that
+	// node stops leading or shuts down (open it again), and with FailedPrecondition
+	// ("not_member") when the lease is no longer that member's.
+	Assignments(context.Context, *v1.AssignmentsRequest) (*connect.ServerStreamForClient[v1.AssignmentsResponse], error)
+}
+
+// NewGroupServiceClient constructs a client for the leasehold.v1.GroupService service. By default,
+// it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses, and
+// sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the connect.WithGRPC()
+// or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewGroupServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) GroupServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	groupServiceMethods := v1.File_leasehold_v1_leasehold_proto.Services().ByName("GroupService").Methods()
+	return &groupServiceClient{
+		create: connect.NewClient[v1.GroupServiceCreateRequest, v1.GroupServiceCreateResponse](
+			httpClient,
+			baseURL+GroupServiceCreateProcedure,
+			connect.WithSchema(groupServiceMethods.ByName("Create")),
+			connect.WithClientOptions(opts...),
+		),
+		join: connect.NewClient[v1.JoinRequest, v1.JoinResponse](
+			httpClient,
+			baseURL+GroupServiceJoinProcedure,
+			connect.WithSchema(groupServiceMethods.ByName("Join")),
+			connect.WithClientOptions(opts...),
+		),
+		leave: connect.NewClient[v1.LeaveRequest, v1.LeaveResponse](
+			httpClient,
+			baseURL+GroupServiceLeaveProcedure,
+			connect.WithSchema(groupServiceMethods.ByName("Leave")),
+			connect.WithClientOptions(opts...),
+		),
+		release: connect.NewClient[v1.GroupServiceReleaseRequest, v1.GroupServiceReleaseResponse](
+			httpClient,
+			baseURL+GroupServiceReleaseProcedure,
+			connect.WithSchema(groupServiceMethods.ByName("Release")),
+			connect.WithClientOptions(opts...),
+		),
+		status: connect.NewClient[v1.GroupServiceStatusRequest, v1.GroupServiceStatusResponse](
+			httpClient,
+			baseURL+GroupServiceStatusProcedure,
+			connect.WithSchema(groupServiceMethods.ByName("Status")),
+			connect.WithClientOptions(opts...),
+		),
+		assignments: connect.NewClient[v1.AssignmentsRequest, v1.AssignmentsResponse](
+			httpClient,
+			baseURL+GroupServiceAssignmentsProcedure,
+			connect.WithSchema(groupServiceMethods.ByName("Assignments")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// groupServiceClient implements GroupServiceClient.
+type groupServiceClient struct {
+	create      *connect.Client[v1.GroupServiceCreateRequest, v1.GroupServiceCreateResponse]
+	join        *connect.Client[v1.JoinRequest, v1.JoinResponse]
+	leave       *connect.Client[v1.LeaveRequest, v1.LeaveResponse]
+	release     *connect.Client[v1.GroupServiceReleaseRequest, v1.GroupServiceReleaseResponse]
+	status      *connect.Client[v1.GroupServiceStatusRequest, v1.GroupServiceStatusResponse]
+	assignments *connect.Client[v1.AssignmentsRequest, v1.AssignmentsResponse]
+}
+
+// Create calls leasehold.v1.GroupService.Create.
+func (c *groupServiceClient) Create(ctx context.Context, req *v1.GroupServiceCreateRequest) (*v1.GroupServiceCreateResponse, error) {
+	response, err := c.create.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Join calls leasehold.v1.GroupService.Join.
+func (c *groupServiceClient) Join(ctx context.Context, req *v1.JoinRequest) (*v1.JoinResponse, error) {
+	response, err := c.join.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Leave calls leasehold.v1.GroupService.Leave.
+func (c *groupServiceClient) Leave(ctx context.Context, req *v1.LeaveRequest) (*v1.LeaveResponse, error) {
+	response, err := c.leave.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Release calls leasehold.v1.GroupService.Release.
+func (c *groupServiceClient) Release(ctx context.Context, req *v1.GroupServiceReleaseRequest) (*v1.GroupServiceReleaseResponse, error) {
+	response, err := c.release.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Status calls leasehold.v1.GroupService.Status.
+func (c *groupServiceClient) Status(ctx context.Context, req *v1.GroupServiceStatusRequest) (*v1.GroupServiceStatusResponse, error) {
+	response, err := c.status.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Assignments calls leasehold.v1.GroupService.Assignments.
+func (c *groupServiceClient) Assignments(ctx context.Context, req *v1.AssignmentsRequest) (*connect.ServerStreamForClient[v1.AssignmentsResponse], error) {
+	return c.assignments.CallServerStream(ctx, connect.NewRequest(req))
+}
+
+// GroupServiceHandler is an implementation of the leasehold.v1.GroupService service.
+type GroupServiceHandler interface {
+	// Create creates a group. Creating a group that exists with the same partitions and
+	// drain_ms succeeds and changes nothing; with other settings it is AlreadyExists
+	// ("group_exists"). ResourceExhausted ("limit_groups") when the cluster has too many.
+	Create(context.Context, *v1.GroupServiceCreateRequest) (*v1.GroupServiceCreateResponse, error)
+	// Join makes the lease member `member` of the group, or changes its weight. It
+	// answers the member's partitions at the time. NotFound ("group_unknown") for an
+	// unknown group, NotFound (lease reasons) when the lease is gone, AlreadyExists
+	// ("member_exists") while another lease has the member name (its lease must end or
+	// it must leave first), ResourceExhausted ("limit_group_members").
+	Join(context.Context, *v1.JoinRequest) (*v1.JoinResponse, error)
+	// Leave removes the member and frees its partitions at once, to be granted to others
+	// at new epochs: call it only after the member stopped working on them.
+	// FailedPrecondition ("not_member") when the lease is not that member's.
+	Leave(context.Context, *v1.LeaveRequest) (*v1.LeaveResponse, error)
+	// Release gives one partition back, owned by the lease at epoch; the owner calls it
+	// once it stopped working on a draining partition. Releasing an epoch that already
+	// ended succeeds and changes nothing (a retry is safe). FailedPrecondition
+	// ("not_owner") when the lease does not own the partition at that epoch.
+	Release(context.Context, *v1.GroupServiceReleaseRequest) (*v1.GroupServiceReleaseResponse, error)
+	// Status reads a group, linearizably: its members (never their leases) and every
+	// partition's owner, epoch and whether it drains.
+	Status(context.Context, *v1.GroupServiceStatusRequest) (*v1.GroupServiceStatusResponse, error)
+	// Assignments streams the member's partitions: one message at once, then one each
+	// time they change, each with the member's whole current assignment (changes that
+	// follow each other closely may arrive as one message; none is reordered). It is a
+	// prompt, not a promise: a member must still confirm with a read (Status) that a
+	// partition is not draining before it trusts it for longer (the Go client does:
+	// JoinGroup). The stream is served by the leader; it ends with Unavailable when that
+	// node stops leading or shuts down (open it again), and with FailedPrecondition
+	// ("not_member") when the lease is no longer that member's.
+	Assignments(context.Context, *v1.AssignmentsRequest, *connect.ServerStream[v1.AssignmentsResponse]) error
+}
+
+// NewGroupServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewGroupServiceHandler(svc GroupServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	groupServiceMethods := v1.File_leasehold_v1_leasehold_proto.Services().ByName("GroupService").Methods()
+	groupServiceCreateHandler := connect.NewUnaryHandlerSimple(
+		GroupServiceCreateProcedure,
+		svc.Create,
+		connect.WithSchema(groupServiceMethods.ByName("Create")),
+		connect.WithHandlerOptions(opts...),
+	)
+	groupServiceJoinHandler := connect.NewUnaryHandlerSimple(
+		GroupServiceJoinProcedure,
+		svc.Join,
+		connect.WithSchema(groupServiceMethods.ByName("Join")),
+		connect.WithHandlerOptions(opts...),
+	)
+	groupServiceLeaveHandler := connect.NewUnaryHandlerSimple(
+		GroupServiceLeaveProcedure,
+		svc.Leave,
+		connect.WithSchema(groupServiceMethods.ByName("Leave")),
+		connect.WithHandlerOptions(opts...),
+	)
+	groupServiceReleaseHandler := connect.NewUnaryHandlerSimple(
+		GroupServiceReleaseProcedure,
+		svc.Release,
+		connect.WithSchema(groupServiceMethods.ByName("Release")),
+		connect.WithHandlerOptions(opts...),
+	)
+	groupServiceStatusHandler := connect.NewUnaryHandlerSimple(
+		GroupServiceStatusProcedure,
+		svc.Status,
+		connect.WithSchema(groupServiceMethods.ByName("Status")),
+		connect.WithHandlerOptions(opts...),
+	)
+	groupServiceAssignmentsHandler := connect.NewServerStreamHandlerSimple(
+		GroupServiceAssignmentsProcedure,
+		svc.Assignments,
+		connect.WithSchema(groupServiceMethods.ByName("Assignments")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/leasehold.v1.GroupService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case GroupServiceCreateProcedure:
+			groupServiceCreateHandler.ServeHTTP(w, r)
+		case GroupServiceJoinProcedure:
+			groupServiceJoinHandler.ServeHTTP(w, r)
+		case GroupServiceLeaveProcedure:
+			groupServiceLeaveHandler.ServeHTTP(w, r)
+		case GroupServiceReleaseProcedure:
+			groupServiceReleaseHandler.ServeHTTP(w, r)
+		case GroupServiceStatusProcedure:
+			groupServiceStatusHandler.ServeHTTP(w, r)
+		case GroupServiceAssignmentsProcedure:
+			groupServiceAssignmentsHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedGroupServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedGroupServiceHandler struct{}
+
+func (UnimplementedGroupServiceHandler) Create(context.Context, *v1.GroupServiceCreateRequest) (*v1.GroupServiceCreateResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.GroupService.Create is not implemented"))
+}
+
+func (UnimplementedGroupServiceHandler) Join(context.Context, *v1.JoinRequest) (*v1.JoinResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.GroupService.Join is not implemented"))
+}
+
+func (UnimplementedGroupServiceHandler) Leave(context.Context, *v1.LeaveRequest) (*v1.LeaveResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.GroupService.Leave is not implemented"))
+}
+
+func (UnimplementedGroupServiceHandler) Release(context.Context, *v1.GroupServiceReleaseRequest) (*v1.GroupServiceReleaseResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.GroupService.Release is not implemented"))
+}
+
+func (UnimplementedGroupServiceHandler) Status(context.Context, *v1.GroupServiceStatusRequest) (*v1.GroupServiceStatusResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.GroupService.Status is not implemented"))
+}
+
+func (UnimplementedGroupServiceHandler) Assignments(context.Context, *v1.AssignmentsRequest, *connect.ServerStream[v1.AssignmentsResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.GroupService.Assignments is not implemented"))
 }
 
 // ElectionServiceClient is a client for the leasehold.v1.ElectionService service.
