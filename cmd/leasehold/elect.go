@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/client"
@@ -184,12 +183,7 @@ compact protobuf-JSON ObserveResponse per line.`,
 				if ok {
 					resp.Holder = &leaseholdv1.Holder{Host: l.Holder.Host, Pid: l.Holder.PID, Note: l.Holder.Note}
 				}
-				b, err := protojson.Marshal(resp)
-				if err != nil {
-					return err
-				}
-				_, err = fmt.Fprintln(w, string(b))
-				return err
+				return printJSONLine(w, resp)
 			}
 			var err error
 			if ok {

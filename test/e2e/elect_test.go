@@ -41,6 +41,8 @@ func leadLine(t *testing.T, p *Proc, within time.Duration) (uint64, time.Time) {
 // times (the numbers in docs/PERFORMANCE.md).
 func TestCLIElect(t *testing.T) {
 	s := StartServer(t)
+	obs := StartProc(t, leaseholdBin, "observe", "e2e/elect/ttl", "--addr", s.Addr, "-o", "json")
+	obs.Expect(`{`, 10*time.Second) // nobody leads yet
 	for _, tc := range []struct {
 		name  string
 		extra []string
@@ -85,6 +87,19 @@ func TestCLIElect(t *testing.T) {
 		if code := second.Wait(10 * time.Second); code == exitLockLost {
 			t.Errorf("%s: the second leader exited %d", tc.name, code)
 		}
+	}
+	// `leasehold observe` showed the ttl election's two leaders and then nobody, in order.
+	var seen []string
+	for len(seen) < 3 {
+		seen = append(seen, obs.Expect(`{`, 10*time.Second).Text)
+	}
+	for i, want := range []string{`"hasLeader":true`, `"hasLeader":true`} {
+		if !strings.Contains(seen[i], want) {
+			t.Errorf("observe line %d = %s, want %s", i+1, seen[i], want)
+		}
+	}
+	if strings.Contains(seen[2], `"hasLeader":true`) {
+		t.Errorf("observe line 3 = %s, want nobody leading", seen[2])
 	}
 	if r := RunCLI(t, 10*time.Second, "leader", "e2e/elect/ttl", "--addr", s.Addr); r.Code != exitNotAcquired {
 		t.Errorf("leader of an election nobody leads: exit %d, want %d", r.Code, exitNotAcquired)
