@@ -66,23 +66,6 @@ func completeFlag(cmd *cobra.Command, name string, values ...string) {
 	_ = cmd.RegisterFlagCompletionFunc(name, cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
 }
 
-// printJSONLine writes m as one compact JSON line in the protobuf JSON mapping (a
-// stream's message), compacted so that the bytes are stable (protojson's spacing is
-// not).
-func printJSONLine(w io.Writer, m proto.Message) error {
-	b, err := protojson.Marshal(m)
-	if err != nil {
-		return err
-	}
-	var out bytes.Buffer
-	if err := json.Compact(&out, b); err != nil {
-		return err
-	}
-	out.WriteByte('\n')
-	_, err = out.WriteTo(w)
-	return err
-}
-
 // printJSON writes m as one indented JSON document in the protobuf JSON mapping, with
 // every field present (zero values too): 64-bit integers are strings, bytes base64.
 func printJSON(w io.Writer, m proto.Message) error {

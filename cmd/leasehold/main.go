@@ -7,6 +7,8 @@
 //	leasehold leader NAME            who leads election NAME
 //	leasehold observe NAME           every change of leader of election NAME
 //	leasehold locks [PREFIX]         list locks
+//	leasehold watch [PREFIX]         stream lock events as they happen
+//	leasehold history NAME           a lock's last tenures
 //	leasehold kv get|put|del|ls      the fenced key-value store
 //	leasehold group create|join|status  partitions assigned to live members, with epochs
 //	leasehold status                 show the node's status
@@ -125,6 +127,8 @@ elsewhere; 76 lock or key lost while CMD ran (CMD's process group was killed).`,
 		newLeaderCmd(),
 		newObserveCmd(),
 		newLocksCmd(),
+		newWatchCmd(),
+		newHistoryCmd(),
 		newUnlockCmd(),
 		newKVCmd(),
 		newStatusCmd(),

@@ -157,6 +157,207 @@ func (LockMode) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{1}
 }
 
+// HeldReason is why an acquire was not granted. (A lock of the other class, or of
+// another kind, is its own error: FailedPrecondition "class_conflict", "mode_conflict".)
+type HeldReason int32
+
+const (
+	HeldReason_HELD_REASON_UNSPECIFIED HeldReason = 0
+	// Held in a mode that excludes the one asked for (exclusive, or a full semaphore).
+	HeldReason_HELD_REASON_HELD HeldReason = 1
+	// Held shared while exclusive was asked for, or exclusively while shared was.
+	HeldReason_HELD_REASON_MODE_CONFLICT HeldReason = 2
+	// Nobody holds it, but it is in its lock-delay after an expiry (until
+	// delay_until_unix_ms).
+	HeldReason_HELD_REASON_LOCK_DELAY HeldReason = 3
+	// It would admit the caller, but others wait before it (queues are FIFO).
+	HeldReason_HELD_REASON_WAITERS_AHEAD HeldReason = 4
+)
+
+// Enum value maps for HeldReason.
+var (
+	HeldReason_name = map[int32]string{
+		0: "HELD_REASON_UNSPECIFIED",
+		1: "HELD_REASON_HELD",
+		2: "HELD_REASON_MODE_CONFLICT",
+		3: "HELD_REASON_LOCK_DELAY",
+		4: "HELD_REASON_WAITERS_AHEAD",
+	}
+	HeldReason_value = map[string]int32{
+		"HELD_REASON_UNSPECIFIED":   0,
+		"HELD_REASON_HELD":          1,
+		"HELD_REASON_MODE_CONFLICT": 2,
+		"HELD_REASON_LOCK_DELAY":    3,
+		"HELD_REASON_WAITERS_AHEAD": 4,
+	}
+)
+
+func (x HeldReason) Enum() *HeldReason {
+	p := new(HeldReason)
+	*p = x
+	return p
+}
+
+func (x HeldReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (HeldReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_leasehold_proto_enumTypes[2].Descriptor()
+}
+
+func (HeldReason) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_leasehold_proto_enumTypes[2]
+}
+
+func (x HeldReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use HeldReason.Descriptor instead.
+func (HeldReason) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+}
+
+// TenureEnd is how a hold ended.
+type TenureEnd int32
+
+const (
+	// Still held.
+	TenureEnd_TENURE_END_UNSPECIFIED TenureEnd = 0
+	// Its holder released it.
+	TenureEnd_TENURE_END_RELEASED TenureEnd = 1
+	// Its lease expired.
+	TenureEnd_TENURE_END_EXPIRED TenureEnd = 2
+	// Its lease was revoked (LeaseService.Revoke: its client closed, or gave it up).
+	TenureEnd_TENURE_END_REVOKED TenureEnd = 3
+	// An operator force-released it; `reason` says who and why.
+	TenureEnd_TENURE_END_FORCE_RELEASED TenureEnd = 4
+)
+
+// Enum value maps for TenureEnd.
+var (
+	TenureEnd_name = map[int32]string{
+		0: "TENURE_END_UNSPECIFIED",
+		1: "TENURE_END_RELEASED",
+		2: "TENURE_END_EXPIRED",
+		3: "TENURE_END_REVOKED",
+		4: "TENURE_END_FORCE_RELEASED",
+	}
+	TenureEnd_value = map[string]int32{
+		"TENURE_END_UNSPECIFIED":    0,
+		"TENURE_END_RELEASED":       1,
+		"TENURE_END_EXPIRED":        2,
+		"TENURE_END_REVOKED":        3,
+		"TENURE_END_FORCE_RELEASED": 4,
+	}
+)
+
+func (x TenureEnd) Enum() *TenureEnd {
+	p := new(TenureEnd)
+	*p = x
+	return p
+}
+
+func (x TenureEnd) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TenureEnd) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_leasehold_proto_enumTypes[3].Descriptor()
+}
+
+func (TenureEnd) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_leasehold_proto_enumTypes[3]
+}
+
+func (x TenureEnd) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TenureEnd.Descriptor instead.
+func (TenureEnd) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{3}
+}
+
+// EventKind is what a Watch event reports.
+type EventKind int32
+
+const (
+	EventKind_EVENT_KIND_UNSPECIFIED EventKind = 0
+	// The holder was granted the lock with `token` (a lock set: one event per name, one
+	// token).
+	EventKind_EVENT_KIND_ACQUIRED EventKind = 1
+	// The holder released it.
+	EventKind_EVENT_KIND_RELEASED EventKind = 2
+	// The hold ended because its lease expired.
+	EventKind_EVENT_KIND_EXPIRED EventKind = 3
+	// The hold ended because its lease was revoked (LeaseService.Revoke).
+	EventKind_EVENT_KIND_REVOKED EventKind = 4
+	// An operator took the lock away; `reason` says who and why.
+	EventKind_EVENT_KIND_FORCE_RELEASED EventKind = 5
+	// The holder took place `position` (1 = first) in the lock's queue.
+	EventKind_EVENT_KIND_QUEUED EventKind = 6
+	// A waiter left the queue without a grant (it gave up, or its lease ended).
+	EventKind_EVENT_KIND_WAIT_ENDED EventKind = 7
+	// A new leader serves efficiency locks, in epoch `epoch`, from an empty table: every
+	// efficiency lock of an earlier epoch is gone.
+	EventKind_EVENT_KIND_EPOCH EventKind = 8
+)
+
+// Enum value maps for EventKind.
+var (
+	EventKind_name = map[int32]string{
+		0: "EVENT_KIND_UNSPECIFIED",
+		1: "EVENT_KIND_ACQUIRED",
+		2: "EVENT_KIND_RELEASED",
+		3: "EVENT_KIND_EXPIRED",
+		4: "EVENT_KIND_REVOKED",
+		5: "EVENT_KIND_FORCE_RELEASED",
+		6: "EVENT_KIND_QUEUED",
+		7: "EVENT_KIND_WAIT_ENDED",
+		8: "EVENT_KIND_EPOCH",
+	}
+	EventKind_value = map[string]int32{
+		"EVENT_KIND_UNSPECIFIED":    0,
+		"EVENT_KIND_ACQUIRED":       1,
+		"EVENT_KIND_RELEASED":       2,
+		"EVENT_KIND_EXPIRED":        3,
+		"EVENT_KIND_REVOKED":        4,
+		"EVENT_KIND_FORCE_RELEASED": 5,
+		"EVENT_KIND_QUEUED":         6,
+		"EVENT_KIND_WAIT_ENDED":     7,
+		"EVENT_KIND_EPOCH":          8,
+	}
+)
+
+func (x EventKind) Enum() *EventKind {
+	p := new(EventKind)
+	*p = x
+	return p
+}
+
+func (x EventKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EventKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_leasehold_proto_enumTypes[4].Descriptor()
+}
+
+func (EventKind) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_leasehold_proto_enumTypes[4]
+}
+
+func (x EventKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EventKind.Descriptor instead.
+func (EventKind) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{4}
+}
+
 // KeyStatus is where an idempotency key stands.
 type KeyStatus int32
 
@@ -198,11 +399,11 @@ func (x KeyStatus) String() string {
 }
 
 func (KeyStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_leasehold_v1_leasehold_proto_enumTypes[2].Descriptor()
+	return file_leasehold_v1_leasehold_proto_enumTypes[5].Descriptor()
 }
 
 func (KeyStatus) Type() protoreflect.EnumType {
-	return &file_leasehold_v1_leasehold_proto_enumTypes[2]
+	return &file_leasehold_v1_leasehold_proto_enumTypes[5]
 }
 
 func (x KeyStatus) Number() protoreflect.EnumNumber {
@@ -211,7 +412,7 @@ func (x KeyStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use KeyStatus.Descriptor instead.
 func (KeyStatus) EnumDescriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{5}
 }
 
 // Holder describes who holds or waits for a lock, so operators can see it in listings.
@@ -304,7 +505,9 @@ type ErrorDetail struct {
 	LeaderApiAddr string `protobuf:"bytes,7,opt,name=leader_api_addr,json=leaderApiAddr,proto3" json:"leader_api_addr,omitempty"`
 	// For "lock_held": the lock that was held — for a lock set, the first of its names
 	// that was (holder_token and holder describe that lock's holder).
-	HeldLock      string `protobuf:"bytes,20,opt,name=held_lock,json=heldLock,proto3" json:"held_lock,omitempty"`
+	HeldLock string `protobuf:"bytes,20,opt,name=held_lock,json=heldLock,proto3" json:"held_lock,omitempty"`
+	// For "lock_held" (a try-once acquire, or one whose wait ran out): why, in full.
+	Explanation   *HeldExplanation `protobuf:"bytes,30,opt,name=explanation,proto3" json:"explanation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -395,6 +598,168 @@ func (x *ErrorDetail) GetHeldLock() string {
 	return ""
 }
 
+func (x *ErrorDetail) GetExplanation() *HeldExplanation {
+	if x != nil {
+		return x.Explanation
+	}
+	return nil
+}
+
+// HeldExplanation says why an acquire was not granted: who holds the lock and since
+// when, how many wait and where the caller stood, and the reason.
+type HeldExplanation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lock's holders (one for an exclusive hold), oldest first.
+	Holders []*HeldBy `protobuf:"bytes,1,rep,name=holders,proto3" json:"holders,omitempty"`
+	// How many waited in the lock's queue (the caller included, when it waited).
+	QueueLength uint32 `protobuf:"varint,2,opt,name=queue_length,json=queueLength,proto3" json:"queue_length,omitempty"`
+	// The caller's place in the queue when its wait ran out (1 = first); 0 for a
+	// try-once acquire, which never queues.
+	Position uint32     `protobuf:"varint,3,opt,name=position,proto3" json:"position,omitempty"`
+	Reason   HeldReason `protobuf:"varint,4,opt,name=reason,proto3,enum=leasehold.v1.HeldReason" json:"reason,omitempty"`
+	// For HELD_REASON_LOCK_DELAY: when the lock-delay ends (the leader's wall clock,
+	// Unix milliseconds).
+	DelayUntilUnixMs int64 `protobuf:"varint,5,opt,name=delay_until_unix_ms,json=delayUntilUnixMs,proto3" json:"delay_until_unix_ms,omitempty"`
+	// The mode the lock is held in.
+	HeldMode      LockMode `protobuf:"varint,6,opt,name=held_mode,json=heldMode,proto3,enum=leasehold.v1.LockMode" json:"held_mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeldExplanation) Reset() {
+	*x = HeldExplanation{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldExplanation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldExplanation) ProtoMessage() {}
+
+func (x *HeldExplanation) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldExplanation.ProtoReflect.Descriptor instead.
+func (*HeldExplanation) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HeldExplanation) GetHolders() []*HeldBy {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+func (x *HeldExplanation) GetQueueLength() uint32 {
+	if x != nil {
+		return x.QueueLength
+	}
+	return 0
+}
+
+func (x *HeldExplanation) GetPosition() uint32 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *HeldExplanation) GetReason() HeldReason {
+	if x != nil {
+		return x.Reason
+	}
+	return HeldReason_HELD_REASON_UNSPECIFIED
+}
+
+func (x *HeldExplanation) GetDelayUntilUnixMs() int64 {
+	if x != nil {
+		return x.DelayUntilUnixMs
+	}
+	return 0
+}
+
+func (x *HeldExplanation) GetHeldMode() LockMode {
+	if x != nil {
+		return x.HeldMode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+type HeldBy struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Token  uint64                 `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
+	Holder *Holder                `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	// When the hold was granted (the leader's wall clock, Unix milliseconds; 0 when
+	// unknown: an efficiency hold granted before this leader served).
+	SinceUnixMs   int64 `protobuf:"varint,3,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeldBy) Reset() {
+	*x = HeldBy{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldBy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldBy) ProtoMessage() {}
+
+func (x *HeldBy) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldBy.ProtoReflect.Descriptor instead.
+func (*HeldBy) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *HeldBy) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *HeldBy) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *HeldBy) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
 type BindRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The lease to bind (32 hex characters).
@@ -405,7 +770,7 @@ type BindRequest struct {
 
 func (x *BindRequest) Reset() {
 	*x = BindRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[2]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +782,7 @@ func (x *BindRequest) String() string {
 func (*BindRequest) ProtoMessage() {}
 
 func (x *BindRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[2]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +795,7 @@ func (x *BindRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindRequest.ProtoReflect.Descriptor instead.
 func (*BindRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *BindRequest) GetLeaseId() string {
@@ -450,7 +815,7 @@ type BindResponse struct {
 
 func (x *BindResponse) Reset() {
 	*x = BindResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[3]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -462,7 +827,7 @@ func (x *BindResponse) String() string {
 func (*BindResponse) ProtoMessage() {}
 
 func (x *BindResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[3]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -475,7 +840,7 @@ func (x *BindResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindResponse.ProtoReflect.Descriptor instead.
 func (*BindResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{3}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BindResponse) GetTtlMs() int64 {
@@ -508,7 +873,7 @@ type GrantRequest struct {
 
 func (x *GrantRequest) Reset() {
 	*x = GrantRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -520,7 +885,7 @@ func (x *GrantRequest) String() string {
 func (*GrantRequest) ProtoMessage() {}
 
 func (x *GrantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -533,7 +898,7 @@ func (x *GrantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRequest.ProtoReflect.Descriptor instead.
 func (*GrantRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{4}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GrantRequest) GetTtlMs() int64 {
@@ -563,7 +928,7 @@ type GrantResponse struct {
 
 func (x *GrantResponse) Reset() {
 	*x = GrantResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -575,7 +940,7 @@ func (x *GrantResponse) String() string {
 func (*GrantResponse) ProtoMessage() {}
 
 func (x *GrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -588,7 +953,7 @@ func (x *GrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantResponse.ProtoReflect.Descriptor instead.
 func (*GrantResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{5}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GrantResponse) GetLeaseId() string {
@@ -615,7 +980,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +992,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +1005,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{6}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *KeepAliveRequest) GetLeaseId() string {
@@ -672,7 +1037,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -684,7 +1049,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -697,7 +1062,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{7}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *KeepAliveResponse) GetTtlMs() int64 {
@@ -734,7 +1099,7 @@ type LostLock struct {
 
 func (x *LostLock) Reset() {
 	*x = LostLock{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +1111,7 @@ func (x *LostLock) String() string {
 func (*LostLock) ProtoMessage() {}
 
 func (x *LostLock) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +1124,7 @@ func (x *LostLock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LostLock.ProtoReflect.Descriptor instead.
 func (*LostLock) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{8}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LostLock) GetName() string {
@@ -797,7 +1162,7 @@ type RevokeRequest struct {
 
 func (x *RevokeRequest) Reset() {
 	*x = RevokeRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -809,7 +1174,7 @@ func (x *RevokeRequest) String() string {
 func (*RevokeRequest) ProtoMessage() {}
 
 func (x *RevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -822,7 +1187,7 @@ func (x *RevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeRequest.ProtoReflect.Descriptor instead.
 func (*RevokeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{9}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RevokeRequest) GetLeaseId() string {
@@ -847,7 +1212,7 @@ type RevokeResponse struct {
 
 func (x *RevokeResponse) Reset() {
 	*x = RevokeResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -859,7 +1224,7 @@ func (x *RevokeResponse) String() string {
 func (*RevokeResponse) ProtoMessage() {}
 
 func (x *RevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -872,7 +1237,486 @@ func (x *RevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeResponse.ProtoReflect.Descriptor instead.
 func (*RevokeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{10}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{12}
+}
+
+type HistoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lock's name (same rules as AcquireRequest.name).
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HistoryRequest) Reset() {
+	*x = HistoryRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HistoryRequest) ProtoMessage() {}
+
+func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HistoryRequest.ProtoReflect.Descriptor instead.
+func (*HistoryRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *HistoryRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type HistoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenures       []*Tenure              `protobuf:"bytes,1,rep,name=tenures,proto3" json:"tenures,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HistoryResponse) Reset() {
+	*x = HistoryResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HistoryResponse) ProtoMessage() {}
+
+func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HistoryResponse.ProtoReflect.Descriptor instead.
+func (*HistoryResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *HistoryResponse) GetTenures() []*Tenure {
+	if x != nil {
+		return x.Tenures
+	}
+	return nil
+}
+
+// Tenure is one hold of a lock, as the ledger keeps it.
+type Tenure struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Token  uint64                 `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
+	Holder *Holder                `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	Mode   LockMode               `protobuf:"varint,3,opt,name=mode,proto3,enum=leasehold.v1.LockMode" json:"mode,omitempty"`
+	// When the grant and the end were proposed, Unix milliseconds (0: unknown, e.g. a hold
+	// granted before an upgrade or restored from an older snapshot).
+	StartUnixMs int64     `protobuf:"varint,4,opt,name=start_unix_ms,json=startUnixMs,proto3" json:"start_unix_ms,omitempty"`
+	EndUnixMs   int64     `protobuf:"varint,5,opt,name=end_unix_ms,json=endUnixMs,proto3" json:"end_unix_ms,omitempty"`
+	End         TenureEnd `protobuf:"varint,6,opt,name=end,proto3,enum=leasehold.v1.TenureEnd" json:"end,omitempty"`
+	// A force release's reason, with the identity that asked.
+	Reason        string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tenure) Reset() {
+	*x = Tenure{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tenure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tenure) ProtoMessage() {}
+
+func (x *Tenure) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tenure.ProtoReflect.Descriptor instead.
+func (*Tenure) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Tenure) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *Tenure) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *Tenure) GetMode() LockMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+func (x *Tenure) GetStartUnixMs() int64 {
+	if x != nil {
+		return x.StartUnixMs
+	}
+	return 0
+}
+
+func (x *Tenure) GetEndUnixMs() int64 {
+	if x != nil {
+		return x.EndUnixMs
+	}
+	return 0
+}
+
+func (x *Tenure) GetEnd() TenureEnd {
+	if x != nil {
+		return x.End
+	}
+	return TenureEnd_TENURE_END_UNSPECIFIED
+}
+
+func (x *Tenure) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Revision orders Watch events: the index of the log entry whose apply caused the event
+// and the event's offset among that entry's events. An efficiency lock's event, which
+// never enters the log, takes the revision after the last event its leader published
+// (the index of the last applied entry, the next offset), and carries the leader's
+// epoch.
+type Revision struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Offset        uint32                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Revision) Reset() {
+	*x = Revision{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Revision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Revision) ProtoMessage() {}
+
+func (x *Revision) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Revision.ProtoReflect.Descriptor instead.
+func (*Revision) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *Revision) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *Revision) GetOffset() uint32 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only locks whose name starts with prefix ("" for all). EVENT_KIND_EPOCH events,
+	// which name no lock, come under every prefix.
+	Prefix string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// Where to start (inclusive). Unset: at the next event.
+	Start         *Revision `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *WatchRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetStart() *Revision {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+type WatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The events, in revision order (none in a first answer with nothing to replay).
+	Events []*WatchEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// The revision to resume from after these events.
+	Next          *Revision `protobuf:"bytes,2,opt,name=next,proto3" json:"next,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *WatchResponse) GetEvents() []*WatchEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetNext() *Revision {
+	if x != nil {
+		return x.Next
+	}
+	return nil
+}
+
+type WatchEvent struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Revision *Revision              `protobuf:"bytes,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Kind     EventKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=leasehold.v1.EventKind" json:"kind,omitempty"`
+	Name     string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Class    LockClass              `protobuf:"varint,4,opt,name=class,proto3,enum=leasehold.v1.LockClass" json:"class,omitempty"`
+	Token    uint64                 `protobuf:"varint,5,opt,name=token,proto3" json:"token,omitempty"`
+	Holder   *Holder                `protobuf:"bytes,6,opt,name=holder,proto3" json:"holder,omitempty"`
+	Mode     LockMode               `protobuf:"varint,7,opt,name=mode,proto3,enum=leasehold.v1.LockMode" json:"mode,omitempty"`
+	// A semaphore's limit.
+	Limit uint32 `protobuf:"varint,8,opt,name=limit,proto3" json:"limit,omitempty"`
+	// A queued waiter's place.
+	Position uint32 `protobuf:"varint,9,opt,name=position,proto3" json:"position,omitempty"`
+	// A force release's reason, with who asked.
+	Reason string `protobuf:"bytes,10,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The leader's efficiency epoch, on efficiency events.
+	Epoch         string `protobuf:"bytes,11,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEvent) Reset() {
+	*x = WatchEvent{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEvent) ProtoMessage() {}
+
+func (x *WatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
+func (*WatchEvent) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *WatchEvent) GetRevision() *Revision {
+	if x != nil {
+		return x.Revision
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetKind() EventKind {
+	if x != nil {
+		return x.Kind
+	}
+	return EventKind_EVENT_KIND_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetClass() LockClass {
+	if x != nil {
+		return x.Class
+	}
+	return LockClass_LOCK_CLASS_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *WatchEvent) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetMode() LockMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *WatchEvent) GetPosition() uint32 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *WatchEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
 }
 
 type AcquireRequest struct {
@@ -921,7 +1765,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -933,7 +1777,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -946,7 +1790,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{11}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AcquireRequest) GetName() string {
@@ -1030,7 +1874,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1886,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1899,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{12}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AcquireResponse) GetToken() uint64 {
@@ -1093,7 +1937,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1949,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1962,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{13}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReleaseRequest) GetName() string {
@@ -1150,7 +1994,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +2006,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +2019,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{14}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
 }
 
 type DescribeRequest struct {
@@ -1187,7 +2031,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +2043,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +2056,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{15}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DescribeRequest) GetName() string {
@@ -1231,7 +2075,7 @@ type DescribeResponse struct {
 
 func (x *DescribeResponse) Reset() {
 	*x = DescribeResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +2087,7 @@ func (x *DescribeResponse) String() string {
 func (*DescribeResponse) ProtoMessage() {}
 
 func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +2100,7 @@ func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
 func (*DescribeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{16}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DescribeResponse) GetLock() *LockInfo {
@@ -1278,7 +2122,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +2134,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +2147,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{17}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -1331,7 +2175,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +2187,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +2200,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListResponse) GetLocks() []*LockInfo {
@@ -1407,7 +2251,7 @@ type LockInfo struct {
 
 func (x *LockInfo) Reset() {
 	*x = LockInfo{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +2263,7 @@ func (x *LockInfo) String() string {
 func (*LockInfo) ProtoMessage() {}
 
 func (x *LockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +2276,7 @@ func (x *LockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockInfo.ProtoReflect.Descriptor instead.
 func (*LockInfo) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *LockInfo) GetName() string {
@@ -1535,7 +2379,7 @@ type LockHolder struct {
 
 func (x *LockHolder) Reset() {
 	*x = LockHolder{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +2391,7 @@ func (x *LockHolder) String() string {
 func (*LockHolder) ProtoMessage() {}
 
 func (x *LockHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +2404,7 @@ func (x *LockHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHolder.ProtoReflect.Descriptor instead.
 func (*LockHolder) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *LockHolder) GetToken() uint64 {
@@ -1602,7 +2446,7 @@ type ForceReleaseRequest struct {
 
 func (x *ForceReleaseRequest) Reset() {
 	*x = ForceReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +2458,7 @@ func (x *ForceReleaseRequest) String() string {
 func (*ForceReleaseRequest) ProtoMessage() {}
 
 func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +2471,7 @@ func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForceReleaseRequest) GetName() string {
@@ -1656,7 +2500,7 @@ type ForceReleaseResponse struct {
 
 func (x *ForceReleaseResponse) Reset() {
 	*x = ForceReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1668,7 +2512,7 @@ func (x *ForceReleaseResponse) String() string {
 func (*ForceReleaseResponse) ProtoMessage() {}
 
 func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1681,7 +2525,7 @@ func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ForceReleaseResponse) GetReleasedToken() uint64 {
@@ -1708,7 +2552,7 @@ type CheckTokenRequest struct {
 
 func (x *CheckTokenRequest) Reset() {
 	*x = CheckTokenRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +2564,7 @@ func (x *CheckTokenRequest) String() string {
 func (*CheckTokenRequest) ProtoMessage() {}
 
 func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +2577,7 @@ func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenRequest.ProtoReflect.Descriptor instead.
 func (*CheckTokenRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CheckTokenRequest) GetName() string {
@@ -1762,7 +2606,7 @@ type CheckTokenResponse struct {
 
 func (x *CheckTokenResponse) Reset() {
 	*x = CheckTokenResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +2618,7 @@ func (x *CheckTokenResponse) String() string {
 func (*CheckTokenResponse) ProtoMessage() {}
 
 func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +2631,7 @@ func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenResponse.ProtoReflect.Descriptor instead.
 func (*CheckTokenResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CheckTokenResponse) GetCurrent() bool {
@@ -1820,7 +2664,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1832,7 +2676,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1845,7 +2689,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Fence) GetLock() string {
@@ -1882,7 +2726,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +2738,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +2751,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -1941,7 +2785,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1953,7 +2797,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1966,7 +2810,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -2019,7 +2863,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2031,7 +2875,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2044,7 +2888,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -2085,7 +2929,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2097,7 +2941,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2110,7 +2954,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PutResponse) GetVersion() uint64 {
@@ -2131,7 +2975,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2987,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +3000,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2190,7 +3034,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2202,7 +3046,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2215,7 +3059,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -2238,7 +3082,7 @@ type KVServiceListRequest struct {
 
 func (x *KVServiceListRequest) Reset() {
 	*x = KVServiceListRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2250,7 +3094,7 @@ func (x *KVServiceListRequest) String() string {
 func (*KVServiceListRequest) ProtoMessage() {}
 
 func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2263,7 +3107,7 @@ func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListRequest.ProtoReflect.Descriptor instead.
 func (*KVServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *KVServiceListRequest) GetPrefix() string {
@@ -2297,7 +3141,7 @@ type KVServiceListResponse struct {
 
 func (x *KVServiceListResponse) Reset() {
 	*x = KVServiceListResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2309,7 +3153,7 @@ func (x *KVServiceListResponse) String() string {
 func (*KVServiceListResponse) ProtoMessage() {}
 
 func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2322,7 +3166,7 @@ func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListResponse.ProtoReflect.Descriptor instead.
 func (*KVServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *KVServiceListResponse) GetItems() []*KeyValue {
@@ -2351,7 +3195,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2363,7 +3207,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2376,7 +3220,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2421,7 +3265,7 @@ type BeginRequest struct {
 
 func (x *BeginRequest) Reset() {
 	*x = BeginRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2433,7 +3277,7 @@ func (x *BeginRequest) String() string {
 func (*BeginRequest) ProtoMessage() {}
 
 func (x *BeginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2446,7 +3290,7 @@ func (x *BeginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginRequest.ProtoReflect.Descriptor instead.
 func (*BeginRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *BeginRequest) GetKey() string {
@@ -2486,7 +3330,7 @@ type BeginResponse struct {
 
 func (x *BeginResponse) Reset() {
 	*x = BeginResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +3342,7 @@ func (x *BeginResponse) String() string {
 func (*BeginResponse) ProtoMessage() {}
 
 func (x *BeginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +3355,7 @@ func (x *BeginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginResponse.ProtoReflect.Descriptor instead.
 func (*BeginResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *BeginResponse) GetStatus() KeyStatus {
@@ -2555,7 +3399,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2567,7 +3411,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2580,7 +3424,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CompleteRequest) GetKey() string {
@@ -2612,7 +3456,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2624,7 +3468,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2637,7 +3481,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
 }
 
 type AbandonRequest struct {
@@ -2650,7 +3494,7 @@ type AbandonRequest struct {
 
 func (x *AbandonRequest) Reset() {
 	*x = AbandonRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2662,7 +3506,7 @@ func (x *AbandonRequest) String() string {
 func (*AbandonRequest) ProtoMessage() {}
 
 func (x *AbandonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2675,7 +3519,7 @@ func (x *AbandonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbandonRequest.ProtoReflect.Descriptor instead.
 func (*AbandonRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AbandonRequest) GetKey() string {
@@ -2700,7 +3544,7 @@ type AbandonResponse struct {
 
 func (x *AbandonResponse) Reset() {
 	*x = AbandonResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2712,7 +3556,7 @@ func (x *AbandonResponse) String() string {
 func (*AbandonResponse) ProtoMessage() {}
 
 func (x *AbandonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2725,7 +3569,7 @@ func (x *AbandonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbandonResponse.ProtoReflect.Descriptor instead.
 func (*AbandonResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
 }
 
 type IdempotencyServiceGetRequest struct {
@@ -2737,7 +3581,7 @@ type IdempotencyServiceGetRequest struct {
 
 func (x *IdempotencyServiceGetRequest) Reset() {
 	*x = IdempotencyServiceGetRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2749,7 +3593,7 @@ func (x *IdempotencyServiceGetRequest) String() string {
 func (*IdempotencyServiceGetRequest) ProtoMessage() {}
 
 func (x *IdempotencyServiceGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2762,7 +3606,7 @@ func (x *IdempotencyServiceGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyServiceGetRequest.ProtoReflect.Descriptor instead.
 func (*IdempotencyServiceGetRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *IdempotencyServiceGetRequest) GetKey() string {
@@ -2785,7 +3629,7 @@ type IdempotencyServiceGetResponse struct {
 
 func (x *IdempotencyServiceGetResponse) Reset() {
 	*x = IdempotencyServiceGetResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2797,7 +3641,7 @@ func (x *IdempotencyServiceGetResponse) String() string {
 func (*IdempotencyServiceGetResponse) ProtoMessage() {}
 
 func (x *IdempotencyServiceGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2810,7 +3654,7 @@ func (x *IdempotencyServiceGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyServiceGetResponse.ProtoReflect.Descriptor instead.
 func (*IdempotencyServiceGetResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *IdempotencyServiceGetResponse) GetStatus() KeyStatus {
@@ -2857,7 +3701,7 @@ type GroupServiceCreateRequest struct {
 
 func (x *GroupServiceCreateRequest) Reset() {
 	*x = GroupServiceCreateRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2869,7 +3713,7 @@ func (x *GroupServiceCreateRequest) String() string {
 func (*GroupServiceCreateRequest) ProtoMessage() {}
 
 func (x *GroupServiceCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2882,7 +3726,7 @@ func (x *GroupServiceCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceCreateRequest.ProtoReflect.Descriptor instead.
 func (*GroupServiceCreateRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *GroupServiceCreateRequest) GetGroup() string {
@@ -2914,7 +3758,7 @@ type GroupServiceCreateResponse struct {
 
 func (x *GroupServiceCreateResponse) Reset() {
 	*x = GroupServiceCreateResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2926,7 +3770,7 @@ func (x *GroupServiceCreateResponse) String() string {
 func (*GroupServiceCreateResponse) ProtoMessage() {}
 
 func (x *GroupServiceCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2939,7 +3783,7 @@ func (x *GroupServiceCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceCreateResponse.ProtoReflect.Descriptor instead.
 func (*GroupServiceCreateResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
 }
 
 type JoinRequest struct {
@@ -2958,7 +3802,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2970,7 +3814,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2983,7 +3827,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *JoinRequest) GetGroup() string {
@@ -3023,7 +3867,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3879,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3892,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *JoinResponse) GetAssignments() []*Assignment {
@@ -3072,7 +3916,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3084,7 +3928,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3097,7 +3941,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Assignment) GetPartition() uint32 {
@@ -3132,7 +3976,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3144,7 +3988,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3157,7 +4001,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *LeaveRequest) GetGroup() string {
@@ -3189,7 +4033,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3201,7 +4045,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3214,7 +4058,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
 }
 
 type GroupServiceReleaseRequest struct {
@@ -3230,7 +4074,7 @@ type GroupServiceReleaseRequest struct {
 
 func (x *GroupServiceReleaseRequest) Reset() {
 	*x = GroupServiceReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3242,7 +4086,7 @@ func (x *GroupServiceReleaseRequest) String() string {
 func (*GroupServiceReleaseRequest) ProtoMessage() {}
 
 func (x *GroupServiceReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3255,7 +4099,7 @@ func (x *GroupServiceReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceReleaseRequest.ProtoReflect.Descriptor instead.
 func (*GroupServiceReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GroupServiceReleaseRequest) GetGroup() string {
@@ -3294,7 +4138,7 @@ type GroupServiceReleaseResponse struct {
 
 func (x *GroupServiceReleaseResponse) Reset() {
 	*x = GroupServiceReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3306,7 +4150,7 @@ func (x *GroupServiceReleaseResponse) String() string {
 func (*GroupServiceReleaseResponse) ProtoMessage() {}
 
 func (x *GroupServiceReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3319,7 +4163,7 @@ func (x *GroupServiceReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceReleaseResponse.ProtoReflect.Descriptor instead.
 func (*GroupServiceReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{60}
 }
 
 type GroupServiceStatusRequest struct {
@@ -3331,7 +4175,7 @@ type GroupServiceStatusRequest struct {
 
 func (x *GroupServiceStatusRequest) Reset() {
 	*x = GroupServiceStatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3343,7 +4187,7 @@ func (x *GroupServiceStatusRequest) String() string {
 func (*GroupServiceStatusRequest) ProtoMessage() {}
 
 func (x *GroupServiceStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3356,7 +4200,7 @@ func (x *GroupServiceStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceStatusRequest.ProtoReflect.Descriptor instead.
 func (*GroupServiceStatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GroupServiceStatusRequest) GetGroup() string {
@@ -3379,7 +4223,7 @@ type GroupServiceStatusResponse struct {
 
 func (x *GroupServiceStatusResponse) Reset() {
 	*x = GroupServiceStatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3391,7 +4235,7 @@ func (x *GroupServiceStatusResponse) String() string {
 func (*GroupServiceStatusResponse) ProtoMessage() {}
 
 func (x *GroupServiceStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3404,7 +4248,7 @@ func (x *GroupServiceStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceStatusResponse.ProtoReflect.Descriptor instead.
 func (*GroupServiceStatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *GroupServiceStatusResponse) GetGroup() string {
@@ -3447,7 +4291,7 @@ type GroupMember struct {
 
 func (x *GroupMember) Reset() {
 	*x = GroupMember{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3459,7 +4303,7 @@ func (x *GroupMember) String() string {
 func (*GroupMember) ProtoMessage() {}
 
 func (x *GroupMember) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3472,7 +4316,7 @@ func (x *GroupMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
 func (*GroupMember) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *GroupMember) GetName() string {
@@ -3510,7 +4354,7 @@ type PartitionOwner struct {
 
 func (x *PartitionOwner) Reset() {
 	*x = PartitionOwner{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3522,7 +4366,7 @@ func (x *PartitionOwner) String() string {
 func (*PartitionOwner) ProtoMessage() {}
 
 func (x *PartitionOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3535,7 +4379,7 @@ func (x *PartitionOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionOwner.ProtoReflect.Descriptor instead.
 func (*PartitionOwner) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PartitionOwner) GetPartition() uint32 {
@@ -3577,7 +4421,7 @@ type AssignmentsRequest struct {
 
 func (x *AssignmentsRequest) Reset() {
 	*x = AssignmentsRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3589,7 +4433,7 @@ func (x *AssignmentsRequest) String() string {
 func (*AssignmentsRequest) ProtoMessage() {}
 
 func (x *AssignmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3602,7 +4446,7 @@ func (x *AssignmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentsRequest.ProtoReflect.Descriptor instead.
 func (*AssignmentsRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *AssignmentsRequest) GetGroup() string {
@@ -3638,7 +4482,7 @@ type AssignmentsResponse struct {
 
 func (x *AssignmentsResponse) Reset() {
 	*x = AssignmentsResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3650,7 +4494,7 @@ func (x *AssignmentsResponse) String() string {
 func (*AssignmentsResponse) ProtoMessage() {}
 
 func (x *AssignmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3663,7 +4507,7 @@ func (x *AssignmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentsResponse.ProtoReflect.Descriptor instead.
 func (*AssignmentsResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *AssignmentsResponse) GetAssignments() []*Assignment {
@@ -3696,7 +4540,7 @@ type CampaignRequest struct {
 
 func (x *CampaignRequest) Reset() {
 	*x = CampaignRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3708,7 +4552,7 @@ func (x *CampaignRequest) String() string {
 func (*CampaignRequest) ProtoMessage() {}
 
 func (x *CampaignRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3721,7 +4565,7 @@ func (x *CampaignRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CampaignRequest.ProtoReflect.Descriptor instead.
 func (*CampaignRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *CampaignRequest) GetName() string {
@@ -3763,7 +4607,7 @@ type CampaignResponse struct {
 
 func (x *CampaignResponse) Reset() {
 	*x = CampaignResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3775,7 +4619,7 @@ func (x *CampaignResponse) String() string {
 func (*CampaignResponse) ProtoMessage() {}
 
 func (x *CampaignResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3788,7 +4632,7 @@ func (x *CampaignResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CampaignResponse.ProtoReflect.Descriptor instead.
 func (*CampaignResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{59}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *CampaignResponse) GetEpoch() uint64 {
@@ -3812,7 +4656,7 @@ type ProclaimRequest struct {
 
 func (x *ProclaimRequest) Reset() {
 	*x = ProclaimRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3824,7 +4668,7 @@ func (x *ProclaimRequest) String() string {
 func (*ProclaimRequest) ProtoMessage() {}
 
 func (x *ProclaimRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3837,7 +4681,7 @@ func (x *ProclaimRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProclaimRequest.ProtoReflect.Descriptor instead.
 func (*ProclaimRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{60}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ProclaimRequest) GetName() string {
@@ -3876,7 +4720,7 @@ type ProclaimResponse struct {
 
 func (x *ProclaimResponse) Reset() {
 	*x = ProclaimResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3888,7 +4732,7 @@ func (x *ProclaimResponse) String() string {
 func (*ProclaimResponse) ProtoMessage() {}
 
 func (x *ProclaimResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3901,7 +4745,7 @@ func (x *ProclaimResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProclaimResponse.ProtoReflect.Descriptor instead.
 func (*ProclaimResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{61}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{70}
 }
 
 type LeaderRequest struct {
@@ -3913,7 +4757,7 @@ type LeaderRequest struct {
 
 func (x *LeaderRequest) Reset() {
 	*x = LeaderRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3925,7 +4769,7 @@ func (x *LeaderRequest) String() string {
 func (*LeaderRequest) ProtoMessage() {}
 
 func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3938,7 +4782,7 @@ func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
 func (*LeaderRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{62}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *LeaderRequest) GetName() string {
@@ -3961,7 +4805,7 @@ type LeaderResponse struct {
 
 func (x *LeaderResponse) Reset() {
 	*x = LeaderResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3973,7 +4817,7 @@ func (x *LeaderResponse) String() string {
 func (*LeaderResponse) ProtoMessage() {}
 
 func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3986,7 +4830,7 @@ func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
 func (*LeaderResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{63}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *LeaderResponse) GetHasLeader() bool {
@@ -4026,7 +4870,7 @@ type ObserveRequest struct {
 
 func (x *ObserveRequest) Reset() {
 	*x = ObserveRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4038,7 +4882,7 @@ func (x *ObserveRequest) String() string {
 func (*ObserveRequest) ProtoMessage() {}
 
 func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4051,7 +4895,7 @@ func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveRequest.ProtoReflect.Descriptor instead.
 func (*ObserveRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{64}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ObserveRequest) GetName() string {
@@ -4075,7 +4919,7 @@ type ObserveResponse struct {
 
 func (x *ObserveResponse) Reset() {
 	*x = ObserveResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4087,7 +4931,7 @@ func (x *ObserveResponse) String() string {
 func (*ObserveResponse) ProtoMessage() {}
 
 func (x *ObserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4100,7 +4944,7 @@ func (x *ObserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveResponse.ProtoReflect.Descriptor instead.
 func (*ObserveResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{65}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ObserveResponse) GetHasLeader() bool {
@@ -4142,7 +4986,7 @@ type ResignRequest struct {
 
 func (x *ResignRequest) Reset() {
 	*x = ResignRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4154,7 +4998,7 @@ func (x *ResignRequest) String() string {
 func (*ResignRequest) ProtoMessage() {}
 
 func (x *ResignRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4167,7 +5011,7 @@ func (x *ResignRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResignRequest.ProtoReflect.Descriptor instead.
 func (*ResignRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{66}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ResignRequest) GetName() string {
@@ -4199,7 +5043,7 @@ type ResignResponse struct {
 
 func (x *ResignResponse) Reset() {
 	*x = ResignResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4211,7 +5055,7 @@ func (x *ResignResponse) String() string {
 func (*ResignResponse) ProtoMessage() {}
 
 func (x *ResignResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4224,7 +5068,7 @@ func (x *ResignResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResignResponse.ProtoReflect.Descriptor instead.
 func (*ResignResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{67}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{76}
 }
 
 type Member struct {
@@ -4248,7 +5092,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4260,7 +5104,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4273,7 +5117,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{68}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *Member) GetNodeId() string {
@@ -4326,7 +5170,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4338,7 +5182,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4351,7 +5195,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{69}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{78}
 }
 
 type MembersResponse struct {
@@ -4363,7 +5207,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4375,7 +5219,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4388,7 +5232,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{70}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -4409,7 +5253,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4421,7 +5265,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4434,7 +5278,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{71}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *AddMemberRequest) GetNodeId() string {
@@ -4467,7 +5311,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4479,7 +5323,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4492,7 +5336,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{72}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *AddMemberResponse) GetMembers() []*Member {
@@ -4511,7 +5355,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4523,7 +5367,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4536,7 +5380,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{73}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RemoveMemberRequest) GetNodeId() string {
@@ -4555,7 +5399,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4567,7 +5411,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4580,7 +5424,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{74}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *RemoveMemberResponse) GetMembers() []*Member {
@@ -4598,7 +5442,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[75]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4610,7 +5454,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[75]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4623,7 +5467,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{75}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{84}
 }
 
 type StatusResponse struct {
@@ -4662,7 +5506,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[76]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4674,7 +5518,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[76]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4687,7 +5531,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{76}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -4823,7 +5667,7 @@ type FastLaneError struct {
 
 func (x *FastLaneError) Reset() {
 	*x = FastLaneError{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[77]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4835,7 +5679,7 @@ func (x *FastLaneError) String() string {
 func (*FastLaneError) ProtoMessage() {}
 
 func (x *FastLaneError) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[77]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4848,7 +5692,7 @@ func (x *FastLaneError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastLaneError.ProtoReflect.Descriptor instead.
 func (*FastLaneError) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{77}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *FastLaneError) GetCode() uint32 {
@@ -4897,7 +5741,7 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06Holder\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x12\n" +
-	"\x04note\x18\x03 \x01(\tR\x04note\"\x9f\x02\n" +
+	"\x04note\x18\x03 \x01(\tR\x04note\"\xe0\x02\n" +
 	"\vErrorDetail\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12!\n" +
@@ -4906,7 +5750,19 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\rhighest_token\x18\x05 \x01(\x04R\fhighestToken\x12'\n" +
 	"\x0fcurrent_version\x18\x06 \x01(\x04R\x0ecurrentVersion\x12&\n" +
 	"\x0fleader_api_addr\x18\a \x01(\tR\rleaderApiAddr\x12\x1b\n" +
-	"\theld_lock\x18\x14 \x01(\tR\bheldLock\"(\n" +
+	"\theld_lock\x18\x14 \x01(\tR\bheldLock\x12?\n" +
+	"\vexplanation\x18\x1e \x01(\v2\x1d.leasehold.v1.HeldExplanationR\vexplanation\"\x96\x02\n" +
+	"\x0fHeldExplanation\x12.\n" +
+	"\aholders\x18\x01 \x03(\v2\x14.leasehold.v1.HeldByR\aholders\x12!\n" +
+	"\fqueue_length\x18\x02 \x01(\rR\vqueueLength\x12\x1a\n" +
+	"\bposition\x18\x03 \x01(\rR\bposition\x120\n" +
+	"\x06reason\x18\x04 \x01(\x0e2\x18.leasehold.v1.HeldReasonR\x06reason\x12-\n" +
+	"\x13delay_until_unix_ms\x18\x05 \x01(\x03R\x10delayUntilUnixMs\x123\n" +
+	"\theld_mode\x18\x06 \x01(\x0e2\x16.leasehold.v1.LockModeR\bheldMode\"p\n" +
+	"\x06HeldBy\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\x04R\x05token\x12,\n" +
+	"\x06holder\x18\x02 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12\"\n" +
+	"\rsince_unix_ms\x18\x03 \x01(\x03R\vsinceUnixMs\"(\n" +
 	"\vBindRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\"%\n" +
 	"\fBindResponse\x12\x15\n" +
@@ -4930,7 +5786,42 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\rRevokeRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\"\n" +
 	"\fdisconnected\x18\x02 \x01(\bR\fdisconnected\"\x10\n" +
-	"\x0eRevokeResponse\"\xb1\x02\n" +
+	"\x0eRevokeResponse\"$\n" +
+	"\x0eHistoryRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"A\n" +
+	"\x0fHistoryResponse\x12.\n" +
+	"\atenures\x18\x01 \x03(\v2\x14.leasehold.v1.TenureR\atenures\"\xff\x01\n" +
+	"\x06Tenure\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\x04R\x05token\x12,\n" +
+	"\x06holder\x18\x02 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12*\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x16.leasehold.v1.LockModeR\x04mode\x12\"\n" +
+	"\rstart_unix_ms\x18\x04 \x01(\x03R\vstartUnixMs\x12\x1e\n" +
+	"\vend_unix_ms\x18\x05 \x01(\x03R\tendUnixMs\x12)\n" +
+	"\x03end\x18\x06 \x01(\x0e2\x17.leasehold.v1.TenureEndR\x03end\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\"8\n" +
+	"\bRevision\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\rR\x06offset\"T\n" +
+	"\fWatchRequest\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12,\n" +
+	"\x05start\x18\x02 \x01(\v2\x16.leasehold.v1.RevisionR\x05start\"m\n" +
+	"\rWatchResponse\x120\n" +
+	"\x06events\x18\x01 \x03(\v2\x18.leasehold.v1.WatchEventR\x06events\x12*\n" +
+	"\x04next\x18\x02 \x01(\v2\x16.leasehold.v1.RevisionR\x04next\"\x80\x03\n" +
+	"\n" +
+	"WatchEvent\x122\n" +
+	"\brevision\x18\x01 \x01(\v2\x16.leasehold.v1.RevisionR\brevision\x12+\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x17.leasehold.v1.EventKindR\x04kind\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12-\n" +
+	"\x05class\x18\x04 \x01(\x0e2\x17.leasehold.v1.LockClassR\x05class\x12\x14\n" +
+	"\x05token\x18\x05 \x01(\x04R\x05token\x12,\n" +
+	"\x06holder\x18\x06 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12*\n" +
+	"\x04mode\x18\a \x01(\x0e2\x16.leasehold.v1.LockModeR\x04mode\x12\x14\n" +
+	"\x05limit\x18\b \x01(\rR\x05limit\x12\x1a\n" +
+	"\bposition\x18\t \x01(\rR\bposition\x12\x16\n" +
+	"\x06reason\x18\n" +
+	" \x01(\tR\x06reason\x12\x14\n" +
+	"\x05epoch\x18\v \x01(\tR\x05epoch\"\xb1\x02\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\x05class\x18\x02 \x01(\x0e2\x17.leasehold.v1.LockClassR\x05class\x12\x19\n" +
@@ -5208,7 +6099,30 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x15LOCK_MODE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13LOCK_MODE_EXCLUSIVE\x10\x01\x12\x14\n" +
 	"\x10LOCK_MODE_SHARED\x10\x02\x12\x17\n" +
-	"\x13LOCK_MODE_SEMAPHORE\x10\x03*l\n" +
+	"\x13LOCK_MODE_SEMAPHORE\x10\x03*\x99\x01\n" +
+	"\n" +
+	"HeldReason\x12\x1b\n" +
+	"\x17HELD_REASON_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10HELD_REASON_HELD\x10\x01\x12\x1d\n" +
+	"\x19HELD_REASON_MODE_CONFLICT\x10\x02\x12\x1a\n" +
+	"\x16HELD_REASON_LOCK_DELAY\x10\x03\x12\x1d\n" +
+	"\x19HELD_REASON_WAITERS_AHEAD\x10\x04*\x8f\x01\n" +
+	"\tTenureEnd\x12\x1a\n" +
+	"\x16TENURE_END_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13TENURE_END_RELEASED\x10\x01\x12\x16\n" +
+	"\x12TENURE_END_EXPIRED\x10\x02\x12\x16\n" +
+	"\x12TENURE_END_REVOKED\x10\x03\x12\x1d\n" +
+	"\x19TENURE_END_FORCE_RELEASED\x10\x04*\xf0\x01\n" +
+	"\tEventKind\x12\x1a\n" +
+	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13EVENT_KIND_ACQUIRED\x10\x01\x12\x17\n" +
+	"\x13EVENT_KIND_RELEASED\x10\x02\x12\x16\n" +
+	"\x12EVENT_KIND_EXPIRED\x10\x03\x12\x16\n" +
+	"\x12EVENT_KIND_REVOKED\x10\x04\x12\x1d\n" +
+	"\x19EVENT_KIND_FORCE_RELEASED\x10\x05\x12\x15\n" +
+	"\x11EVENT_KIND_QUEUED\x10\x06\x12\x19\n" +
+	"\x15EVENT_KIND_WAIT_ENDED\x10\a\x12\x14\n" +
+	"\x10EVENT_KIND_EPOCH\x10\b*l\n" +
 	"\tKeyStatus\x12\x1a\n" +
 	"\x16KEY_STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eKEY_STATUS_NEW\x10\x01\x12\x1a\n" +
@@ -5218,7 +6132,7 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x05Grant\x12\x1a.leasehold.v1.GrantRequest\x1a\x1b.leasehold.v1.GrantResponse\"\x04\xb0\xe3\x18\x01\x12R\n" +
 	"\tKeepAlive\x12\x1e.leasehold.v1.KeepAliveRequest\x1a\x1f.leasehold.v1.KeepAliveResponse\"\x04\xb0\xe3\x18\x02\x12I\n" +
 	"\x06Revoke\x12\x1b.leasehold.v1.RevokeRequest\x1a\x1c.leasehold.v1.RevokeResponse\"\x04\xb0\xe3\x18\x03\x12?\n" +
-	"\x04Bind\x12\x19.leasehold.v1.BindRequest\x1a\x1a.leasehold.v1.BindResponse0\x012\xe1\x03\n" +
+	"\x04Bind\x12\x19.leasehold.v1.BindRequest\x1a\x1a.leasehold.v1.BindResponse0\x012\xed\x04\n" +
 	"\vLockService\x12L\n" +
 	"\aAcquire\x12\x1c.leasehold.v1.AcquireRequest\x1a\x1d.leasehold.v1.AcquireResponse\"\x04\xb0\xe3\x18\x04\x12L\n" +
 	"\aRelease\x12\x1c.leasehold.v1.ReleaseRequest\x1a\x1d.leasehold.v1.ReleaseResponse\"\x04\xb0\xe3\x18\x05\x12I\n" +
@@ -5226,7 +6140,9 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x04List\x12\x19.leasehold.v1.ListRequest\x1a\x1a.leasehold.v1.ListResponse\x12U\n" +
 	"\fForceRelease\x12!.leasehold.v1.ForceReleaseRequest\x1a\".leasehold.v1.ForceReleaseResponse\x12U\n" +
 	"\n" +
-	"CheckToken\x12\x1f.leasehold.v1.CheckTokenRequest\x1a .leasehold.v1.CheckTokenResponse\"\x04\xb0\xe3\x18\x062\xab\x02\n" +
+	"CheckToken\x12\x1f.leasehold.v1.CheckTokenRequest\x1a .leasehold.v1.CheckTokenResponse\"\x04\xb0\xe3\x18\x06\x12B\n" +
+	"\x05Watch\x12\x1a.leasehold.v1.WatchRequest\x1a\x1b.leasehold.v1.WatchResponse0\x01\x12F\n" +
+	"\aHistory\x12\x1c.leasehold.v1.HistoryRequest\x1a\x1d.leasehold.v1.HistoryResponse2\xab\x02\n" +
 	"\tKVService\x12@\n" +
 	"\x03Get\x12\x18.leasehold.v1.GetRequest\x1a\x19.leasehold.v1.GetResponse\"\x04\xb0\xe3\x18\b\x12@\n" +
 	"\x03Put\x12\x18.leasehold.v1.PutRequest\x1a\x19.leasehold.v1.PutResponse\"\x04\xb0\xe3\x18\a\x12I\n" +
@@ -5270,197 +6186,230 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 	return file_leasehold_v1_leasehold_proto_rawDescData
 }
 
-var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
+var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(LockClass)(0),                        // 0: leasehold.v1.LockClass
 	(LockMode)(0),                         // 1: leasehold.v1.LockMode
-	(KeyStatus)(0),                        // 2: leasehold.v1.KeyStatus
-	(*Holder)(nil),                        // 3: leasehold.v1.Holder
-	(*ErrorDetail)(nil),                   // 4: leasehold.v1.ErrorDetail
-	(*BindRequest)(nil),                   // 5: leasehold.v1.BindRequest
-	(*BindResponse)(nil),                  // 6: leasehold.v1.BindResponse
-	(*GrantRequest)(nil),                  // 7: leasehold.v1.GrantRequest
-	(*GrantResponse)(nil),                 // 8: leasehold.v1.GrantResponse
-	(*KeepAliveRequest)(nil),              // 9: leasehold.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),             // 10: leasehold.v1.KeepAliveResponse
-	(*LostLock)(nil),                      // 11: leasehold.v1.LostLock
-	(*RevokeRequest)(nil),                 // 12: leasehold.v1.RevokeRequest
-	(*RevokeResponse)(nil),                // 13: leasehold.v1.RevokeResponse
-	(*AcquireRequest)(nil),                // 14: leasehold.v1.AcquireRequest
-	(*AcquireResponse)(nil),               // 15: leasehold.v1.AcquireResponse
-	(*ReleaseRequest)(nil),                // 16: leasehold.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),               // 17: leasehold.v1.ReleaseResponse
-	(*DescribeRequest)(nil),               // 18: leasehold.v1.DescribeRequest
-	(*DescribeResponse)(nil),              // 19: leasehold.v1.DescribeResponse
-	(*ListRequest)(nil),                   // 20: leasehold.v1.ListRequest
-	(*ListResponse)(nil),                  // 21: leasehold.v1.ListResponse
-	(*LockInfo)(nil),                      // 22: leasehold.v1.LockInfo
-	(*LockHolder)(nil),                    // 23: leasehold.v1.LockHolder
-	(*ForceReleaseRequest)(nil),           // 24: leasehold.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil),          // 25: leasehold.v1.ForceReleaseResponse
-	(*CheckTokenRequest)(nil),             // 26: leasehold.v1.CheckTokenRequest
-	(*CheckTokenResponse)(nil),            // 27: leasehold.v1.CheckTokenResponse
-	(*Fence)(nil),                         // 28: leasehold.v1.Fence
-	(*GetRequest)(nil),                    // 29: leasehold.v1.GetRequest
-	(*GetResponse)(nil),                   // 30: leasehold.v1.GetResponse
-	(*PutRequest)(nil),                    // 31: leasehold.v1.PutRequest
-	(*PutResponse)(nil),                   // 32: leasehold.v1.PutResponse
-	(*DeleteRequest)(nil),                 // 33: leasehold.v1.DeleteRequest
-	(*DeleteResponse)(nil),                // 34: leasehold.v1.DeleteResponse
-	(*KVServiceListRequest)(nil),          // 35: leasehold.v1.KVServiceListRequest
-	(*KVServiceListResponse)(nil),         // 36: leasehold.v1.KVServiceListResponse
-	(*KeyValue)(nil),                      // 37: leasehold.v1.KeyValue
-	(*BeginRequest)(nil),                  // 38: leasehold.v1.BeginRequest
-	(*BeginResponse)(nil),                 // 39: leasehold.v1.BeginResponse
-	(*CompleteRequest)(nil),               // 40: leasehold.v1.CompleteRequest
-	(*CompleteResponse)(nil),              // 41: leasehold.v1.CompleteResponse
-	(*AbandonRequest)(nil),                // 42: leasehold.v1.AbandonRequest
-	(*AbandonResponse)(nil),               // 43: leasehold.v1.AbandonResponse
-	(*IdempotencyServiceGetRequest)(nil),  // 44: leasehold.v1.IdempotencyServiceGetRequest
-	(*IdempotencyServiceGetResponse)(nil), // 45: leasehold.v1.IdempotencyServiceGetResponse
-	(*GroupServiceCreateRequest)(nil),     // 46: leasehold.v1.GroupServiceCreateRequest
-	(*GroupServiceCreateResponse)(nil),    // 47: leasehold.v1.GroupServiceCreateResponse
-	(*JoinRequest)(nil),                   // 48: leasehold.v1.JoinRequest
-	(*JoinResponse)(nil),                  // 49: leasehold.v1.JoinResponse
-	(*Assignment)(nil),                    // 50: leasehold.v1.Assignment
-	(*LeaveRequest)(nil),                  // 51: leasehold.v1.LeaveRequest
-	(*LeaveResponse)(nil),                 // 52: leasehold.v1.LeaveResponse
-	(*GroupServiceReleaseRequest)(nil),    // 53: leasehold.v1.GroupServiceReleaseRequest
-	(*GroupServiceReleaseResponse)(nil),   // 54: leasehold.v1.GroupServiceReleaseResponse
-	(*GroupServiceStatusRequest)(nil),     // 55: leasehold.v1.GroupServiceStatusRequest
-	(*GroupServiceStatusResponse)(nil),    // 56: leasehold.v1.GroupServiceStatusResponse
-	(*GroupMember)(nil),                   // 57: leasehold.v1.GroupMember
-	(*PartitionOwner)(nil),                // 58: leasehold.v1.PartitionOwner
-	(*AssignmentsRequest)(nil),            // 59: leasehold.v1.AssignmentsRequest
-	(*AssignmentsResponse)(nil),           // 60: leasehold.v1.AssignmentsResponse
-	(*CampaignRequest)(nil),               // 61: leasehold.v1.CampaignRequest
-	(*CampaignResponse)(nil),              // 62: leasehold.v1.CampaignResponse
-	(*ProclaimRequest)(nil),               // 63: leasehold.v1.ProclaimRequest
-	(*ProclaimResponse)(nil),              // 64: leasehold.v1.ProclaimResponse
-	(*LeaderRequest)(nil),                 // 65: leasehold.v1.LeaderRequest
-	(*LeaderResponse)(nil),                // 66: leasehold.v1.LeaderResponse
-	(*ObserveRequest)(nil),                // 67: leasehold.v1.ObserveRequest
-	(*ObserveResponse)(nil),               // 68: leasehold.v1.ObserveResponse
-	(*ResignRequest)(nil),                 // 69: leasehold.v1.ResignRequest
-	(*ResignResponse)(nil),                // 70: leasehold.v1.ResignResponse
-	(*Member)(nil),                        // 71: leasehold.v1.Member
-	(*MembersRequest)(nil),                // 72: leasehold.v1.MembersRequest
-	(*MembersResponse)(nil),               // 73: leasehold.v1.MembersResponse
-	(*AddMemberRequest)(nil),              // 74: leasehold.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),             // 75: leasehold.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),           // 76: leasehold.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),          // 77: leasehold.v1.RemoveMemberResponse
-	(*StatusRequest)(nil),                 // 78: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),                // 79: leasehold.v1.StatusResponse
-	(*FastLaneError)(nil),                 // 80: leasehold.v1.FastLaneError
-	(*descriptorpb.MethodOptions)(nil),    // 81: google.protobuf.MethodOptions
+	(HeldReason)(0),                       // 2: leasehold.v1.HeldReason
+	(TenureEnd)(0),                        // 3: leasehold.v1.TenureEnd
+	(EventKind)(0),                        // 4: leasehold.v1.EventKind
+	(KeyStatus)(0),                        // 5: leasehold.v1.KeyStatus
+	(*Holder)(nil),                        // 6: leasehold.v1.Holder
+	(*ErrorDetail)(nil),                   // 7: leasehold.v1.ErrorDetail
+	(*HeldExplanation)(nil),               // 8: leasehold.v1.HeldExplanation
+	(*HeldBy)(nil),                        // 9: leasehold.v1.HeldBy
+	(*BindRequest)(nil),                   // 10: leasehold.v1.BindRequest
+	(*BindResponse)(nil),                  // 11: leasehold.v1.BindResponse
+	(*GrantRequest)(nil),                  // 12: leasehold.v1.GrantRequest
+	(*GrantResponse)(nil),                 // 13: leasehold.v1.GrantResponse
+	(*KeepAliveRequest)(nil),              // 14: leasehold.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),             // 15: leasehold.v1.KeepAliveResponse
+	(*LostLock)(nil),                      // 16: leasehold.v1.LostLock
+	(*RevokeRequest)(nil),                 // 17: leasehold.v1.RevokeRequest
+	(*RevokeResponse)(nil),                // 18: leasehold.v1.RevokeResponse
+	(*HistoryRequest)(nil),                // 19: leasehold.v1.HistoryRequest
+	(*HistoryResponse)(nil),               // 20: leasehold.v1.HistoryResponse
+	(*Tenure)(nil),                        // 21: leasehold.v1.Tenure
+	(*Revision)(nil),                      // 22: leasehold.v1.Revision
+	(*WatchRequest)(nil),                  // 23: leasehold.v1.WatchRequest
+	(*WatchResponse)(nil),                 // 24: leasehold.v1.WatchResponse
+	(*WatchEvent)(nil),                    // 25: leasehold.v1.WatchEvent
+	(*AcquireRequest)(nil),                // 26: leasehold.v1.AcquireRequest
+	(*AcquireResponse)(nil),               // 27: leasehold.v1.AcquireResponse
+	(*ReleaseRequest)(nil),                // 28: leasehold.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),               // 29: leasehold.v1.ReleaseResponse
+	(*DescribeRequest)(nil),               // 30: leasehold.v1.DescribeRequest
+	(*DescribeResponse)(nil),              // 31: leasehold.v1.DescribeResponse
+	(*ListRequest)(nil),                   // 32: leasehold.v1.ListRequest
+	(*ListResponse)(nil),                  // 33: leasehold.v1.ListResponse
+	(*LockInfo)(nil),                      // 34: leasehold.v1.LockInfo
+	(*LockHolder)(nil),                    // 35: leasehold.v1.LockHolder
+	(*ForceReleaseRequest)(nil),           // 36: leasehold.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),          // 37: leasehold.v1.ForceReleaseResponse
+	(*CheckTokenRequest)(nil),             // 38: leasehold.v1.CheckTokenRequest
+	(*CheckTokenResponse)(nil),            // 39: leasehold.v1.CheckTokenResponse
+	(*Fence)(nil),                         // 40: leasehold.v1.Fence
+	(*GetRequest)(nil),                    // 41: leasehold.v1.GetRequest
+	(*GetResponse)(nil),                   // 42: leasehold.v1.GetResponse
+	(*PutRequest)(nil),                    // 43: leasehold.v1.PutRequest
+	(*PutResponse)(nil),                   // 44: leasehold.v1.PutResponse
+	(*DeleteRequest)(nil),                 // 45: leasehold.v1.DeleteRequest
+	(*DeleteResponse)(nil),                // 46: leasehold.v1.DeleteResponse
+	(*KVServiceListRequest)(nil),          // 47: leasehold.v1.KVServiceListRequest
+	(*KVServiceListResponse)(nil),         // 48: leasehold.v1.KVServiceListResponse
+	(*KeyValue)(nil),                      // 49: leasehold.v1.KeyValue
+	(*BeginRequest)(nil),                  // 50: leasehold.v1.BeginRequest
+	(*BeginResponse)(nil),                 // 51: leasehold.v1.BeginResponse
+	(*CompleteRequest)(nil),               // 52: leasehold.v1.CompleteRequest
+	(*CompleteResponse)(nil),              // 53: leasehold.v1.CompleteResponse
+	(*AbandonRequest)(nil),                // 54: leasehold.v1.AbandonRequest
+	(*AbandonResponse)(nil),               // 55: leasehold.v1.AbandonResponse
+	(*IdempotencyServiceGetRequest)(nil),  // 56: leasehold.v1.IdempotencyServiceGetRequest
+	(*IdempotencyServiceGetResponse)(nil), // 57: leasehold.v1.IdempotencyServiceGetResponse
+	(*GroupServiceCreateRequest)(nil),     // 58: leasehold.v1.GroupServiceCreateRequest
+	(*GroupServiceCreateResponse)(nil),    // 59: leasehold.v1.GroupServiceCreateResponse
+	(*JoinRequest)(nil),                   // 60: leasehold.v1.JoinRequest
+	(*JoinResponse)(nil),                  // 61: leasehold.v1.JoinResponse
+	(*Assignment)(nil),                    // 62: leasehold.v1.Assignment
+	(*LeaveRequest)(nil),                  // 63: leasehold.v1.LeaveRequest
+	(*LeaveResponse)(nil),                 // 64: leasehold.v1.LeaveResponse
+	(*GroupServiceReleaseRequest)(nil),    // 65: leasehold.v1.GroupServiceReleaseRequest
+	(*GroupServiceReleaseResponse)(nil),   // 66: leasehold.v1.GroupServiceReleaseResponse
+	(*GroupServiceStatusRequest)(nil),     // 67: leasehold.v1.GroupServiceStatusRequest
+	(*GroupServiceStatusResponse)(nil),    // 68: leasehold.v1.GroupServiceStatusResponse
+	(*GroupMember)(nil),                   // 69: leasehold.v1.GroupMember
+	(*PartitionOwner)(nil),                // 70: leasehold.v1.PartitionOwner
+	(*AssignmentsRequest)(nil),            // 71: leasehold.v1.AssignmentsRequest
+	(*AssignmentsResponse)(nil),           // 72: leasehold.v1.AssignmentsResponse
+	(*CampaignRequest)(nil),               // 73: leasehold.v1.CampaignRequest
+	(*CampaignResponse)(nil),              // 74: leasehold.v1.CampaignResponse
+	(*ProclaimRequest)(nil),               // 75: leasehold.v1.ProclaimRequest
+	(*ProclaimResponse)(nil),              // 76: leasehold.v1.ProclaimResponse
+	(*LeaderRequest)(nil),                 // 77: leasehold.v1.LeaderRequest
+	(*LeaderResponse)(nil),                // 78: leasehold.v1.LeaderResponse
+	(*ObserveRequest)(nil),                // 79: leasehold.v1.ObserveRequest
+	(*ObserveResponse)(nil),               // 80: leasehold.v1.ObserveResponse
+	(*ResignRequest)(nil),                 // 81: leasehold.v1.ResignRequest
+	(*ResignResponse)(nil),                // 82: leasehold.v1.ResignResponse
+	(*Member)(nil),                        // 83: leasehold.v1.Member
+	(*MembersRequest)(nil),                // 84: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),               // 85: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),              // 86: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),             // 87: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),           // 88: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),          // 89: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),                 // 90: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),                // 91: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),                 // 92: leasehold.v1.FastLaneError
+	(*descriptorpb.MethodOptions)(nil),    // 93: google.protobuf.MethodOptions
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
-	3,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
-	11, // 1: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
-	0,  // 2: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
-	3,  // 3: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
-	1,  // 4: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
-	0,  // 5: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
-	22, // 6: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
-	22, // 7: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
-	0,  // 8: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
-	3,  // 9: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
-	1,  // 10: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
-	23, // 11: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
-	3,  // 12: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
-	28, // 13: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
-	28, // 14: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
-	37, // 15: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
-	3,  // 16: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
-	2,  // 17: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
-	3,  // 18: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
-	2,  // 19: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
-	3,  // 20: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
-	50, // 21: leasehold.v1.JoinResponse.assignments:type_name -> leasehold.v1.Assignment
-	57, // 22: leasehold.v1.GroupServiceStatusResponse.members:type_name -> leasehold.v1.GroupMember
-	58, // 23: leasehold.v1.GroupServiceStatusResponse.partitions:type_name -> leasehold.v1.PartitionOwner
-	50, // 24: leasehold.v1.AssignmentsResponse.assignments:type_name -> leasehold.v1.Assignment
-	3,  // 25: leasehold.v1.CampaignRequest.holder:type_name -> leasehold.v1.Holder
-	3,  // 26: leasehold.v1.LeaderResponse.holder:type_name -> leasehold.v1.Holder
-	3,  // 27: leasehold.v1.ObserveResponse.holder:type_name -> leasehold.v1.Holder
-	71, // 28: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	71, // 29: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	71, // 30: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	4,  // 31: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	81, // 32: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	7,  // 33: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	9,  // 34: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	12, // 35: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	5,  // 36: leasehold.v1.LeaseService.Bind:input_type -> leasehold.v1.BindRequest
-	14, // 37: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	16, // 38: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	18, // 39: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	20, // 40: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	24, // 41: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	26, // 42: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	29, // 43: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	31, // 44: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	33, // 45: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	35, // 46: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	38, // 47: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
-	40, // 48: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
-	42, // 49: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
-	44, // 50: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
-	46, // 51: leasehold.v1.GroupService.Create:input_type -> leasehold.v1.GroupServiceCreateRequest
-	48, // 52: leasehold.v1.GroupService.Join:input_type -> leasehold.v1.JoinRequest
-	51, // 53: leasehold.v1.GroupService.Leave:input_type -> leasehold.v1.LeaveRequest
-	53, // 54: leasehold.v1.GroupService.Release:input_type -> leasehold.v1.GroupServiceReleaseRequest
-	55, // 55: leasehold.v1.GroupService.Status:input_type -> leasehold.v1.GroupServiceStatusRequest
-	59, // 56: leasehold.v1.GroupService.Assignments:input_type -> leasehold.v1.AssignmentsRequest
-	61, // 57: leasehold.v1.ElectionService.Campaign:input_type -> leasehold.v1.CampaignRequest
-	63, // 58: leasehold.v1.ElectionService.Proclaim:input_type -> leasehold.v1.ProclaimRequest
-	65, // 59: leasehold.v1.ElectionService.Leader:input_type -> leasehold.v1.LeaderRequest
-	67, // 60: leasehold.v1.ElectionService.Observe:input_type -> leasehold.v1.ObserveRequest
-	69, // 61: leasehold.v1.ElectionService.Resign:input_type -> leasehold.v1.ResignRequest
-	78, // 62: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	72, // 63: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	74, // 64: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	76, // 65: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	8,  // 66: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	10, // 67: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	13, // 68: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	6,  // 69: leasehold.v1.LeaseService.Bind:output_type -> leasehold.v1.BindResponse
-	15, // 70: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	17, // 71: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	19, // 72: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	21, // 73: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	25, // 74: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	27, // 75: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	30, // 76: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	32, // 77: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	34, // 78: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	36, // 79: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	39, // 80: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
-	41, // 81: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
-	43, // 82: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
-	45, // 83: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
-	47, // 84: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
-	49, // 85: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
-	52, // 86: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
-	54, // 87: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
-	56, // 88: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
-	60, // 89: leasehold.v1.GroupService.Assignments:output_type -> leasehold.v1.AssignmentsResponse
-	62, // 90: leasehold.v1.ElectionService.Campaign:output_type -> leasehold.v1.CampaignResponse
-	64, // 91: leasehold.v1.ElectionService.Proclaim:output_type -> leasehold.v1.ProclaimResponse
-	66, // 92: leasehold.v1.ElectionService.Leader:output_type -> leasehold.v1.LeaderResponse
-	68, // 93: leasehold.v1.ElectionService.Observe:output_type -> leasehold.v1.ObserveResponse
-	70, // 94: leasehold.v1.ElectionService.Resign:output_type -> leasehold.v1.ResignResponse
-	79, // 95: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	73, // 96: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	75, // 97: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	77, // 98: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	66, // [66:99] is the sub-list for method output_type
-	33, // [33:66] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	32, // [32:33] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	6,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
+	8,  // 1: leasehold.v1.ErrorDetail.explanation:type_name -> leasehold.v1.HeldExplanation
+	9,  // 2: leasehold.v1.HeldExplanation.holders:type_name -> leasehold.v1.HeldBy
+	2,  // 3: leasehold.v1.HeldExplanation.reason:type_name -> leasehold.v1.HeldReason
+	1,  // 4: leasehold.v1.HeldExplanation.held_mode:type_name -> leasehold.v1.LockMode
+	6,  // 5: leasehold.v1.HeldBy.holder:type_name -> leasehold.v1.Holder
+	16, // 6: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
+	21, // 7: leasehold.v1.HistoryResponse.tenures:type_name -> leasehold.v1.Tenure
+	6,  // 8: leasehold.v1.Tenure.holder:type_name -> leasehold.v1.Holder
+	1,  // 9: leasehold.v1.Tenure.mode:type_name -> leasehold.v1.LockMode
+	3,  // 10: leasehold.v1.Tenure.end:type_name -> leasehold.v1.TenureEnd
+	22, // 11: leasehold.v1.WatchRequest.start:type_name -> leasehold.v1.Revision
+	25, // 12: leasehold.v1.WatchResponse.events:type_name -> leasehold.v1.WatchEvent
+	22, // 13: leasehold.v1.WatchResponse.next:type_name -> leasehold.v1.Revision
+	22, // 14: leasehold.v1.WatchEvent.revision:type_name -> leasehold.v1.Revision
+	4,  // 15: leasehold.v1.WatchEvent.kind:type_name -> leasehold.v1.EventKind
+	0,  // 16: leasehold.v1.WatchEvent.class:type_name -> leasehold.v1.LockClass
+	6,  // 17: leasehold.v1.WatchEvent.holder:type_name -> leasehold.v1.Holder
+	1,  // 18: leasehold.v1.WatchEvent.mode:type_name -> leasehold.v1.LockMode
+	0,  // 19: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
+	6,  // 20: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
+	1,  // 21: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
+	0,  // 22: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
+	34, // 23: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
+	34, // 24: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
+	0,  // 25: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
+	6,  // 26: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
+	1,  // 27: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
+	35, // 28: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
+	6,  // 29: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
+	40, // 30: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
+	40, // 31: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
+	49, // 32: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
+	6,  // 33: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
+	5,  // 34: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
+	6,  // 35: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
+	5,  // 36: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
+	6,  // 37: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
+	62, // 38: leasehold.v1.JoinResponse.assignments:type_name -> leasehold.v1.Assignment
+	69, // 39: leasehold.v1.GroupServiceStatusResponse.members:type_name -> leasehold.v1.GroupMember
+	70, // 40: leasehold.v1.GroupServiceStatusResponse.partitions:type_name -> leasehold.v1.PartitionOwner
+	62, // 41: leasehold.v1.AssignmentsResponse.assignments:type_name -> leasehold.v1.Assignment
+	6,  // 42: leasehold.v1.CampaignRequest.holder:type_name -> leasehold.v1.Holder
+	6,  // 43: leasehold.v1.LeaderResponse.holder:type_name -> leasehold.v1.Holder
+	6,  // 44: leasehold.v1.ObserveResponse.holder:type_name -> leasehold.v1.Holder
+	83, // 45: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	83, // 46: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	83, // 47: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	7,  // 48: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	93, // 49: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	12, // 50: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	14, // 51: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	17, // 52: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	10, // 53: leasehold.v1.LeaseService.Bind:input_type -> leasehold.v1.BindRequest
+	26, // 54: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	28, // 55: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	30, // 56: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	32, // 57: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	36, // 58: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	38, // 59: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	23, // 60: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
+	19, // 61: leasehold.v1.LockService.History:input_type -> leasehold.v1.HistoryRequest
+	41, // 62: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	43, // 63: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	45, // 64: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	47, // 65: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	50, // 66: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
+	52, // 67: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
+	54, // 68: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
+	56, // 69: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
+	58, // 70: leasehold.v1.GroupService.Create:input_type -> leasehold.v1.GroupServiceCreateRequest
+	60, // 71: leasehold.v1.GroupService.Join:input_type -> leasehold.v1.JoinRequest
+	63, // 72: leasehold.v1.GroupService.Leave:input_type -> leasehold.v1.LeaveRequest
+	65, // 73: leasehold.v1.GroupService.Release:input_type -> leasehold.v1.GroupServiceReleaseRequest
+	67, // 74: leasehold.v1.GroupService.Status:input_type -> leasehold.v1.GroupServiceStatusRequest
+	71, // 75: leasehold.v1.GroupService.Assignments:input_type -> leasehold.v1.AssignmentsRequest
+	73, // 76: leasehold.v1.ElectionService.Campaign:input_type -> leasehold.v1.CampaignRequest
+	75, // 77: leasehold.v1.ElectionService.Proclaim:input_type -> leasehold.v1.ProclaimRequest
+	77, // 78: leasehold.v1.ElectionService.Leader:input_type -> leasehold.v1.LeaderRequest
+	79, // 79: leasehold.v1.ElectionService.Observe:input_type -> leasehold.v1.ObserveRequest
+	81, // 80: leasehold.v1.ElectionService.Resign:input_type -> leasehold.v1.ResignRequest
+	90, // 81: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	84, // 82: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	86, // 83: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	88, // 84: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	13, // 85: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	15, // 86: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	18, // 87: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	11, // 88: leasehold.v1.LeaseService.Bind:output_type -> leasehold.v1.BindResponse
+	27, // 89: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	29, // 90: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	31, // 91: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	33, // 92: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	37, // 93: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	39, // 94: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	24, // 95: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
+	20, // 96: leasehold.v1.LockService.History:output_type -> leasehold.v1.HistoryResponse
+	42, // 97: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	44, // 98: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	46, // 99: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	48, // 100: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	51, // 101: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	53, // 102: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	55, // 103: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	57, // 104: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	59, // 105: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
+	61, // 106: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
+	64, // 107: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
+	66, // 108: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
+	68, // 109: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
+	72, // 110: leasehold.v1.GroupService.Assignments:output_type -> leasehold.v1.AssignmentsResponse
+	74, // 111: leasehold.v1.ElectionService.Campaign:output_type -> leasehold.v1.CampaignResponse
+	76, // 112: leasehold.v1.ElectionService.Proclaim:output_type -> leasehold.v1.ProclaimResponse
+	78, // 113: leasehold.v1.ElectionService.Leader:output_type -> leasehold.v1.LeaderResponse
+	80, // 114: leasehold.v1.ElectionService.Observe:output_type -> leasehold.v1.ObserveResponse
+	82, // 115: leasehold.v1.ElectionService.Resign:output_type -> leasehold.v1.ResignResponse
+	91, // 116: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	85, // 117: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	87, // 118: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	89, // 119: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	85, // [85:120] is the sub-list for method output_type
+	50, // [50:85] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	49, // [49:50] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -5468,15 +6417,15 @@ func file_leasehold_v1_leasehold_proto_init() {
 	if File_leasehold_v1_leasehold_proto != nil {
 		return
 	}
-	file_leasehold_v1_leasehold_proto_msgTypes[28].OneofWrappers = []any{}
-	file_leasehold_v1_leasehold_proto_msgTypes[30].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[37].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[39].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   78,
+			NumEnums:      6,
+			NumMessages:   87,
 			NumExtensions: 1,
 			NumServices:   7,
 		},
