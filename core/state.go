@@ -137,7 +137,11 @@ func (s *State) Apply(c Command) Result {
 			reason = EndDisconnected
 		}
 		var r Result
-		s.locks.DropLease(c.Lease, reason != EndRevoked, s, &r) // a crashed holder's delay applies
+		if reason == EndDisconnected {
+			s.locks.DropDisconnected(c.Lease, s, &r) // a crashed holder's delay applies
+		} else {
+			s.locks.DropLease(c.Lease, reason == EndExpired, s, &r)
+		}
 		s.dropLeaseElections(c.Lease, &r)
 		delete(s.leases, c.Lease)
 		s.keys.dropLease(c.Lease)

@@ -1093,4 +1093,16 @@ func TestDisconnectEndsLease(t *testing.T) {
 			t.Errorf("%v: lock after the end %+v, want delayed %v", tc.op, l, tc.delayed)
 		}
 	}
+
+	// The ledger says how the hold ended: disconnected, and a snapshot keeps it.
+	h = newHarness(t, Limits{}, leaseA)
+	h.acquire(leaseA, "l", false)
+	h.ok(Command{Op: OpDisconnect, Lease: leaseA})
+	b := mustSnapshot(t, h.s)
+	if !bytes.Contains(b, []byte(`"how":9`)) {
+		t.Fatalf("snapshot after a disconnect has no tenure ended as disconnected (9): %s", b)
+	}
+	if _, err := RestoreState(b, Limits{}); err != nil {
+		t.Fatalf("restore of a disconnected tenure: %v", err)
+	}
 }

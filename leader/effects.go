@@ -48,7 +48,11 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 			if l.active {
 				l.leaseEndedLocked(c, e.Reason)
 				var r core.Result
-				l.eff.DropLease(e.Lease, e.Reason != core.EndRevoked, &l.effSeq, &r)
+				if e.Reason == core.EndDisconnected {
+					l.eff.DropDisconnected(e.Lease, &l.effSeq, &r)
+				} else {
+					l.eff.DropLease(e.Lease, e.Reason == core.EndExpired, &l.effSeq, &r)
+				}
 				l.effEffectsLocked(r.Effects)
 			}
 			l.waits.failLease(e.Lease, &LeaseGoneError{Lease: e.Lease, Reason: e.Reason})

@@ -233,6 +233,8 @@ const (
 	TenureEnd_TENURE_END_REVOKED TenureEnd = 3
 	// An operator force-released it; `reason` says who and why.
 	TenureEnd_TENURE_END_FORCE_RELEASED TenureEnd = 4
+	// Its lease was bound to a connection that ended (release on disconnect, G7).
+	TenureEnd_TENURE_END_DISCONNECTED TenureEnd = 5
 )
 
 // Enum value maps for TenureEnd.
@@ -243,6 +245,7 @@ var (
 		2: "TENURE_END_EXPIRED",
 		3: "TENURE_END_REVOKED",
 		4: "TENURE_END_FORCE_RELEASED",
+		5: "TENURE_END_DISCONNECTED",
 	}
 	TenureEnd_value = map[string]int32{
 		"TENURE_END_UNSPECIFIED":    0,
@@ -250,6 +253,7 @@ var (
 		"TENURE_END_EXPIRED":        2,
 		"TENURE_END_REVOKED":        3,
 		"TENURE_END_FORCE_RELEASED": 4,
+		"TENURE_END_DISCONNECTED":   5,
 	}
 )
 
@@ -303,6 +307,9 @@ const (
 	// A new leader serves efficiency locks, in epoch `epoch`, from an empty table: every
 	// efficiency lock of an earlier epoch is gone.
 	EventKind_EVENT_KIND_EPOCH EventKind = 8
+	// The hold ended because its lease was bound to a connection that ended (release on
+	// disconnect, G7).
+	EventKind_EVENT_KIND_DISCONNECTED EventKind = 9
 )
 
 // Enum value maps for EventKind.
@@ -317,6 +324,7 @@ var (
 		6: "EVENT_KIND_QUEUED",
 		7: "EVENT_KIND_WAIT_ENDED",
 		8: "EVENT_KIND_EPOCH",
+		9: "EVENT_KIND_DISCONNECTED",
 	}
 	EventKind_value = map[string]int32{
 		"EVENT_KIND_UNSPECIFIED":    0,
@@ -328,6 +336,7 @@ var (
 		"EVENT_KIND_QUEUED":         6,
 		"EVENT_KIND_WAIT_ENDED":     7,
 		"EVENT_KIND_EPOCH":          8,
+		"EVENT_KIND_DISCONNECTED":   9,
 	}
 )
 
@@ -6106,13 +6115,14 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x10HELD_REASON_HELD\x10\x01\x12\x1d\n" +
 	"\x19HELD_REASON_MODE_CONFLICT\x10\x02\x12\x1a\n" +
 	"\x16HELD_REASON_LOCK_DELAY\x10\x03\x12\x1d\n" +
-	"\x19HELD_REASON_WAITERS_AHEAD\x10\x04*\x8f\x01\n" +
+	"\x19HELD_REASON_WAITERS_AHEAD\x10\x04*\xac\x01\n" +
 	"\tTenureEnd\x12\x1a\n" +
 	"\x16TENURE_END_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13TENURE_END_RELEASED\x10\x01\x12\x16\n" +
 	"\x12TENURE_END_EXPIRED\x10\x02\x12\x16\n" +
 	"\x12TENURE_END_REVOKED\x10\x03\x12\x1d\n" +
-	"\x19TENURE_END_FORCE_RELEASED\x10\x04*\xf0\x01\n" +
+	"\x19TENURE_END_FORCE_RELEASED\x10\x04\x12\x1b\n" +
+	"\x17TENURE_END_DISCONNECTED\x10\x05*\x8d\x02\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13EVENT_KIND_ACQUIRED\x10\x01\x12\x17\n" +
@@ -6122,7 +6132,8 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x19EVENT_KIND_FORCE_RELEASED\x10\x05\x12\x15\n" +
 	"\x11EVENT_KIND_QUEUED\x10\x06\x12\x19\n" +
 	"\x15EVENT_KIND_WAIT_ENDED\x10\a\x12\x14\n" +
-	"\x10EVENT_KIND_EPOCH\x10\b*l\n" +
+	"\x10EVENT_KIND_EPOCH\x10\b\x12\x1b\n" +
+	"\x17EVENT_KIND_DISCONNECTED\x10\t*l\n" +
 	"\tKeyStatus\x12\x1a\n" +
 	"\x16KEY_STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eKEY_STATUS_NEW\x10\x01\x12\x1a\n" +
