@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -111,5 +112,27 @@ func testVerifySQL(t *testing.T, driver, dsn string) {
 				t.Errorf("row token %d, highest accepted %d", token, highest)
 			}
 		})
+	}
+}
+
+// TestSQLConfig: a SQL target that cannot run is refused with ErrConfig before any writer
+// starts, naming what is wrong.
+func TestSQLConfig(t *testing.T) {
+	for _, c := range []struct {
+		cfg  verify.Config
+		want string
+	}{
+		{verify.Config{Addr: "x"}, "URL or DSN"},
+		{verify.Config{Addr: "x", URL: "http://x", DSN: "file:x.db", Table: "t"}, "not both"},
+		{verify.Config{Addr: "x", DSN: "file:x.db"}, "Table"},
+		{verify.Config{Addr: "x", DSN: "mysql://x", Table: "t"}, "Driver"},
+		{verify.Config{Addr: "x", DSN: "file:x.db", Driver: "mysql", Table: "t"}, `"mysql"`},
+		{verify.Config{Addr: "x", DSN: "file:x.db", Table: "t; DROP TABLE t"}, "table name"},
+		{verify.Config{Addr: "x", DSN: "file:x.db", Table: "t", GuardTable: "T"}, "both"},
+	} {
+		_, err := verify.Run(t.Context(), c.cfg)
+		if !errors.Is(err, verify.ErrConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want ErrConfig naming %q", c.cfg, err, c.want)
+		}
 	}
 }
