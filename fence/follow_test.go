@@ -1,0 +1,330 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"iter"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/reason"
+	"github.com/leasehold/leasehold/internal/testnode"
+	"github.com/leasehold/leasehold/service"
+)
+
+// floorGuard is one guard under test: its Floorer and how a write is admitted.
+type floorGuard struct {
+	name   string
+	floors Floorer
+	admit  func(ctx context.Context, resource string, token uint64) error
+}
+
+func memoryFloorGuard() floorGuard {
+	m := NewMemory()
+	return floorGuard{name: "memory", floors: m, admit: m.Admit}
+}
+
+// sqlFloorGuard admits each token in a transaction of its own, as a fenced write does.
+func sqlFloorGuard(t *testing.T, env *sqlEnv) floorGuard {
+	g := env.newGuard(t)
+	return floorGuard{name: env.dialect.String(), floors: g.Floors(env.db), admit: func(ctx context.Context, resource string, token uint64) error {
+		return admitTx(ctx, env, g, resource, token)
+	}}
+}
+
+// followNode starts a leasehold node and a client of it, closed at cleanup.
+func followNode(t *testing.T) (*service.Node, *client.Client, context.Context) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs a leasehold node")
+	}
+	node := testnode.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	c, err := client.Dial(ctx, node.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(ctx) })
+	return node, c, ctx
+}
+
+// floorGuards: memory, SQLite, and PostgreSQL when LEASEHOLD_TEST_POSTGRES is set.
+func floorGuards(t *testing.T) []floorGuard {
+	gs := []floorGuard{memoryFloorGuard(), sqlFloorGuard(t, openSQLite(t))}
+	if testing.Short() {
+		return gs
+	}
+	if os.Getenv(postgresEnv) == "" && os.Getenv("CI") == "" {
+		t.Logf("%s is not set: the PostgreSQL guard is not tested here (eval \"$(bash scripts/postgres.sh)\")", postgresEnv)
+		return gs
+	}
+	return append(gs, sqlFloorGuard(t, openPostgres(t)))
+}
+
+func floorStale(t *testing.T, g floorGuard, resource string, token uint64) {
+	t.Helper()
+	if err := g.admit(context.Background(), resource, token); !errors.Is(err, ErrStale) {
+		t.Fatalf("%s: admit %q token %d: %v, want stale", g.name, resource, token, err)
+	}
+}
+
+func floorAdmitted(t *testing.T, g floorGuard, resource string, token uint64) {
+	t.Helper()
+	if err := g.admit(context.Background(), resource, token); err != nil {
+		t.Fatalf("%s: admit %q token %d: %v, want admitted", g.name, resource, token, err)
+	}
+}
+
+// TestFloor: a floor rejects the ended token and every lower one, admits the next,
+// never goes down, creates a resource never seen, and Resources lists by prefix.
+func TestFloor(t *testing.T) {
+	ctx := context.Background()
+	for _, g := range floorGuards(t) {
+		t.Run(g.name, func(t *testing.T) {
+			floorAdmitted(t, g, "f/a", 5)
+			if err := g.floors.Floor(ctx, "f/a", 7); err != nil {
+				t.Fatal(err)
+			}
+			floorStale(t, g, "f/a", 7)
+			floorStale(t, g, "f/a", 5)
+			if err := g.floors.Floor(ctx, "f/a", 3); err != nil { // lower: no change
+				t.Fatal(err)
+			}
+			floorStale(t, g, "f/a", 7)
+			floorAdmitted(t, g, "f/a", 8)
+			floorAdmitted(t, g, "f/a", 8) // an equal token again
+			if err := g.floors.Floor(ctx, "f/new", 9); err != nil {
+				t.Fatal(err)
+			}
+			floorStale(t, g, "f/new", 9)
+			floorAdmitted(t, g, "g/other", 1)
+			got, err := g.floors.Resources(ctx, "f/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			slices.Sort(got)
+			if want := []string{"f/a", "f/new"}; !slices.Equal(got, want) {
+				t.Fatalf("Resources(f/) = %v, want %v", got, want)
+			}
+			all, err := g.floors.Resources(ctx, "")
+			if err != nil || len(all) != 3 {
+				t.Fatalf(`Resources("") = %v, %v; want 3`, all, err)
+			}
+		})
+	}
+}
+
+// followed starts Follow for guard on the node's locks under prefix and waits until it
+// is ready; raised gets every floor.
+func followed(t *testing.T, c Watcher, prefix string, g Floorer, raised func(Raised)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- Follow(ctx, c, prefix, g, OnReady(func() { close(ready) }), OnFloor(raised))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Follow ended with %v, want context.Canceled", err)
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("Follow ended before it was ready: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Follow not ready after 10 s")
+	}
+}
+
+// floorWaiter collects Follow's floors and waits for one.
+type floorWaiter struct {
+	mu     sync.Mutex
+	floors []Raised
+	moved  chan struct{}
+}
+
+func newFloorWaiter() *floorWaiter { return &floorWaiter{moved: make(chan struct{}, 1)} }
+
+func (w *floorWaiter) raised(r Raised) {
+	w.mu.Lock()
+	w.floors = append(w.floors, r)
+	w.mu.Unlock()
+	select {
+	case w.moved <- struct{}{}:
+	default:
+	}
+}
+
+// wait returns once a floor of resource at or above ended is in place.
+func (w *floorWaiter) wait(t *testing.T, resource string, ended uint64) Raised {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		w.mu.Lock()
+		for _, r := range w.floors {
+			if r.Resource == resource && r.Ended >= ended {
+				w.mu.Unlock()
+				return r
+			}
+		}
+		w.mu.Unlock()
+		select {
+		case <-w.moved:
+		case <-deadline:
+			t.Fatalf("no floor of %q at %d or above within 10 s", resource, ended)
+		}
+	}
+}
+
+// TestFollowFloorsEndedHolds: with Follow, the token of a hold that was released,
+// force-released or revoked is rejected before anybody else writes; the next holder's
+// token is admitted; shared holds raise no floor.
+func TestFollowFloorsEndedHolds(t *testing.T) {
+	node, c, ctx := followNode(t)
+	for _, g := range floorGuards(t) {
+		t.Run(g.name, func(t *testing.T) {
+			prefix := "ff-" + g.name + "/"
+			w := newFloorWaiter()
+			followed(t, c, prefix, g.floors, w.raised)
+
+			l, err := c.Lock(ctx, prefix+"released", client.Correctness)
+			if err != nil {
+				t.Fatal(err)
+			}
+			floorAdmitted(t, g, l.Name(), l.Token())
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if r := w.wait(t, l.Name(), l.Token()); r.Kind != leaseholdv1.EventKind_EVENT_KIND_RELEASED {
+				t.Errorf("floor raised by %v, want RELEASED", r.Kind)
+			}
+			floorStale(t, g, l.Name(), l.Token())
+			next, err := c.Lock(ctx, l.Name(), client.Correctness)
+			if err != nil {
+				t.Fatal(err)
+			}
+			floorAdmitted(t, g, next.Name(), next.Token())
+
+			if _, _, err := c.ForceRelease(ctx, next.Name(), "test"); err != nil {
+				t.Fatal(err)
+			}
+			w.wait(t, next.Name(), next.Token())
+			floorStale(t, g, next.Name(), next.Token())
+
+			// A holder that never wrote is fenced too (the resource is created).
+			other, err := client.Dial(ctx, node.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			silent, err := other.Lock(ctx, prefix+"silent", client.Correctness)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = other.Close(ctx) // revokes its lease
+			w.wait(t, silent.Name(), silent.Token())
+			floorStale(t, g, silent.Name(), silent.Token())
+
+			// Shared: two readers; the younger one's release must not fence the older.
+			r1, err := c.Lock(ctx, prefix+"shared", client.Correctness, client.Shared)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r2, err := c.Lock(ctx, prefix+"shared", client.Correctness, client.Shared)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r2.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			marker, err := c.Lock(ctx, prefix+"marker", client.Correctness) // events are in order: past it, r2's is applied
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = marker.Unlock(ctx)
+			w.wait(t, marker.Name(), marker.Token())
+			floorAdmitted(t, g, r1.Name(), r1.Token())
+			_ = r1.Unlock(ctx)
+		})
+	}
+}
+
+// compactingWatcher is a Watcher whose first watch loses every event until lose is
+// closed and then fails "compacted", as a watcher fallen behind the retained history.
+type compactingWatcher struct {
+	*client.Client
+	lose chan struct{}
+	once sync.Once
+}
+
+func (w *compactingWatcher) Watch(ctx context.Context, prefix string, opts ...client.WatchOption) iter.Seq2[*leaseholdv1.WatchEvent, error] {
+	first := false
+	w.once.Do(func() { first = true })
+	if !first {
+		return w.Client.Watch(ctx, prefix, opts...)
+	}
+	return func(yield func(*leaseholdv1.WatchEvent, error) bool) {
+		select {
+		case <-w.lose:
+		case <-ctx.Done():
+			yield(nil, ctx.Err())
+			return
+		}
+		err := connect.NewError(connect.CodeFailedPrecondition, errors.New("watch: compacted: the oldest revision held is 999:0"))
+		if d, derr := connect.NewErrorDetail(&leaseholdv1.ErrorDetail{Reason: reason.Compacted}); derr == nil {
+			err.AddDetail(d)
+		}
+		yield(nil, err)
+	}
+}
+
+// TestFollowAfterCompacted: events lost to a "compacted" watch do not lose floors: Follow
+// re-reads the lock state — a free lock the guard knows gets the last token issued, a
+// held one the token below its holder's — and watches on.
+func TestFollowAfterCompacted(t *testing.T) {
+	_, c, ctx := followNode(t)
+	for _, g := range floorGuards(t) {
+		t.Run(g.name, func(t *testing.T) {
+			prefix := "fc-" + g.name + "/"
+			cw := &compactingWatcher{Client: c, lose: make(chan struct{})}
+			w := newFloorWaiter()
+			followed(t, cw, prefix, g.floors, w.raised)
+
+			gone, err := c.Lock(ctx, prefix+"gone", client.Correctness)
+			if err != nil {
+				t.Fatal(err)
+			}
+			floorAdmitted(t, g, gone.Name(), gone.Token())
+			_ = gone.Unlock(ctx) // its event is lost
+			held, err := c.Lock(ctx, prefix+"held", client.Correctness)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = held.Unlock(ctx) }()
+			close(cw.lose)
+			w.wait(t, gone.Name(), gone.Token())
+			w.wait(t, held.Name(), held.Token()-1)
+			floorStale(t, g, gone.Name(), gone.Token())
+			floorAdmitted(t, g, held.Name(), held.Token())
+
+			// And it watches on after the re-read.
+			l, err := c.Lock(ctx, prefix+"after", client.Correctness)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = l.Unlock(ctx)
+			w.wait(t, l.Name(), l.Token())
+			floorStale(t, g, l.Name(), l.Token())
+		})
+	}
+}

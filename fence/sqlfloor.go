@@ -1,0 +1,63 @@
+package fence
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+)
+
+// DB runs statements and queries outside a caller's transaction; *sql.DB satisfies it.
+type DB interface {
+	Execer
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// Floors returns the Floorer of the guard's table in db, for Follow. Each Floor is one
+// upsert in its own transaction (autocommit) that raises the resource's stored token to
+// ended+1 unless it is higher already, and inserts the row if there is none; it waits
+// for a fenced transaction that holds the row (PostgreSQL) or the database (SQLite) and
+// commits at once after it. From its commit on, every Admit of a token <= ended for the
+// resource returns a *StaleError (naming ended+1 as the highest). A transaction that
+// had already admitted such a token before the floor committed may still commit its
+// write: it is ordered before the floor.
+//
+// Floor returns an error wrapping ErrMalformedToken when ended+1 is above MaxSQLToken,
+// a context error unchanged, and any other database error wrapped. Resources lists the
+// table's resources under a prefix.
+func (s *SQL) Floors(db DB) Floorer { return &sqlFloors{s: s, db: db} }
+
+type sqlFloors struct {
+	s  *SQL
+	db DB
+}
+
+func (f *sqlFloors) Floor(ctx context.Context, resource string, ended uint64) error {
+	if ended >= MaxSQLToken {
+		return fmt.Errorf("%w: a floor above token %d is beyond %d, the largest the SQL guard can store", ErrMalformedToken, ended, int64(MaxSQLToken))
+	}
+	if _, err := f.db.ExecContext(ctx, f.s.floor, resource, int64(ended)+1); err != nil {
+		return passContext(err, fmt.Sprintf("fence: raise the floor of %q above %d", resource, ended))
+	}
+	return nil
+}
+
+func (f *sqlFloors) Resources(ctx context.Context, prefix string) ([]string, error) {
+	rows, err := f.db.QueryContext(ctx, f.s.resources, prefix, len(prefix))
+	if err != nil {
+		return nil, passContext(err, "fence: list resources under "+strconv.Quote(prefix))
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var r string
+		if err := rows.Scan(&r); err != nil {
+			return nil, passContext(err, "fence: list resources under "+strconv.Quote(prefix))
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, passContext(err, "fence: list resources under "+strconv.Quote(prefix))
+	}
+	return out, nil
+}
