@@ -82,41 +82,49 @@ func OnFloor(f func(Raised)) FollowOption { return func(o *followOptions) { o.on
 // floor as soon as its event is delivered.
 func OnReady(f func()) FollowOption { return func(o *followOptions) { o.onReady = f } }
 
-// Follow makes guard follow the lock service's Watch (G10) for the locks under prefix,
-// so that a holder that lost its lock is fenced at once: when an exclusive hold ends —
-// released, its lease expired or was revoked (also on disconnect), or force-released —
-// Follow raises the floor of the resource named like the lock above the ended holder's
-// token, and when an exclusive hold is granted, to just below the new holder's token.
-// A paused former holder's write is then rejected even if the next holder has not
-// written yet (G5). The next holder is never affected: its token is higher (G1).
+// Follow makes guard follow the lock service's Watch (G10) for the correctness locks
+// under prefix, so that a holder that lost its lock is fenced at once: when an exclusive
+// hold ends — released, its lease expired or was revoked (also on disconnect), or
+// force-released — Follow raises the floor of the resource named like the lock to the
+// ended holder's token, and when an exclusive hold is granted, to just below the new
+// holder's token. A paused former holder's write is then rejected even if the next
+// holder has not written yet (G5). The next holder is never affected: its token is
+// higher (G1).
+//
+// The guard's resources under prefix must be the lock names (the default of Middleware
+// and ServerInterceptor): Follow floors the resource named like the lock, and on a
+// re-read it floors every resource under prefix that no lock holds. A guard whose keys
+// are mapped otherwise (WithResource) must not be given to Follow with a prefix that
+// covers them.
 //
 // Follow blocks until ctx ends or the watch fails for good, and always returns a
 // non-nil error: ctx's error, or the watch's final error (PermissionDenied,
 // InvalidArgument: see client.Watch). Run it in its own goroutine, one per guard and
 // prefix, for as long as the resource takes writes.
 //
-// How it misses nothing: it starts by reading the lock state (Status, then List and
-// Describe) and raising the floors it implies — a held exclusive lock: below its
-// token; a lock that is free or only waited for: up to the last token the service has
-// issued — and then watches from the revision the state was read at, so that every
-// later end comes as an event. A broken stream resumes from its last revision
-// (client.Watch does that). When the watch answers "compacted" (Follow fell behind the
-// service's retained history), it reads the state again the same way and goes on.
+// How it misses nothing: it starts by reading the lock state (Status, then List, and
+// Describe when the list is truncated) and raising the floors it implies — a held lock:
+// below its oldest holder's token; a lock that no lease holds: up to the last token the
+// service had issued — and then watches from the revision the state was read at, so
+// that every later change comes as an event. A broken stream resumes from its last
+// revision (client.Watch does that). When the watch answers "compacted" (Follow fell
+// behind the service's retained history), it reads the state again the same way and
+// goes on; events seen twice do no harm, floors only go up.
 //
 // What it does not close:
 //   - The window between the end of a hold at the service and the delivery of its
-//     event to Follow (one stream hop plus the guard's write, a few milliseconds on a
-//     LAN; longer while the stream is broken or the leader changes). A write in that
-//     window is admitted, as without Follow.
-//   - Resources are the lock names. A resource keyed otherwise (WithResource) is not
-//     floored.
+//     event to Follow: one stream hop (Watch coalesces 2 ms of events per answer) plus
+//     the guard's write; longer while the stream is broken or the leader changes. A
+//     write in that window is admitted, as without Follow.
 //   - Shared and semaphore holds raise no floor when they end, because the other
 //     holders' tokens may be lower; fence them per holder, or with CheckToken.
+//   - Efficiency locks are not followed: their events are lost with their leader, and
+//     their tokens come from blocks reserved ahead, so they may be lower than the last
+//     token issued. Do not fence them through a followed guard under the prefix: a
+//     re-read would floor a free one above its next holder's token.
 //   - After a re-read, a lock that is free and that the guard has never stored gets no
 //     floor: a holder that ended while Follow was not watching and never wrote is
 //     admitted once, as without Follow.
-//   - Efficiency locks' events are lost with their leader (see client.Watch); their
-//     floors then come only from later grants.
 //   - A floor the guard fails to store (its database is down) is retried with backoff
 //     until it is stored or ctx ends; later events wait for it.
 func Follow(ctx context.Context, w Watcher, prefix string, guard Floorer, opts ...FollowOption) error {
@@ -187,7 +195,8 @@ func (f *follower) watch(ctx context.Context, start *leaseholdv1.Revision) (int,
 // floorOf returns the floor event e implies: an exclusive hold that ended floors its
 // own token, an exclusive grant the token below its own.
 func floorOf(e *leaseholdv1.WatchEvent) (resource string, ended uint64, ok bool) {
-	if e.GetMode() != leaseholdv1.LockMode_LOCK_MODE_EXCLUSIVE || e.GetToken() == 0 {
+	if e.GetMode() != leaseholdv1.LockMode_LOCK_MODE_EXCLUSIVE || e.GetToken() == 0 ||
+		e.GetClass() != leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS {
 		return "", 0, false
 	}
 	switch e.GetKind() {
@@ -238,6 +247,9 @@ func (f *follower) resyncOnce(ctx context.Context) (*leaseholdv1.Revision, error
 	seen := make(map[string]bool)
 	for _, l := range list.GetLocks() {
 		seen[l.GetName()] = true
+		if l.GetClass() != leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS {
+			continue
+		}
 		if ended, ok := stateFloor(l, st.GetLastToken()); ok {
 			floors[l.GetName()] = ended
 		}
@@ -255,8 +267,14 @@ func (f *follower) resyncOnce(ctx context.Context) (*leaseholdv1.Revision, error
 			continue
 		}
 		l, err := f.w.Describe(ctx, r)
+		if connect.CodeOf(err) == connect.CodeInvalidArgument {
+			continue // not a lock name: no lock fences it
+		}
 		if err != nil {
 			return nil, fmt.Errorf("fence: describe %q: %w", r, err)
+		}
+		if l.GetHeld() && l.GetClass() != leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS {
+			continue
 		}
 		if ended, ok := stateFloor(l, st.GetLastToken()); ok {
 			floors[r] = ended

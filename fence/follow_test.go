@@ -189,7 +189,7 @@ func (w *floorWaiter) wait(t *testing.T, resource string, ended uint64) Raised {
 
 // TestFollowFloorsEndedHolds: with Follow, the token of a hold that was released,
 // force-released or revoked is rejected before anybody else writes; the next holder's
-// token is admitted; shared holds raise no floor.
+// token is admitted; shared holds and efficiency locks raise no floor.
 func TestFollowFloorsEndedHolds(t *testing.T) {
 	node, c, ctx := followNode(t)
 	for _, g := range floorGuards(t) {
@@ -247,6 +247,13 @@ func TestFollowFloorsEndedHolds(t *testing.T) {
 			if err := r2.Unlock(ctx); err != nil {
 				t.Fatal(err)
 			}
+			// Efficiency locks are not followed.
+			eff, err := c.Lock(ctx, prefix+"efficiency", client.Efficiency)
+			if err != nil {
+				t.Fatal(err)
+			}
+			floorAdmitted(t, g, eff.Name(), eff.Token())
+			_ = eff.Unlock(ctx)
 			marker, err := c.Lock(ctx, prefix+"marker", client.Correctness) // events are in order: past it, r2's is applied
 			if err != nil {
 				t.Fatal(err)
@@ -254,6 +261,7 @@ func TestFollowFloorsEndedHolds(t *testing.T) {
 			_ = marker.Unlock(ctx)
 			w.wait(t, marker.Name(), marker.Token())
 			floorAdmitted(t, g, r1.Name(), r1.Token())
+			floorAdmitted(t, g, eff.Name(), eff.Token())
 			_ = r1.Unlock(ctx)
 		})
 	}
