@@ -3,6 +3,7 @@ package fence
 import (
 	"context"
 	"errors"
+	"fmt"
 	"iter"
 	"os"
 	"slices"
@@ -14,6 +15,7 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/clustertest"
 	"github.com/leasehold/leasehold/internal/reason"
 	"github.com/leasehold/leasehold/internal/testnode"
 	"github.com/leasehold/leasehold/service"
@@ -335,4 +337,86 @@ func TestFollowAfterCompacted(t *testing.T) {
 			floorStale(t, g, l.Name(), l.Token())
 		})
 	}
+}
+
+// TestFollowAcrossLeaderChange: on a three-node cluster whose leader is cut off while
+// eight workers take and give back locks, Follow's watch resumes on the new leader and
+// misses no end: afterwards every released token is rejected for its lock, and no
+// holder's own write was ever rejected while it held its lock.
+func TestFollowAcrossLeaderChange(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a three-node cluster")
+	}
+	cl := clustertest.MakeCluster(t, 3, clustertest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dial := func() *client.Client {
+		c, err := client.Dial(ctx, cl.Addrs())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		return c
+	}
+	g := memoryFloorGuard()
+	w := newFloorWaiter()
+	followed(t, dial(), "lc/", g.floors, w.raised)
+
+	var (
+		mu       sync.Mutex
+		released = map[string]uint64{} // lock -> highest token released
+		wg       sync.WaitGroup
+	)
+	stop := make(chan struct{})
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			user := dial()
+			for j := 0; ; j++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				l, err := user.Lock(ctx, fmt.Sprintf("lc/%d", (i+j)%5), client.Correctness, client.WaitFor(5*time.Second))
+				if err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					continue
+				}
+				if err := g.admit(ctx, l.Name(), l.Token()); err != nil && l.Context().Err() == nil {
+					t.Errorf("holder of %s (token %d) was rejected while holding: %v", l.Name(), l.Token(), err)
+				}
+				if err := l.Unlock(ctx); err == nil {
+					mu.Lock()
+					released[l.Name()] = max(released[l.Name()], l.Token())
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	time.Sleep(700 * time.Millisecond)
+	old := cl.Leader()
+	cl.Partition(old)
+	cl.Leader(cl.Others(old)...)
+	time.Sleep(700 * time.Millisecond)
+	cl.Heal()
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(released) == 0 {
+		t.Fatal("no lock was released")
+	}
+	for name, tok := range released {
+		w.wait(t, name, tok)
+		floorStale(t, g, name, tok)
+	}
+	w.mu.Lock()
+	n := len(w.floors)
+	w.mu.Unlock()
+	t.Logf("%d floors raised; leader %s cut off", n, old.ID)
 }
