@@ -48,11 +48,17 @@ const (
 	fMode  = 24 + iota // 1 byte
 	fLimit             // uvarint
 	fNames             // uvarint count (at least 1), then each name as a string
+	endModeFields
+)
+
+// The fields of Watch and the ledger. They take bits 32 to 39.
+const (
+	fWallMillis = 32 + iota // varint: the proposer's wall clock, Unix ms
 	numFields
 )
 
 // knownFields has the bits of every field.
-const knownFields = (1<<(fClusterID+1) - 1) | (1<<numFields-1)&^(1<<fMode-1)
+const knownFields = (1<<(fClusterID+1) - 1) | (1<<endModeFields-1)&^(1<<fMode-1) | (1<<numFields-1)&^(1<<fWallMillis-1)
 
 const commandV2 = 2
 
@@ -88,6 +94,7 @@ func appendCommand(b []byte, c Command) []byte {
 	set(fMode, c.Mode != 0)
 	set(fLimit, c.Limit != 0)
 	set(fNames, len(c.Names) != 0)
+	set(fWallMillis, c.WallMillis != 0)
 
 	b = append(b, commandV2, byte(c.Op))
 	b = binary.AppendUvarint(b, mask)
@@ -146,6 +153,8 @@ func appendCommand(b []byte, c Command) []byte {
 			for _, n := range c.Names {
 				str(n)
 			}
+		case fWallMillis:
+			b = binary.AppendVarint(b, c.WallMillis)
 		}
 	}
 	return b
@@ -153,7 +162,7 @@ func appendCommand(b []byte, c Command) []byte {
 
 // commandSize is an upper bound of c's encoded size, to allocate once.
 func commandSize(c Command) int {
-	n := 2 + 3 + 16 + 5*binary.MaxVarintLen64 + 1 + 7*binary.MaxVarintLen64
+	n := 2 + 3 + 16 + 5*binary.MaxVarintLen64 + 1 + 8*binary.MaxVarintLen64
 	n += len(c.Name) + len(c.Holder.Host) + len(c.Holder.Note) + len(c.Reason) + len(c.Key) + len(c.Value) + len(c.Node) + len(c.Addr) + len(c.FastLane) + len(c.ClusterID)
 	if c.Mode != 0 || c.Limit != 0 || len(c.Names) != 0 {
 		n += 1 + 1 + binary.MaxVarintLen32 + binary.MaxVarintLen64 // mask growth, mode, limit, count
@@ -260,6 +269,9 @@ func decodeCommandV2(b []byte) (Command, error) {
 				}
 				c.Names = append(c.Names, d.str("names"))
 			}
+		case fWallMillis:
+			c.WallMillis = d.varint("wall")
+			d.nonZero("wall", c.WallMillis != 0)
 		}
 	}
 	if d.err == nil && len(d.b) != 0 {

@@ -28,14 +28,19 @@ import (
 // with one more field at the end, "lost" when not empty: every lease's lost locks
 // (LostLock and the lease's "lease" id), leases in id order and each lease's oldest
 // first. ReadSnapshot reads both versions; a version-1 snapshot has no lost locks.
+//
+// Since the ledger, a version-2 snapshot may end with "ledger" (when not empty): the
+// ended tenures oldest first (Tenure), then the start of every hold still open (a
+// Tenure with no "how"), in name and token order. Snapshots written before it have
+// none: the ledger starts empty, and holds open then end with an unknown start.
 const (
 	snapshotV1 = 1
 	snapshotV2 = 2
 )
 
 // snapshotFields are the keys of a version-2 snapshot, in the order they are written;
-// a version-1 snapshot has all but the last.
-var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost"}
+// a version-1 snapshot has all but the last two (lost, ledger).
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "ledger"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
@@ -69,6 +74,7 @@ type SnapshotView struct {
 	lost       []leaseLost
 	keys       []keyRecord // in progress (unsorted), then done oldest first
 	inProgress int         // how many of keys are in progress
+	ledger     []Tenure    // ledger.records()
 }
 
 // SnapshotView copies what a snapshot of s needs. It is meant to run where applies must
@@ -91,6 +97,7 @@ func (s *State) SnapshotView() *SnapshotView {
 		v.lost = append(v.lost, leaseLost{lease: id, lost: lost})
 	}
 	v.keys, v.inProgress = s.keys.records()
+	v.ledger = s.ledger.records()
 	for _, l := range s.leases {
 		v.leases = append(v.leases, *l)
 	}
@@ -164,6 +171,10 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 			}
 		}
 		e.raw("]")
+	}
+	if len(v.ledger) > 0 {
+		e.raw(`,"ledger":`)
+		writeArray(e, v.ledger)
 	}
 	e.raw("}\n")
 	err := e.flush()
@@ -285,7 +296,7 @@ func ReadSnapshot(r io.Reader, limits Limits) (*State, error) {
 	switch {
 	case err != nil:
 	case version == snapshotV1:
-		fields = snapshotFields[:len(snapshotFields)-1]
+		fields = snapshotFields[:len(snapshotFields)-2]
 	case version != snapshotV2:
 		err = fmt.Errorf("%w: snapshot version %d", ErrCorrupt, version)
 	}
@@ -391,6 +402,8 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 			err = eachElement(dec, s.restoreKey)
 		case "lost":
 			err = eachElement(dec, s.restoreLost)
+		case "ledger":
+			err = eachElement(dec, s.restoreTenure)
 		}
 		if err != nil {
 			return nil, err

@@ -30,13 +30,18 @@ type State struct {
 	members    map[string]memberAddrs // by node id
 	clusterID  string                 // "" until OpSetClusterID
 	keys       keyStore               // idempotency keys (idempotency.go)
+	ledger     ledger                 // recent tenures (ledger.go)
+	// now is the command being applied's WallMillis (the ledger's times); rec is
+	// Record's fn.
+	now int64
+	rec func(Event)
 }
 
 // NewState returns an empty state with the given limits. Every replica must use the same
 // limits, or their states diverge.
 func NewState(limits Limits) *State {
 	limits = limits.withDefaults()
-	return &State{
+	s := &State{
 		leases:     make(map[LeaseID]*Lease),
 		locks:      NewLocks(limits),
 		limits:     limits,
@@ -44,6 +49,17 @@ func NewState(limits Limits) *State {
 		kv:         kvStore{entries: make(map[string]*Entry)},
 		members:    make(map[string]memberAddrs),
 		keys:       newKeyStore(),
+		ledger:     newLedger(limits),
+	}
+	s.locks.Record(s.record)
+	return s
+}
+
+// record takes every event of the lock table: into the ledger, then to Record's fn.
+func (s *State) record(e Event) {
+	s.ledger.note(e, s.now)
+	if s.rec != nil {
+		s.rec(e)
 	}
 }
 
@@ -79,7 +95,7 @@ func (s *State) NumLeases() int { return len(s.leases) }
 
 // Record makes Apply call fn with every lock event of the commands it applies, in
 // order, as it applies them (see Locks.Record). nil stops recording.
-func (s *State) Record(fn func(Event)) { s.locks.Record(fn) }
+func (s *State) Record(fn func(Event)) { s.rec = fn }
 
 // Locks returns the correctness lock table for reading. Callers must not mutate it.
 func (s *State) Locks() *Locks { return s.locks }
@@ -91,6 +107,7 @@ func (s *State) Apply(c Command) Result {
 	if err := c.validate(); err != nil {
 		return Result{Err: err}
 	}
+	s.now = c.WallMillis
 	switch c.Op {
 	case OpGrant:
 		if s.leases[c.Lease] != nil {

@@ -342,7 +342,7 @@ func tcpTransport(cfg Config, hlog hclog.Logger) (raft.Transport, error) {
 // Commands proposed before the last entry sent is written share the next log entry
 // (batch.go); each still gets its own result.
 func (n *Node) Apply(ctx context.Context, cmd core.Command) (core.Result, error) {
-	b, err := core.EncodeCommand(cmd)
+	b, err := core.EncodeCommand(stamped(cmd))
 	if err != nil {
 		return core.Result{}, err
 	}
@@ -365,12 +365,24 @@ func (n *Node) Apply(ctx context.Context, cmd core.Command) (core.Result, error)
 // results, or on the caller's when cmd does not encode; it must not block, since the
 // results of the commands committed after cmd wait for it.
 func (n *Node) ApplyThen(cmd core.Command, then func(core.Result, error)) {
-	b, err := core.EncodeCommand(cmd)
+	b, err := core.EncodeCommand(stamped(cmd))
 	if err != nil {
 		then(core.Result{}, err)
 		return
 	}
 	n.batcher.propose(proposal{data: b, then: func(o outcome) { then(o.result()) }})
+}
+
+// stamped sets the wall clock on a command that can start or end a hold, for the
+// ledger's times (display only: the state machine depends on nothing but the log).
+func stamped(cmd core.Command) core.Command {
+	switch cmd.Op {
+	case core.OpAcquire, core.OpRelease, core.OpCancelWait, core.OpRevoke, core.OpExpire, core.OpForceRelease, core.OpEndDelay:
+		if cmd.WallMillis == 0 {
+			cmd.WallMillis = time.Now().UnixMilli()
+		}
+	}
+	return cmd
 }
 
 // result is the outcome as Apply returns it, with raft's error mapped.

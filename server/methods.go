@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -41,6 +42,7 @@ func methodTable() []*method {
 		unary(leaseholdv1connect.LockServiceForceReleaseProcedure, (*Server).ForceRelease, needs(permAdmin)),
 		unary(leaseholdv1connect.LockServiceCheckTokenProcedure, (*Server).CheckToken, needsOn(permRead, (*leaseholdv1.CheckTokenRequest).GetName)),
 		serverStream(leaseholdv1connect.LockServiceWatchProcedure, (*Server).Watch, needsOn(permRead, (*leaseholdv1.WatchRequest).GetPrefix)),
+		unary(leaseholdv1connect.LockServiceHistoryProcedure, (*Server).History, needsOn(permRead, (*leaseholdv1.HistoryRequest).GetName)),
 		// KVService
 		unary(leaseholdv1connect.KVServiceGetProcedure, (*Server).Get,
 			needsOn(permRead, (*leaseholdv1.GetRequest).GetKey), servedHereWhen((*leaseholdv1.GetRequest).GetStale)),
@@ -392,7 +394,7 @@ func (s *Server) callStream(ctx context.Context, m *method, req proto.Message, f
 	defer cancel(nil)
 	defer context.AfterFunc(s.streams, func() { cancel(ErrShuttingDown) })()
 	err := s.serveStream(ctx, m, req, from, send)
-	if context.Cause(ctx) == ErrShuttingDown {
+	if errors.Is(context.Cause(ctx), ErrShuttingDown) {
 		err = ErrShuttingDown // the caller resumes at another node
 	}
 	return s.finish(m, start, err)

@@ -114,3 +114,35 @@ func eventToProto(e *watch.Event) *leaseholdv1.WatchEvent {
 		Epoch:    e.Epoch,
 	}
 }
+
+// History serves LockService.History: lock name's ledger (core.State.History), read on
+// the leader from its applied state.
+func (s *Server) History(_ context.Context, req *leaseholdv1.HistoryRequest) (*leaseholdv1.HistoryResponse, error) {
+	if err := core.ValidateName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	var tenures []core.Tenure
+	s.raft.Read(func(st *core.State) { tenures = st.History(req.GetName()) })
+	resp := &leaseholdv1.HistoryResponse{Tenures: make([]*leaseholdv1.Tenure, len(tenures))}
+	for i, t := range tenures {
+		resp.Tenures[i] = &leaseholdv1.Tenure{
+			Token: t.Token, Holder: holderToProto(t.Holder), Mode: modeToProto(t.Mode),
+			StartUnixMs: t.StartMillis, EndUnixMs: t.EndMillis, End: tenureEnd(t.End), Reason: t.Note,
+		}
+	}
+	return resp, nil
+}
+
+func tenureEnd(k core.EventKind) leaseholdv1.TenureEnd {
+	switch k {
+	case core.EventReleased:
+		return leaseholdv1.TenureEnd_TENURE_END_RELEASED
+	case core.EventExpired:
+		return leaseholdv1.TenureEnd_TENURE_END_EXPIRED
+	case core.EventRevoked:
+		return leaseholdv1.TenureEnd_TENURE_END_REVOKED
+	case core.EventForceReleased:
+		return leaseholdv1.TenureEnd_TENURE_END_FORCE_RELEASED
+	}
+	return leaseholdv1.TenureEnd_TENURE_END_UNSPECIFIED
+}

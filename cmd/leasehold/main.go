@@ -51,6 +51,8 @@ func run(args []string) int {
 		return runLocks(args[1:])
 	case "watch":
 		return runWatch(args[1:])
+	case "history":
+		return runHistory(args[1:])
 	case "status":
 		return runStatus(args[1:])
 	case "unlock":
@@ -103,6 +105,8 @@ Usage:
                                             stream lock events (acquired, released, expired,
                                             ...) as they happen, resuming across leader
                                             changes; --from INDEX.OFFSET replays from there
+  leasehold history NAME [--output json]    a correctness lock's last tenures: holder, token,
+                                            from, to, how each ended
   leasehold unlock NAME --force --reason R  operator release: fences the old holder out
   leasehold kv get|put|del|ls ...           the fenced key-value store (put --fence LOCK=TOKEN)
   leasehold status                          show the node's role, leader and counts

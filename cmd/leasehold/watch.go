@@ -13,8 +13,11 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"text/tabwriter"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/client"
@@ -101,21 +104,27 @@ func parseRevision(s string) (*leaseholdv1.Revision, error) {
 	return &leaseholdv1.Revision{Index: i, Offset: uint32(o)}, nil
 }
 
+// printJSONLine prints m as one compact JSON object (protojson, field names as in the
+// .proto file) and a newline.
+func printJSONLine(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	var line bytes.Buffer // protojson varies its spacing on purpose
+	if err := json.Compact(&line, b); err != nil {
+		return err
+	}
+	line.WriteByte('\n')
+	_, err = w.Write(line.Bytes())
+	return err
+}
+
 // printEvent prints one event: a JSON object (protojson, field names as in the .proto
 // file) or a line of text.
 func printEvent(w io.Writer, e *leaseholdv1.WatchEvent, asJSON bool) error {
 	if asJSON {
-		b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(e)
-		if err != nil {
-			return err
-		}
-		var line bytes.Buffer // protojson varies its spacing on purpose; one object per line, compact
-		if err := json.Compact(&line, b); err != nil {
-			return err
-		}
-		line.WriteByte('\n')
-		_, err = w.Write(line.Bytes())
-		return err
+		return printJSONLine(w, e)
 	}
 	kind := strings.ToLower(strings.TrimPrefix(e.GetKind().String(), "EVENT_KIND_"))
 	line := fmt.Sprintf("%d.%d\t%s\t%s", e.GetRevision().GetIndex(), e.GetRevision().GetOffset(), kind, e.GetName())
@@ -136,4 +145,57 @@ func printEvent(w io.Writer, e *leaseholdv1.WatchEvent, asJSON bool) error {
 	}
 	_, err := fmt.Fprintln(w, line)
 	return err
+}
+
+// runHistory is `leasehold history NAME [--output json]`: the lock's ledger.
+func runHistory(args []string) int {
+	fs := flag.NewFlagSet("history", flag.ContinueOnError)
+	addr := addrFlag(fs)
+	output := fs.String("output", "text", "text, or json: one JSON object per tenure and line")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return exitUsage
+	}
+	if len(pos) != 1 || (*output != "text" && *output != "json") {
+		fmt.Fprintln(os.Stderr, "usage: leasehold history [--addr HOST:PORT] NAME [--output json]")
+		return exitUsage
+	}
+	ctx := context.Background()
+	c, code := dial(ctx, *addr)
+	if c == nil {
+		return code
+	}
+	tenures, err := c.History(ctx, pos[0])
+	if err != nil {
+		return exitFor("history", err)
+	}
+	if *output == "json" {
+		for _, t := range tenures {
+			if err := printJSONLine(os.Stdout, t); err != nil {
+				return exitFor("history", err)
+			}
+		}
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TOKEN\tHOLDER\tMODE\tFROM\tTO\tENDED")
+	stamp := func(ms int64) string {
+		if ms == 0 {
+			return "?"
+		}
+		return time.UnixMilli(ms).UTC().Format("2006-01-02 15:04:05.000")
+	}
+	for _, t := range tenures {
+		to, ended := stamp(t.GetEndUnixMs()), strings.ToLower(strings.TrimPrefix(t.GetEnd().String(), "TENURE_END_"))
+		if t.GetEnd() == leaseholdv1.TenureEnd_TENURE_END_UNSPECIFIED {
+			to, ended = "-", "held"
+		}
+		if t.GetReason() != "" {
+			ended += " (" + t.GetReason() + ")"
+		}
+		mode := strings.ToLower(strings.TrimPrefix(t.GetMode().String(), "LOCK_MODE_"))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", t.GetToken(), describeHolder(t.GetHolder()), mode, stamp(t.GetStartUnixMs()), to, ended)
+	}
+	_ = tw.Flush()
+	return exitOK
 }

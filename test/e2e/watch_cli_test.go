@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -49,4 +50,18 @@ func TestCLIWatch(t *testing.T) {
 		t.Fatalf("leasehold watch --from: second line %q, want the release", line)
 	}
 	replay.Kill()
+
+	// The ledger of the same lock.
+	h := RunCLI(t, 10*time.Second, "history", "e2e/watch/a", "--addr", s.Addr)
+	if h.Code != 0 || !strings.HasPrefix(h.Stdout, "TOKEN") || !regexp.MustCompile(`(?m)^`+got[0].Token+`\s+.*\sexclusive\s.*\sreleased$`).MatchString(h.Stdout) {
+		t.Fatalf("leasehold history: exit %d, stdout %q, stderr %q", h.Code, h.Stdout, h.Stderr)
+	}
+	h = RunCLI(t, 10*time.Second, "history", "--output", "json", "--addr", s.Addr, "e2e/watch/a")
+	var tenure struct {
+		Token string `json:"token"`
+		End   string `json:"end"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimSpace(h.Stdout)), &tenure); err != nil || tenure.Token != got[0].Token || tenure.End != "TENURE_END_RELEASED" {
+		t.Fatalf("leasehold history --output json: %q (%v)", h.Stdout, err)
+	}
 }

@@ -157,6 +157,67 @@ func (LockMode) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{1}
 }
 
+// TenureEnd is how a hold ended.
+type TenureEnd int32
+
+const (
+	// Still held.
+	TenureEnd_TENURE_END_UNSPECIFIED TenureEnd = 0
+	// Its holder released it.
+	TenureEnd_TENURE_END_RELEASED TenureEnd = 1
+	// Its lease expired.
+	TenureEnd_TENURE_END_EXPIRED TenureEnd = 2
+	// Its lease was revoked: by its client, or on disconnect (release_on_disconnect).
+	TenureEnd_TENURE_END_REVOKED TenureEnd = 3
+	// An operator force-released it; `reason` says who and why.
+	TenureEnd_TENURE_END_FORCE_RELEASED TenureEnd = 4
+)
+
+// Enum value maps for TenureEnd.
+var (
+	TenureEnd_name = map[int32]string{
+		0: "TENURE_END_UNSPECIFIED",
+		1: "TENURE_END_RELEASED",
+		2: "TENURE_END_EXPIRED",
+		3: "TENURE_END_REVOKED",
+		4: "TENURE_END_FORCE_RELEASED",
+	}
+	TenureEnd_value = map[string]int32{
+		"TENURE_END_UNSPECIFIED":    0,
+		"TENURE_END_RELEASED":       1,
+		"TENURE_END_EXPIRED":        2,
+		"TENURE_END_REVOKED":        3,
+		"TENURE_END_FORCE_RELEASED": 4,
+	}
+)
+
+func (x TenureEnd) Enum() *TenureEnd {
+	p := new(TenureEnd)
+	*p = x
+	return p
+}
+
+func (x TenureEnd) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TenureEnd) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_leasehold_proto_enumTypes[2].Descriptor()
+}
+
+func (TenureEnd) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_leasehold_proto_enumTypes[2]
+}
+
+func (x TenureEnd) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TenureEnd.Descriptor instead.
+func (TenureEnd) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+}
+
 // EventKind is what a Watch event reports.
 type EventKind int32
 
@@ -219,11 +280,11 @@ func (x EventKind) String() string {
 }
 
 func (EventKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_leasehold_v1_leasehold_proto_enumTypes[2].Descriptor()
+	return file_leasehold_v1_leasehold_proto_enumTypes[3].Descriptor()
 }
 
 func (EventKind) Type() protoreflect.EnumType {
-	return &file_leasehold_v1_leasehold_proto_enumTypes[2]
+	return &file_leasehold_v1_leasehold_proto_enumTypes[3]
 }
 
 func (x EventKind) Number() protoreflect.EnumNumber {
@@ -232,7 +293,7 @@ func (x EventKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EventKind.Descriptor instead.
 func (EventKind) EnumDescriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{3}
 }
 
 // KeyStatus is where an idempotency key stands.
@@ -276,11 +337,11 @@ func (x KeyStatus) String() string {
 }
 
 func (KeyStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_leasehold_v1_leasehold_proto_enumTypes[3].Descriptor()
+	return file_leasehold_v1_leasehold_proto_enumTypes[4].Descriptor()
 }
 
 func (KeyStatus) Type() protoreflect.EnumType {
-	return &file_leasehold_v1_leasehold_proto_enumTypes[3]
+	return &file_leasehold_v1_leasehold_proto_enumTypes[4]
 }
 
 func (x KeyStatus) Number() protoreflect.EnumNumber {
@@ -289,7 +350,7 @@ func (x KeyStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use KeyStatus.Descriptor instead.
 func (KeyStatus) EnumDescriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{3}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{4}
 }
 
 // Holder describes who holds or waits for a lock, so operators can see it in listings.
@@ -834,6 +895,191 @@ func (*RevokeResponse) Descriptor() ([]byte, []int) {
 	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{8}
 }
 
+type HistoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lock's name (same rules as AcquireRequest.name).
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HistoryRequest) Reset() {
+	*x = HistoryRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HistoryRequest) ProtoMessage() {}
+
+func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HistoryRequest.ProtoReflect.Descriptor instead.
+func (*HistoryRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *HistoryRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type HistoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenures       []*Tenure              `protobuf:"bytes,1,rep,name=tenures,proto3" json:"tenures,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HistoryResponse) Reset() {
+	*x = HistoryResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HistoryResponse) ProtoMessage() {}
+
+func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HistoryResponse.ProtoReflect.Descriptor instead.
+func (*HistoryResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *HistoryResponse) GetTenures() []*Tenure {
+	if x != nil {
+		return x.Tenures
+	}
+	return nil
+}
+
+// Tenure is one hold of a lock, as the ledger keeps it.
+type Tenure struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Token  uint64                 `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
+	Holder *Holder                `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	Mode   LockMode               `protobuf:"varint,3,opt,name=mode,proto3,enum=leasehold.v1.LockMode" json:"mode,omitempty"`
+	// When the grant and the end were proposed, Unix milliseconds (0: unknown, e.g. a hold
+	// granted before an upgrade or restored from an older snapshot).
+	StartUnixMs int64     `protobuf:"varint,4,opt,name=start_unix_ms,json=startUnixMs,proto3" json:"start_unix_ms,omitempty"`
+	EndUnixMs   int64     `protobuf:"varint,5,opt,name=end_unix_ms,json=endUnixMs,proto3" json:"end_unix_ms,omitempty"`
+	End         TenureEnd `protobuf:"varint,6,opt,name=end,proto3,enum=leasehold.v1.TenureEnd" json:"end,omitempty"`
+	// A force release's reason, with the identity that asked.
+	Reason        string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tenure) Reset() {
+	*x = Tenure{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tenure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tenure) ProtoMessage() {}
+
+func (x *Tenure) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tenure.ProtoReflect.Descriptor instead.
+func (*Tenure) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Tenure) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *Tenure) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *Tenure) GetMode() LockMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+func (x *Tenure) GetStartUnixMs() int64 {
+	if x != nil {
+		return x.StartUnixMs
+	}
+	return 0
+}
+
+func (x *Tenure) GetEndUnixMs() int64 {
+	if x != nil {
+		return x.EndUnixMs
+	}
+	return 0
+}
+
+func (x *Tenure) GetEnd() TenureEnd {
+	if x != nil {
+		return x.End
+	}
+	return TenureEnd_TENURE_END_UNSPECIFIED
+}
+
+func (x *Tenure) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // Revision orders Watch events: the index of the log entry whose apply caused the event
 // and the event's offset among that entry's events. An efficiency lock's event, which
 // never enters the log, takes the revision after the last event its leader published
@@ -849,7 +1095,7 @@ type Revision struct {
 
 func (x *Revision) Reset() {
 	*x = Revision{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -861,7 +1107,7 @@ func (x *Revision) String() string {
 func (*Revision) ProtoMessage() {}
 
 func (x *Revision) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -874,7 +1120,7 @@ func (x *Revision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revision.ProtoReflect.Descriptor instead.
 func (*Revision) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{9}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Revision) GetIndex() uint64 {
@@ -904,7 +1150,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -916,7 +1162,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -929,7 +1175,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{10}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -958,7 +1204,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -970,7 +1216,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -983,7 +1229,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{11}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchResponse) GetEvents() []*WatchEvent {
@@ -1023,7 +1269,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1035,7 +1281,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1048,7 +1294,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{12}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchEvent) GetRevision() *Revision {
@@ -1174,7 +1420,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1432,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1445,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{13}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AcquireRequest) GetName() string {
@@ -1283,7 +1529,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1541,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1554,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{14}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AcquireResponse) GetToken() uint64 {
@@ -1346,7 +1592,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1358,7 +1604,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1371,7 +1617,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{15}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReleaseRequest) GetName() string {
@@ -1403,7 +1649,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1415,7 +1661,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1428,7 +1674,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{16}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
 }
 
 type DescribeRequest struct {
@@ -1440,7 +1686,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1452,7 +1698,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1465,7 +1711,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{17}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DescribeRequest) GetName() string {
@@ -1484,7 +1730,7 @@ type DescribeResponse struct {
 
 func (x *DescribeResponse) Reset() {
 	*x = DescribeResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1742,7 @@ func (x *DescribeResponse) String() string {
 func (*DescribeResponse) ProtoMessage() {}
 
 func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1755,7 @@ func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
 func (*DescribeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DescribeResponse) GetLock() *LockInfo {
@@ -1531,7 +1777,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1543,7 +1789,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1556,7 +1802,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -1584,7 +1830,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1596,7 +1842,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1609,7 +1855,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListResponse) GetLocks() []*LockInfo {
@@ -1660,7 +1906,7 @@ type LockInfo struct {
 
 func (x *LockInfo) Reset() {
 	*x = LockInfo{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +1918,7 @@ func (x *LockInfo) String() string {
 func (*LockInfo) ProtoMessage() {}
 
 func (x *LockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +1931,7 @@ func (x *LockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockInfo.ProtoReflect.Descriptor instead.
 func (*LockInfo) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LockInfo) GetName() string {
@@ -1788,7 +2034,7 @@ type LockHolder struct {
 
 func (x *LockHolder) Reset() {
 	*x = LockHolder{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1800,7 +2046,7 @@ func (x *LockHolder) String() string {
 func (*LockHolder) ProtoMessage() {}
 
 func (x *LockHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1813,7 +2059,7 @@ func (x *LockHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHolder.ProtoReflect.Descriptor instead.
 func (*LockHolder) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LockHolder) GetToken() uint64 {
@@ -1855,7 +2101,7 @@ type ForceReleaseRequest struct {
 
 func (x *ForceReleaseRequest) Reset() {
 	*x = ForceReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1867,7 +2113,7 @@ func (x *ForceReleaseRequest) String() string {
 func (*ForceReleaseRequest) ProtoMessage() {}
 
 func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1880,7 +2126,7 @@ func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ForceReleaseRequest) GetName() string {
@@ -1909,7 +2155,7 @@ type ForceReleaseResponse struct {
 
 func (x *ForceReleaseResponse) Reset() {
 	*x = ForceReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +2167,7 @@ func (x *ForceReleaseResponse) String() string {
 func (*ForceReleaseResponse) ProtoMessage() {}
 
 func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2180,7 @@ func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ForceReleaseResponse) GetReleasedToken() uint64 {
@@ -1961,7 +2207,7 @@ type CheckTokenRequest struct {
 
 func (x *CheckTokenRequest) Reset() {
 	*x = CheckTokenRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +2219,7 @@ func (x *CheckTokenRequest) String() string {
 func (*CheckTokenRequest) ProtoMessage() {}
 
 func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +2232,7 @@ func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenRequest.ProtoReflect.Descriptor instead.
 func (*CheckTokenRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CheckTokenRequest) GetName() string {
@@ -2015,7 +2261,7 @@ type CheckTokenResponse struct {
 
 func (x *CheckTokenResponse) Reset() {
 	*x = CheckTokenResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2273,7 @@ func (x *CheckTokenResponse) String() string {
 func (*CheckTokenResponse) ProtoMessage() {}
 
 func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2286,7 @@ func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenResponse.ProtoReflect.Descriptor instead.
 func (*CheckTokenResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CheckTokenResponse) GetCurrent() bool {
@@ -2073,7 +2319,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2331,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2344,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Fence) GetLock() string {
@@ -2135,7 +2381,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2147,7 +2393,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2160,7 +2406,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -2194,7 +2440,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2206,7 +2452,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2219,7 +2465,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -2272,7 +2518,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2284,7 +2530,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2297,7 +2543,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -2338,7 +2584,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2350,7 +2596,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2363,7 +2609,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PutResponse) GetVersion() uint64 {
@@ -2384,7 +2630,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2396,7 +2642,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2409,7 +2655,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2443,7 +2689,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2455,7 +2701,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2468,7 +2714,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -2491,7 +2737,7 @@ type KVServiceListRequest struct {
 
 func (x *KVServiceListRequest) Reset() {
 	*x = KVServiceListRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2503,7 +2749,7 @@ func (x *KVServiceListRequest) String() string {
 func (*KVServiceListRequest) ProtoMessage() {}
 
 func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2516,7 +2762,7 @@ func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListRequest.ProtoReflect.Descriptor instead.
 func (*KVServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *KVServiceListRequest) GetPrefix() string {
@@ -2550,7 +2796,7 @@ type KVServiceListResponse struct {
 
 func (x *KVServiceListResponse) Reset() {
 	*x = KVServiceListResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2562,7 +2808,7 @@ func (x *KVServiceListResponse) String() string {
 func (*KVServiceListResponse) ProtoMessage() {}
 
 func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2575,7 +2821,7 @@ func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListResponse.ProtoReflect.Descriptor instead.
 func (*KVServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *KVServiceListResponse) GetItems() []*KeyValue {
@@ -2604,7 +2850,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2616,7 +2862,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2629,7 +2875,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2674,7 +2920,7 @@ type BeginRequest struct {
 
 func (x *BeginRequest) Reset() {
 	*x = BeginRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2686,7 +2932,7 @@ func (x *BeginRequest) String() string {
 func (*BeginRequest) ProtoMessage() {}
 
 func (x *BeginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2699,7 +2945,7 @@ func (x *BeginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginRequest.ProtoReflect.Descriptor instead.
 func (*BeginRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *BeginRequest) GetKey() string {
@@ -2739,7 +2985,7 @@ type BeginResponse struct {
 
 func (x *BeginResponse) Reset() {
 	*x = BeginResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2751,7 +2997,7 @@ func (x *BeginResponse) String() string {
 func (*BeginResponse) ProtoMessage() {}
 
 func (x *BeginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2764,7 +3010,7 @@ func (x *BeginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginResponse.ProtoReflect.Descriptor instead.
 func (*BeginResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *BeginResponse) GetStatus() KeyStatus {
@@ -2808,7 +3054,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2820,7 +3066,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2833,7 +3079,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CompleteRequest) GetKey() string {
@@ -2865,7 +3111,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2877,7 +3123,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2890,7 +3136,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
 }
 
 type AbandonRequest struct {
@@ -2903,7 +3149,7 @@ type AbandonRequest struct {
 
 func (x *AbandonRequest) Reset() {
 	*x = AbandonRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2915,7 +3161,7 @@ func (x *AbandonRequest) String() string {
 func (*AbandonRequest) ProtoMessage() {}
 
 func (x *AbandonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2928,7 +3174,7 @@ func (x *AbandonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbandonRequest.ProtoReflect.Descriptor instead.
 func (*AbandonRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AbandonRequest) GetKey() string {
@@ -2953,7 +3199,7 @@ type AbandonResponse struct {
 
 func (x *AbandonResponse) Reset() {
 	*x = AbandonResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2965,7 +3211,7 @@ func (x *AbandonResponse) String() string {
 func (*AbandonResponse) ProtoMessage() {}
 
 func (x *AbandonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2978,7 +3224,7 @@ func (x *AbandonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbandonResponse.ProtoReflect.Descriptor instead.
 func (*AbandonResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
 }
 
 type IdempotencyServiceGetRequest struct {
@@ -2990,7 +3236,7 @@ type IdempotencyServiceGetRequest struct {
 
 func (x *IdempotencyServiceGetRequest) Reset() {
 	*x = IdempotencyServiceGetRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3002,7 +3248,7 @@ func (x *IdempotencyServiceGetRequest) String() string {
 func (*IdempotencyServiceGetRequest) ProtoMessage() {}
 
 func (x *IdempotencyServiceGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3015,7 +3261,7 @@ func (x *IdempotencyServiceGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyServiceGetRequest.ProtoReflect.Descriptor instead.
 func (*IdempotencyServiceGetRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *IdempotencyServiceGetRequest) GetKey() string {
@@ -3038,7 +3284,7 @@ type IdempotencyServiceGetResponse struct {
 
 func (x *IdempotencyServiceGetResponse) Reset() {
 	*x = IdempotencyServiceGetResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3050,7 +3296,7 @@ func (x *IdempotencyServiceGetResponse) String() string {
 func (*IdempotencyServiceGetResponse) ProtoMessage() {}
 
 func (x *IdempotencyServiceGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3063,7 +3309,7 @@ func (x *IdempotencyServiceGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyServiceGetResponse.ProtoReflect.Descriptor instead.
 func (*IdempotencyServiceGetResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *IdempotencyServiceGetResponse) GetStatus() KeyStatus {
@@ -3115,7 +3361,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3127,7 +3373,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3140,7 +3386,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Member) GetNodeId() string {
@@ -3193,7 +3439,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3205,7 +3451,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3218,7 +3464,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
 }
 
 type MembersResponse struct {
@@ -3230,7 +3476,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3242,7 +3488,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3255,7 +3501,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -3276,7 +3522,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3288,7 +3534,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3301,7 +3547,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AddMemberRequest) GetNodeId() string {
@@ -3334,7 +3580,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3346,7 +3592,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3359,7 +3605,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AddMemberResponse) GetMembers() []*Member {
@@ -3378,7 +3624,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3390,7 +3636,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3403,7 +3649,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RemoveMemberRequest) GetNodeId() string {
@@ -3422,7 +3668,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3434,7 +3680,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3447,7 +3693,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RemoveMemberResponse) GetMembers() []*Member {
@@ -3465,7 +3711,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3477,7 +3723,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3490,7 +3736,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
 }
 
 type StatusResponse struct {
@@ -3529,7 +3775,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3541,7 +3787,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3554,7 +3800,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -3690,7 +3936,7 @@ type FastLaneError struct {
 
 func (x *FastLaneError) Reset() {
 	*x = FastLaneError{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3702,7 +3948,7 @@ func (x *FastLaneError) String() string {
 func (*FastLaneError) ProtoMessage() {}
 
 func (x *FastLaneError) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3715,7 +3961,7 @@ func (x *FastLaneError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastLaneError.ProtoReflect.Descriptor instead.
 func (*FastLaneError) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *FastLaneError) GetCode() uint32 {
@@ -3791,7 +4037,19 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"*\n" +
 	"\rRevokeRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\x10\n" +
-	"\x0eRevokeResponse\"8\n" +
+	"\x0eRevokeResponse\"$\n" +
+	"\x0eHistoryRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"A\n" +
+	"\x0fHistoryResponse\x12.\n" +
+	"\atenures\x18\x01 \x03(\v2\x14.leasehold.v1.TenureR\atenures\"\xff\x01\n" +
+	"\x06Tenure\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\x04R\x05token\x12,\n" +
+	"\x06holder\x18\x02 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12*\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x16.leasehold.v1.LockModeR\x04mode\x12\"\n" +
+	"\rstart_unix_ms\x18\x04 \x01(\x03R\vstartUnixMs\x12\x1e\n" +
+	"\vend_unix_ms\x18\x05 \x01(\x03R\tendUnixMs\x12)\n" +
+	"\x03end\x18\x06 \x01(\x0e2\x17.leasehold.v1.TenureEndR\x03end\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\"8\n" +
 	"\bRevision\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\rR\x06offset\"T\n" +
@@ -4003,7 +4261,13 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x15LOCK_MODE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13LOCK_MODE_EXCLUSIVE\x10\x01\x12\x14\n" +
 	"\x10LOCK_MODE_SHARED\x10\x02\x12\x17\n" +
-	"\x13LOCK_MODE_SEMAPHORE\x10\x03*\xf0\x01\n" +
+	"\x13LOCK_MODE_SEMAPHORE\x10\x03*\x8f\x01\n" +
+	"\tTenureEnd\x12\x1a\n" +
+	"\x16TENURE_END_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13TENURE_END_RELEASED\x10\x01\x12\x16\n" +
+	"\x12TENURE_END_EXPIRED\x10\x02\x12\x16\n" +
+	"\x12TENURE_END_REVOKED\x10\x03\x12\x1d\n" +
+	"\x19TENURE_END_FORCE_RELEASED\x10\x04*\xf0\x01\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13EVENT_KIND_ACQUIRED\x10\x01\x12\x17\n" +
@@ -4022,7 +4286,7 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\fLeaseService\x12F\n" +
 	"\x05Grant\x12\x1a.leasehold.v1.GrantRequest\x1a\x1b.leasehold.v1.GrantResponse\"\x04\xb0\xe3\x18\x01\x12R\n" +
 	"\tKeepAlive\x12\x1e.leasehold.v1.KeepAliveRequest\x1a\x1f.leasehold.v1.KeepAliveResponse\"\x04\xb0\xe3\x18\x02\x12I\n" +
-	"\x06Revoke\x12\x1b.leasehold.v1.RevokeRequest\x1a\x1c.leasehold.v1.RevokeResponse\"\x04\xb0\xe3\x18\x032\xa5\x04\n" +
+	"\x06Revoke\x12\x1b.leasehold.v1.RevokeRequest\x1a\x1c.leasehold.v1.RevokeResponse\"\x04\xb0\xe3\x18\x032\xed\x04\n" +
 	"\vLockService\x12L\n" +
 	"\aAcquire\x12\x1c.leasehold.v1.AcquireRequest\x1a\x1d.leasehold.v1.AcquireResponse\"\x04\xb0\xe3\x18\x04\x12L\n" +
 	"\aRelease\x12\x1c.leasehold.v1.ReleaseRequest\x1a\x1d.leasehold.v1.ReleaseResponse\"\x04\xb0\xe3\x18\x05\x12I\n" +
@@ -4031,7 +4295,8 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\fForceRelease\x12!.leasehold.v1.ForceReleaseRequest\x1a\".leasehold.v1.ForceReleaseResponse\x12U\n" +
 	"\n" +
 	"CheckToken\x12\x1f.leasehold.v1.CheckTokenRequest\x1a .leasehold.v1.CheckTokenResponse\"\x04\xb0\xe3\x18\x06\x12B\n" +
-	"\x05Watch\x12\x1a.leasehold.v1.WatchRequest\x1a\x1b.leasehold.v1.WatchResponse0\x012\xab\x02\n" +
+	"\x05Watch\x12\x1a.leasehold.v1.WatchRequest\x1a\x1b.leasehold.v1.WatchResponse0\x01\x12F\n" +
+	"\aHistory\x12\x1c.leasehold.v1.HistoryRequest\x1a\x1d.leasehold.v1.HistoryResponse2\xab\x02\n" +
 	"\tKVService\x12@\n" +
 	"\x03Get\x12\x18.leasehold.v1.GetRequest\x1a\x19.leasehold.v1.GetResponse\"\x04\xb0\xe3\x18\b\x12@\n" +
 	"\x03Put\x12\x18.leasehold.v1.PutRequest\x1a\x19.leasehold.v1.PutResponse\"\x04\xb0\xe3\x18\a\x12I\n" +
@@ -4062,154 +4327,164 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 	return file_leasehold_v1_leasehold_proto_rawDescData
 }
 
-var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(LockClass)(0),                        // 0: leasehold.v1.LockClass
 	(LockMode)(0),                         // 1: leasehold.v1.LockMode
-	(EventKind)(0),                        // 2: leasehold.v1.EventKind
-	(KeyStatus)(0),                        // 3: leasehold.v1.KeyStatus
-	(*Holder)(nil),                        // 4: leasehold.v1.Holder
-	(*ErrorDetail)(nil),                   // 5: leasehold.v1.ErrorDetail
-	(*GrantRequest)(nil),                  // 6: leasehold.v1.GrantRequest
-	(*GrantResponse)(nil),                 // 7: leasehold.v1.GrantResponse
-	(*KeepAliveRequest)(nil),              // 8: leasehold.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),             // 9: leasehold.v1.KeepAliveResponse
-	(*LostLock)(nil),                      // 10: leasehold.v1.LostLock
-	(*RevokeRequest)(nil),                 // 11: leasehold.v1.RevokeRequest
-	(*RevokeResponse)(nil),                // 12: leasehold.v1.RevokeResponse
-	(*Revision)(nil),                      // 13: leasehold.v1.Revision
-	(*WatchRequest)(nil),                  // 14: leasehold.v1.WatchRequest
-	(*WatchResponse)(nil),                 // 15: leasehold.v1.WatchResponse
-	(*WatchEvent)(nil),                    // 16: leasehold.v1.WatchEvent
-	(*AcquireRequest)(nil),                // 17: leasehold.v1.AcquireRequest
-	(*AcquireResponse)(nil),               // 18: leasehold.v1.AcquireResponse
-	(*ReleaseRequest)(nil),                // 19: leasehold.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),               // 20: leasehold.v1.ReleaseResponse
-	(*DescribeRequest)(nil),               // 21: leasehold.v1.DescribeRequest
-	(*DescribeResponse)(nil),              // 22: leasehold.v1.DescribeResponse
-	(*ListRequest)(nil),                   // 23: leasehold.v1.ListRequest
-	(*ListResponse)(nil),                  // 24: leasehold.v1.ListResponse
-	(*LockInfo)(nil),                      // 25: leasehold.v1.LockInfo
-	(*LockHolder)(nil),                    // 26: leasehold.v1.LockHolder
-	(*ForceReleaseRequest)(nil),           // 27: leasehold.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil),          // 28: leasehold.v1.ForceReleaseResponse
-	(*CheckTokenRequest)(nil),             // 29: leasehold.v1.CheckTokenRequest
-	(*CheckTokenResponse)(nil),            // 30: leasehold.v1.CheckTokenResponse
-	(*Fence)(nil),                         // 31: leasehold.v1.Fence
-	(*GetRequest)(nil),                    // 32: leasehold.v1.GetRequest
-	(*GetResponse)(nil),                   // 33: leasehold.v1.GetResponse
-	(*PutRequest)(nil),                    // 34: leasehold.v1.PutRequest
-	(*PutResponse)(nil),                   // 35: leasehold.v1.PutResponse
-	(*DeleteRequest)(nil),                 // 36: leasehold.v1.DeleteRequest
-	(*DeleteResponse)(nil),                // 37: leasehold.v1.DeleteResponse
-	(*KVServiceListRequest)(nil),          // 38: leasehold.v1.KVServiceListRequest
-	(*KVServiceListResponse)(nil),         // 39: leasehold.v1.KVServiceListResponse
-	(*KeyValue)(nil),                      // 40: leasehold.v1.KeyValue
-	(*BeginRequest)(nil),                  // 41: leasehold.v1.BeginRequest
-	(*BeginResponse)(nil),                 // 42: leasehold.v1.BeginResponse
-	(*CompleteRequest)(nil),               // 43: leasehold.v1.CompleteRequest
-	(*CompleteResponse)(nil),              // 44: leasehold.v1.CompleteResponse
-	(*AbandonRequest)(nil),                // 45: leasehold.v1.AbandonRequest
-	(*AbandonResponse)(nil),               // 46: leasehold.v1.AbandonResponse
-	(*IdempotencyServiceGetRequest)(nil),  // 47: leasehold.v1.IdempotencyServiceGetRequest
-	(*IdempotencyServiceGetResponse)(nil), // 48: leasehold.v1.IdempotencyServiceGetResponse
-	(*Member)(nil),                        // 49: leasehold.v1.Member
-	(*MembersRequest)(nil),                // 50: leasehold.v1.MembersRequest
-	(*MembersResponse)(nil),               // 51: leasehold.v1.MembersResponse
-	(*AddMemberRequest)(nil),              // 52: leasehold.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),             // 53: leasehold.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),           // 54: leasehold.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),          // 55: leasehold.v1.RemoveMemberResponse
-	(*StatusRequest)(nil),                 // 56: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),                // 57: leasehold.v1.StatusResponse
-	(*FastLaneError)(nil),                 // 58: leasehold.v1.FastLaneError
-	(*descriptorpb.MethodOptions)(nil),    // 59: google.protobuf.MethodOptions
+	(TenureEnd)(0),                        // 2: leasehold.v1.TenureEnd
+	(EventKind)(0),                        // 3: leasehold.v1.EventKind
+	(KeyStatus)(0),                        // 4: leasehold.v1.KeyStatus
+	(*Holder)(nil),                        // 5: leasehold.v1.Holder
+	(*ErrorDetail)(nil),                   // 6: leasehold.v1.ErrorDetail
+	(*GrantRequest)(nil),                  // 7: leasehold.v1.GrantRequest
+	(*GrantResponse)(nil),                 // 8: leasehold.v1.GrantResponse
+	(*KeepAliveRequest)(nil),              // 9: leasehold.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),             // 10: leasehold.v1.KeepAliveResponse
+	(*LostLock)(nil),                      // 11: leasehold.v1.LostLock
+	(*RevokeRequest)(nil),                 // 12: leasehold.v1.RevokeRequest
+	(*RevokeResponse)(nil),                // 13: leasehold.v1.RevokeResponse
+	(*HistoryRequest)(nil),                // 14: leasehold.v1.HistoryRequest
+	(*HistoryResponse)(nil),               // 15: leasehold.v1.HistoryResponse
+	(*Tenure)(nil),                        // 16: leasehold.v1.Tenure
+	(*Revision)(nil),                      // 17: leasehold.v1.Revision
+	(*WatchRequest)(nil),                  // 18: leasehold.v1.WatchRequest
+	(*WatchResponse)(nil),                 // 19: leasehold.v1.WatchResponse
+	(*WatchEvent)(nil),                    // 20: leasehold.v1.WatchEvent
+	(*AcquireRequest)(nil),                // 21: leasehold.v1.AcquireRequest
+	(*AcquireResponse)(nil),               // 22: leasehold.v1.AcquireResponse
+	(*ReleaseRequest)(nil),                // 23: leasehold.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),               // 24: leasehold.v1.ReleaseResponse
+	(*DescribeRequest)(nil),               // 25: leasehold.v1.DescribeRequest
+	(*DescribeResponse)(nil),              // 26: leasehold.v1.DescribeResponse
+	(*ListRequest)(nil),                   // 27: leasehold.v1.ListRequest
+	(*ListResponse)(nil),                  // 28: leasehold.v1.ListResponse
+	(*LockInfo)(nil),                      // 29: leasehold.v1.LockInfo
+	(*LockHolder)(nil),                    // 30: leasehold.v1.LockHolder
+	(*ForceReleaseRequest)(nil),           // 31: leasehold.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),          // 32: leasehold.v1.ForceReleaseResponse
+	(*CheckTokenRequest)(nil),             // 33: leasehold.v1.CheckTokenRequest
+	(*CheckTokenResponse)(nil),            // 34: leasehold.v1.CheckTokenResponse
+	(*Fence)(nil),                         // 35: leasehold.v1.Fence
+	(*GetRequest)(nil),                    // 36: leasehold.v1.GetRequest
+	(*GetResponse)(nil),                   // 37: leasehold.v1.GetResponse
+	(*PutRequest)(nil),                    // 38: leasehold.v1.PutRequest
+	(*PutResponse)(nil),                   // 39: leasehold.v1.PutResponse
+	(*DeleteRequest)(nil),                 // 40: leasehold.v1.DeleteRequest
+	(*DeleteResponse)(nil),                // 41: leasehold.v1.DeleteResponse
+	(*KVServiceListRequest)(nil),          // 42: leasehold.v1.KVServiceListRequest
+	(*KVServiceListResponse)(nil),         // 43: leasehold.v1.KVServiceListResponse
+	(*KeyValue)(nil),                      // 44: leasehold.v1.KeyValue
+	(*BeginRequest)(nil),                  // 45: leasehold.v1.BeginRequest
+	(*BeginResponse)(nil),                 // 46: leasehold.v1.BeginResponse
+	(*CompleteRequest)(nil),               // 47: leasehold.v1.CompleteRequest
+	(*CompleteResponse)(nil),              // 48: leasehold.v1.CompleteResponse
+	(*AbandonRequest)(nil),                // 49: leasehold.v1.AbandonRequest
+	(*AbandonResponse)(nil),               // 50: leasehold.v1.AbandonResponse
+	(*IdempotencyServiceGetRequest)(nil),  // 51: leasehold.v1.IdempotencyServiceGetRequest
+	(*IdempotencyServiceGetResponse)(nil), // 52: leasehold.v1.IdempotencyServiceGetResponse
+	(*Member)(nil),                        // 53: leasehold.v1.Member
+	(*MembersRequest)(nil),                // 54: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),               // 55: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),              // 56: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),             // 57: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),           // 58: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),          // 59: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),                 // 60: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),                // 61: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),                 // 62: leasehold.v1.FastLaneError
+	(*descriptorpb.MethodOptions)(nil),    // 63: google.protobuf.MethodOptions
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
-	4,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
-	10, // 1: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
-	13, // 2: leasehold.v1.WatchRequest.start:type_name -> leasehold.v1.Revision
-	16, // 3: leasehold.v1.WatchResponse.events:type_name -> leasehold.v1.WatchEvent
-	13, // 4: leasehold.v1.WatchResponse.next:type_name -> leasehold.v1.Revision
-	13, // 5: leasehold.v1.WatchEvent.revision:type_name -> leasehold.v1.Revision
-	2,  // 6: leasehold.v1.WatchEvent.kind:type_name -> leasehold.v1.EventKind
-	0,  // 7: leasehold.v1.WatchEvent.class:type_name -> leasehold.v1.LockClass
-	4,  // 8: leasehold.v1.WatchEvent.holder:type_name -> leasehold.v1.Holder
-	1,  // 9: leasehold.v1.WatchEvent.mode:type_name -> leasehold.v1.LockMode
-	0,  // 10: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
-	4,  // 11: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
-	1,  // 12: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
-	0,  // 13: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
-	25, // 14: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
-	25, // 15: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
-	0,  // 16: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
-	4,  // 17: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
-	1,  // 18: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
-	26, // 19: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
-	4,  // 20: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
-	31, // 21: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
-	31, // 22: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
-	40, // 23: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
-	4,  // 24: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
-	3,  // 25: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
-	4,  // 26: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
-	3,  // 27: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
-	4,  // 28: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
-	49, // 29: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	49, // 30: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	49, // 31: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	5,  // 32: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	59, // 33: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	6,  // 34: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	8,  // 35: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	11, // 36: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	17, // 37: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	19, // 38: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	21, // 39: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	23, // 40: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	27, // 41: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	29, // 42: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	14, // 43: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
-	32, // 44: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	34, // 45: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	36, // 46: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	38, // 47: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	41, // 48: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
-	43, // 49: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
-	45, // 50: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
-	47, // 51: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
-	56, // 52: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	50, // 53: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	52, // 54: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	54, // 55: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	7,  // 56: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	9,  // 57: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	12, // 58: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	18, // 59: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	20, // 60: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	22, // 61: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	24, // 62: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	28, // 63: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	30, // 64: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	15, // 65: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
-	33, // 66: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	35, // 67: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	37, // 68: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	39, // 69: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	42, // 70: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
-	44, // 71: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
-	46, // 72: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
-	48, // 73: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
-	57, // 74: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	51, // 75: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	53, // 76: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	55, // 77: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	56, // [56:78] is the sub-list for method output_type
-	34, // [34:56] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	33, // [33:34] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	5,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
+	11, // 1: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
+	16, // 2: leasehold.v1.HistoryResponse.tenures:type_name -> leasehold.v1.Tenure
+	5,  // 3: leasehold.v1.Tenure.holder:type_name -> leasehold.v1.Holder
+	1,  // 4: leasehold.v1.Tenure.mode:type_name -> leasehold.v1.LockMode
+	2,  // 5: leasehold.v1.Tenure.end:type_name -> leasehold.v1.TenureEnd
+	17, // 6: leasehold.v1.WatchRequest.start:type_name -> leasehold.v1.Revision
+	20, // 7: leasehold.v1.WatchResponse.events:type_name -> leasehold.v1.WatchEvent
+	17, // 8: leasehold.v1.WatchResponse.next:type_name -> leasehold.v1.Revision
+	17, // 9: leasehold.v1.WatchEvent.revision:type_name -> leasehold.v1.Revision
+	3,  // 10: leasehold.v1.WatchEvent.kind:type_name -> leasehold.v1.EventKind
+	0,  // 11: leasehold.v1.WatchEvent.class:type_name -> leasehold.v1.LockClass
+	5,  // 12: leasehold.v1.WatchEvent.holder:type_name -> leasehold.v1.Holder
+	1,  // 13: leasehold.v1.WatchEvent.mode:type_name -> leasehold.v1.LockMode
+	0,  // 14: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
+	5,  // 15: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
+	1,  // 16: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
+	0,  // 17: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
+	29, // 18: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
+	29, // 19: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
+	0,  // 20: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
+	5,  // 21: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
+	1,  // 22: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
+	30, // 23: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
+	5,  // 24: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
+	35, // 25: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
+	35, // 26: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
+	44, // 27: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
+	5,  // 28: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
+	4,  // 29: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
+	5,  // 30: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
+	4,  // 31: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
+	5,  // 32: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
+	53, // 33: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	53, // 34: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	53, // 35: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	6,  // 36: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	63, // 37: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	7,  // 38: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	9,  // 39: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	12, // 40: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	21, // 41: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	23, // 42: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	25, // 43: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	27, // 44: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	31, // 45: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	33, // 46: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	18, // 47: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
+	14, // 48: leasehold.v1.LockService.History:input_type -> leasehold.v1.HistoryRequest
+	36, // 49: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	38, // 50: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	40, // 51: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	42, // 52: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	45, // 53: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
+	47, // 54: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
+	49, // 55: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
+	51, // 56: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
+	60, // 57: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	54, // 58: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	56, // 59: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	58, // 60: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	8,  // 61: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	10, // 62: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	13, // 63: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	22, // 64: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	24, // 65: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	26, // 66: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	28, // 67: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	32, // 68: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	34, // 69: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	19, // 70: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
+	15, // 71: leasehold.v1.LockService.History:output_type -> leasehold.v1.HistoryResponse
+	37, // 72: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	39, // 73: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	41, // 74: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	43, // 75: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	46, // 76: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	48, // 77: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	50, // 78: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	52, // 79: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	61, // 80: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	55, // 81: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	57, // 82: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	59, // 83: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	61, // [61:84] is the sub-list for method output_type
+	38, // [38:61] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	37, // [37:38] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -4217,15 +4492,15 @@ func file_leasehold_v1_leasehold_proto_init() {
 	if File_leasehold_v1_leasehold_proto != nil {
 		return
 	}
-	file_leasehold_v1_leasehold_proto_msgTypes[30].OneofWrappers = []any{}
-	file_leasehold_v1_leasehold_proto_msgTypes[32].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[33].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[35].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   55,
+			NumEnums:      5,
+			NumMessages:   58,
 			NumExtensions: 1,
 			NumServices:   5,
 		},

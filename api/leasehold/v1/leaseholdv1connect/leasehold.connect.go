@@ -80,6 +80,8 @@ const (
 	LockServiceCheckTokenProcedure = "/leasehold.v1.LockService/CheckToken"
 	// LockServiceWatchProcedure is the fully-qualified name of the LockService's Watch RPC.
 	LockServiceWatchProcedure = "/leasehold.v1.LockService/Watch"
+	// LockServiceHistoryProcedure is the fully-qualified name of the LockService's History RPC.
+	LockServiceHistoryProcedure = "/leasehold.v1.LockService/History"
 	// KVServiceGetProcedure is the fully-qualified name of the KVService's Get RPC.
 	KVServiceGetProcedure = "/leasehold.v1.KVService/Get"
 	// KVServicePutProcedure is the fully-qualified name of the KVService's Put RPC.
@@ -300,6 +302,12 @@ type LockServiceClient interface {
 	// misses nothing and repeats nothing. Served by the leader (others relay it); it ends
 	// Unavailable when that node stops leading. Connect only (no fast lane).
 	Watch(context.Context, *v1.WatchRequest) (*connect.ServerStreamForClient[v1.WatchResponse], error)
+	// History shows the ledger of a correctness lock: its last tenures (a bounded number
+	// per lock and in all, the oldest dropped first), oldest first, then its holds still
+	// open. Replicated: it survives leader changes and snapshot restores. Times are the
+	// leader's wall clock when it proposed the grant and the end, for display only.
+	// Efficiency locks have no ledger (their holds never enter the log).
+	History(context.Context, *v1.HistoryRequest) (*v1.HistoryResponse, error)
 }
 
 // NewLockServiceClient constructs a client for the leasehold.v1.LockService service. By default, it
@@ -355,6 +363,12 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(lockServiceMethods.ByName("Watch")),
 			connect.WithClientOptions(opts...),
 		),
+		history: connect.NewClient[v1.HistoryRequest, v1.HistoryResponse](
+			httpClient,
+			baseURL+LockServiceHistoryProcedure,
+			connect.WithSchema(lockServiceMethods.ByName("History")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -367,6 +381,7 @@ type lockServiceClient struct {
 	forceRelease *connect.Client[v1.ForceReleaseRequest, v1.ForceReleaseResponse]
 	checkToken   *connect.Client[v1.CheckTokenRequest, v1.CheckTokenResponse]
 	watch        *connect.Client[v1.WatchRequest, v1.WatchResponse]
+	history      *connect.Client[v1.HistoryRequest, v1.HistoryResponse]
 }
 
 // Acquire calls leasehold.v1.LockService.Acquire.
@@ -428,6 +443,15 @@ func (c *lockServiceClient) Watch(ctx context.Context, req *v1.WatchRequest) (*c
 	return c.watch.CallServerStream(ctx, connect.NewRequest(req))
 }
 
+// History calls leasehold.v1.LockService.History.
+func (c *lockServiceClient) History(ctx context.Context, req *v1.HistoryRequest) (*v1.HistoryResponse, error) {
+	response, err := c.history.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // LockServiceHandler is an implementation of the leasehold.v1.LockService service.
 type LockServiceHandler interface {
 	// Acquire takes the lock `name` for the lease in `mode`, or queues the lease FIFO
@@ -469,6 +493,12 @@ type LockServiceHandler interface {
 	// misses nothing and repeats nothing. Served by the leader (others relay it); it ends
 	// Unavailable when that node stops leading. Connect only (no fast lane).
 	Watch(context.Context, *v1.WatchRequest, *connect.ServerStream[v1.WatchResponse]) error
+	// History shows the ledger of a correctness lock: its last tenures (a bounded number
+	// per lock and in all, the oldest dropped first), oldest first, then its holds still
+	// open. Replicated: it survives leader changes and snapshot restores. Times are the
+	// leader's wall clock when it proposed the grant and the end, for display only.
+	// Efficiency locks have no ledger (their holds never enter the log).
+	History(context.Context, *v1.HistoryRequest) (*v1.HistoryResponse, error)
 }
 
 // NewLockServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -520,6 +550,12 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(lockServiceMethods.ByName("Watch")),
 		connect.WithHandlerOptions(opts...),
 	)
+	lockServiceHistoryHandler := connect.NewUnaryHandlerSimple(
+		LockServiceHistoryProcedure,
+		svc.History,
+		connect.WithSchema(lockServiceMethods.ByName("History")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.v1.LockService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LockServiceAcquireProcedure:
@@ -536,6 +572,8 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 			lockServiceCheckTokenHandler.ServeHTTP(w, r)
 		case LockServiceWatchProcedure:
 			lockServiceWatchHandler.ServeHTTP(w, r)
+		case LockServiceHistoryProcedure:
+			lockServiceHistoryHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -571,6 +609,10 @@ func (UnimplementedLockServiceHandler) CheckToken(context.Context, *v1.CheckToke
 
 func (UnimplementedLockServiceHandler) Watch(context.Context, *v1.WatchRequest, *connect.ServerStream[v1.WatchResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.LockService.Watch is not implemented"))
+}
+
+func (UnimplementedLockServiceHandler) History(context.Context, *v1.HistoryRequest) (*v1.HistoryResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.LockService.History is not implemented"))
 }
 
 // KVServiceClient is a client for the leasehold.v1.KVService service.
