@@ -18,6 +18,7 @@ import (
 	"github.com/leasehold/leasehold/internal/clustertest"
 	"github.com/leasehold/leasehold/internal/reason"
 	"github.com/leasehold/leasehold/internal/testnode"
+	"github.com/leasehold/leasehold/server"
 	"github.com/leasehold/leasehold/service"
 )
 
@@ -419,4 +420,39 @@ func TestFollowAcrossLeaderChange(t *testing.T) {
 	n := len(w.floors)
 	w.mu.Unlock()
 	t.Logf("%d floors raised; leader %s cut off", n, old.ID)
+}
+
+// TestIsCompacted: the server's answer to a watch below its retained history is what
+// Follow takes for "compacted" (and re-reads the state on); other errors are not.
+func TestIsCompacted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a leasehold node")
+	}
+	node := testnode.StartWith(t, func(cfg *service.Config) { cfg.Server = server.Config{WatchRetention: 4} })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, node.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close(ctx) }()
+	for i := range 5 {
+		l, err := c.Lock(ctx, fmt.Sprintf("ic/%d", i), client.Correctness)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = l.Unlock(ctx)
+	}
+	for _, err := range c.Watch(ctx, "", client.WatchFrom(&leaseholdv1.Revision{Index: 1})) {
+		if !isCompacted(err) {
+			t.Fatalf("watch below the history: %v, not taken for compacted", err)
+		}
+		break
+	}
+	for _, err := range []error{nil, context.Canceled, connect.NewError(connect.CodeFailedPrecondition, errors.New("class_conflict")),
+		connect.NewError(connect.CodeUnavailable, errors.New("oldest revision held"))} {
+		if isCompacted(err) {
+			t.Errorf("isCompacted(%v) = true", err)
+		}
+	}
 }
