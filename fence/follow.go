@@ -227,7 +227,7 @@ func (f *follower) resync(ctx context.Context) (*leaseholdv1.Revision, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if final(err) {
+		if permanent(err) {
 			return nil, err
 		}
 		f.o.logger.Warn("fence: Follow could not read the lock state; retrying", "prefix", f.prefix, "err", err)
@@ -341,8 +341,8 @@ func isCompacted(err error) bool {
 	return strings.Contains(ce.Message(), "oldest revision held")
 }
 
-// final reports whether a failed re-read cannot succeed by retrying.
-func final(err error) bool {
+// permanent reports whether a failed re-read cannot succeed by retrying.
+func permanent(err error) bool {
 	switch connect.CodeOf(err) {
 	case connect.CodePermissionDenied, connect.CodeUnauthenticated, connect.CodeInvalidArgument:
 		return true

@@ -19,7 +19,8 @@ import (
 // example with SQL inside the same transaction as the write.
 //
 // Memory never forgets a resource while it lives: the map grows by one entry per resource
-// name ever admitted. Use it for a bounded set of resources.
+// name ever admitted or floored (Follow floors every exclusive correctness lock under its
+// prefix that is released or granted). Use it for a bounded set of resources.
 type Memory struct {
 	mu      sync.Mutex
 	highest map[string]uint64 // resource -> highest admitted token; guarded by mu

@@ -15,7 +15,8 @@ type DB interface {
 
 // Floors returns the Floorer of the guard's table in db, for Follow. Each Floor is one
 // upsert in its own transaction (autocommit) that raises the resource's stored token to
-// ended+1 unless it is higher already, and inserts the row if there is none; it waits
+// ended+1 unless it is higher already, and inserts the row if there is none (so under
+// Follow the table gets a row for every exclusive lock of the prefix); it waits
 // for a fenced transaction that holds the row (PostgreSQL) or the database (SQLite) and
 // commits at once after it. From its commit on, every Admit of a token <= ended for the
 // resource returns a *StaleError (naming ended+1 as the highest). A transaction that
