@@ -2,10 +2,12 @@ package fence
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"iter"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -455,4 +457,54 @@ func TestIsCompacted(t *testing.T) {
 			t.Errorf("isCompacted(%v) = true", err)
 		}
 	}
+}
+
+// BenchmarkFloor: one Floor, the write Follow makes per exclusive grant and per end,
+// on 64 resources in turn. PostgreSQL runs when LEASEHOLD_TEST_POSTGRES is set.
+func BenchmarkFloor(b *testing.B) {
+	for _, g := range []struct{ name, driver, dsn string }{
+		{"memory", "", ""},
+		{"sqlite", "sqlite", "file:" + filepath.Join(b.TempDir(), "f.db") + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)"},
+		{"postgres", "pgx", os.Getenv(postgresEnv)},
+	} {
+		b.Run(g.name, func(b *testing.B) {
+			var f Floorer = NewMemory()
+			if g.driver != "" {
+				f = benchSQLFloors(b, g.driver, g.dsn)
+			}
+			ctx := context.Background()
+			var n uint64
+			for b.Loop() {
+				n++
+				if err := f.Floor(ctx, fmt.Sprintf("b/%d", n%64), n); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func benchSQLFloors(b *testing.B, driver, dsn string) Floorer {
+	if dsn == "" {
+		b.Skip(postgresEnv + " is not set")
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = db.Close() })
+	d := SQLite
+	if driver == "pgx" {
+		d = Postgres
+	}
+	table := fmt.Sprintf("fence_bench_%d", time.Now().UnixNano())
+	g, err := NewSQL(d, table)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := g.Migrate(context.Background(), db); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _, _ = db.Exec("DROP TABLE " + table) })
+	return g.Floors(db)
 }
