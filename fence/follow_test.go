@@ -342,14 +342,20 @@ func TestFollowAfterCompacted(t *testing.T) {
 	}
 }
 
-// TestFollowAcrossLeaderChange: on a three-node cluster whose leader is cut off while
-// eight workers take and give back locks, Follow's watch resumes on the new leader and
+// TestFollowAcrossLeaderChange: for each guard, on a three-node cluster whose leader is
+// cut off while eight workers take and give back locks, Follow's watch resumes on the new leader and
 // misses no end: afterwards every released token is rejected for its lock, and no
 // holder's own write was ever rejected while it held its lock.
 func TestFollowAcrossLeaderChange(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a three-node cluster")
 	}
+	for _, g := range floorGuards(t) {
+		t.Run(g.name, func(t *testing.T) { testFollowAcrossLeaderChange(t, g) })
+	}
+}
+
+func testFollowAcrossLeaderChange(t *testing.T, g floorGuard) {
 	cl := clustertest.MakeCluster(t, 3, clustertest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -361,7 +367,6 @@ func TestFollowAcrossLeaderChange(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close(context.Background()) })
 		return c
 	}
-	g := memoryFloorGuard()
 	w := newFloorWaiter()
 	followed(t, dial(), "lc/", g.floors, w.raised)
 
