@@ -127,6 +127,11 @@ func OnReady(f func()) FollowOption { return func(o *followOptions) { o.onReady 
 //     admitted once, as without Follow.
 //   - A floor the guard fails to store (its database is down) is retried with backoff
 //     until it is stored or ctx ends; later events wait for it.
+//
+// Floors are written in rounds: the events that arrived while one round was being
+// written make the next (per resource the highest floor; for the SQL guard one
+// transaction), so a slow guard falls behind by rounds, not by events. OnFloor hears of
+// each floor after its round is stored.
 func Follow(ctx context.Context, w Watcher, prefix string, guard Floorer, opts ...FollowOption) error {
 	o := followOptions{logger: slog.Default()}
 	for _, opt := range opts {
@@ -172,24 +177,106 @@ func (f *follower) run(ctx context.Context) error {
 	}
 }
 
+// watched is one item of a watch: an event, or the error that ended it.
+type watched struct {
+	e   *leaseholdv1.WatchEvent
+	err error
+}
+
+// maxBatch bounds how many floors Follow raises in one round: events that arrive while
+// a round is being written are folded into the next one (per resource, the highest).
+const maxBatch = 1024
+
 // watch applies the events from start until the watch fails, and says how many it got.
+// A goroutine of its own reads the stream, so that events arriving while floors are
+// being written wait in a buffer and are written together (one transaction for the SQL
+// guard) instead of one round trip each.
 func (f *follower) watch(ctx context.Context, start *leaseholdv1.Revision) (int, error) {
-	n := 0
-	for e, err := range f.w.Watch(ctx, f.prefix, client.WatchFrom(start)) {
-		if err != nil {
-			return n, err
-		}
-		n++
-		if resource, ended, ok := floorOf(e); ok {
-			if err := f.floor(ctx, Raised{Resource: resource, Ended: ended, Kind: e.GetKind()}); err != nil {
-				return n, err
+	wctx, cancel := context.WithCancel(ctx)
+	items := make(chan watched, maxBatch)
+	done := make(chan struct{})
+	go func() { // ends when the watch fails or wctx ends; watch waits for it
+		defer close(done)
+		defer close(items)
+		for e, err := range f.w.Watch(wctx, f.prefix, client.WatchFrom(start)) {
+			select {
+			case items <- watched{e: e, err: err}:
+			case <-wctx.Done():
+				return
+			}
+			if err != nil {
+				return
 			}
 		}
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	n := 0
+	for {
+		// One round: wait for an item, then take what else is already waiting.
+		var it watched
+		var open bool
+		select {
+		case it, open = <-items:
+		case <-ctx.Done():
+			return n, ctx.Err()
+		}
+		var round round
+		var end error
+		for {
+			if !open {
+				if end = ctx.Err(); end == nil {
+					end = errors.New("fence: the watch ended without an error")
+				}
+				break
+			}
+			if it.err != nil {
+				end = it.err
+				break
+			}
+			n++
+			if resource, ended, ok := floorOf(it.e); ok {
+				round.add(Raised{Resource: resource, Ended: ended, Kind: it.e.GetKind()})
+			}
+			if len(round.floors) >= maxBatch {
+				break
+			}
+			select {
+			case it, open = <-items:
+				continue
+			default:
+			}
+			break
+		}
+		if err := f.raise(ctx, round.floors); err != nil {
+			return n, err
+		}
+		if end != nil {
+			return n, end
+		}
 	}
-	if err := ctx.Err(); err != nil {
-		return n, err
+}
+
+// round is the floors of one round, the highest per resource, in first-seen order.
+type round struct {
+	floors []Raised
+	at     map[string]int // resource -> index in floors
+}
+
+func (r *round) add(f Raised) {
+	if i, ok := r.at[f.Resource]; ok {
+		if f.Ended > r.floors[i].Ended {
+			r.floors[i] = f
+		}
+		return
 	}
-	return n, errors.New("fence: the watch ended without an error")
+	if r.at == nil {
+		r.at = make(map[string]int)
+	}
+	r.at[f.Resource] = len(r.floors)
+	r.floors = append(r.floors, f)
 }
 
 // floorOf returns the floor event e implies: an exclusive hold that ended floors its
@@ -280,10 +367,16 @@ func (f *follower) resyncOnce(ctx context.Context) (*leaseholdv1.Revision, error
 			floors[r] = ended
 		}
 	}
+	raised := make([]Raised, 0, len(floors))
 	for r, ended := range floors {
-		if err := f.floor(ctx, Raised{Resource: r, Ended: ended}); err != nil {
+		raised = append(raised, Raised{Resource: r, Ended: ended})
+	}
+	for len(raised) > 0 {
+		k := min(len(raised), maxBatch)
+		if err := f.raise(ctx, raised[:k]); err != nil {
 			return nil, err
 		}
+		raised = raised[k:]
 	}
 	return &leaseholdv1.Revision{Index: st.GetAppliedIndex()}, nil
 }
@@ -301,26 +394,49 @@ func stateFloor(l *leaseholdv1.LockInfo, last uint64) (uint64, bool) {
 	return low - 1, low > 1
 }
 
-// floor raises one floor, retrying while the guard fails, and tells the hook.
-func (f *follower) floor(ctx context.Context, r Raised) error {
+// batchFloorer is a Floorer that raises several floors in one write (the SQL guard: one
+// transaction).
+type batchFloorer interface {
+	floorBatch(ctx context.Context, floors []Raised) error
+}
+
+// raise puts floors in place, retrying while the guard fails, and tells the hook about
+// each.
+func (f *follower) raise(ctx context.Context, floors []Raised) error {
+	if len(floors) == 0 {
+		return nil
+	}
+	write := func() error {
+		if bf, ok := f.guard.(batchFloorer); ok && len(floors) > 1 {
+			return bf.floorBatch(ctx, floors)
+		}
+		for _, r := range floors {
+			if err := f.guard.Floor(ctx, r.Resource, r.Ended); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for b := time.Duration(0); ; b = nextBackoff(b) {
 		if b > 0 {
 			if err := sleepCtx(ctx, b); err != nil {
 				return err
 			}
 		}
-		err := f.guard.Floor(ctx, r.Resource, r.Ended)
+		err := write()
 		if err == nil {
 			break
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		f.o.logger.Error("fence: Follow could not raise a floor; retrying",
-			"resource", r.Resource, "ended", r.Ended, "err", err)
+		f.o.logger.Error("fence: Follow could not raise floors; retrying",
+			"floors", len(floors), "first", floors[0].Resource, "err", err)
 	}
 	if f.o.onFloor != nil {
-		f.o.onFloor(r)
+		for _, r := range floors {
+			f.o.onFloor(r)
+		}
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -486,6 +487,27 @@ func BenchmarkFloor(b *testing.B) {
 				}
 			}
 		})
+		if g.driver == "" {
+			continue
+		}
+		// A round of 64 floors, as Follow writes the events that waited: ns/op is per floor.
+		b.Run(g.name+"-round64", func(b *testing.B) {
+			fl := &follower{guard: benchSQLFloors(b, g.driver, g.dsn), o: followOptions{logger: slog.Default()}}
+			ctx := context.Background()
+			floors := make([]Raised, 64)
+			var n uint64
+			for b.Loop() {
+				n++
+				if n%64 == 0 {
+					for i := range floors {
+						floors[i] = Raised{Resource: fmt.Sprintf("b/%d", i), Ended: n + uint64(i)}
+					}
+					if err := fl.raise(ctx, floors); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
 	}
 }
 
@@ -512,4 +534,33 @@ func benchSQLFloors(b *testing.B, driver, dsn string) Floorer {
 	}
 	b.Cleanup(func() { _, _ = db.Exec("DROP TABLE " + table) })
 	return g.Floors(db)
+}
+
+// TestFloorBatch: the floors Follow writes together — the highest per resource of a
+// round, in one transaction for the SQL guard — are each in place afterwards.
+func TestFloorBatch(t *testing.T) {
+	var r round
+	for _, f := range []Raised{{Resource: "fb/a", Ended: 5}, {Resource: "fb/b", Ended: 7}, {Resource: "fb/a", Ended: 9}, {Resource: "fb/a", Ended: 6}} {
+		r.add(f)
+	}
+	if want := []Raised{{Resource: "fb/a", Ended: 9}, {Resource: "fb/b", Ended: 7}}; !slices.Equal(r.floors, want) {
+		t.Fatalf("round = %v, want %v", r.floors, want)
+	}
+	ctx := context.Background()
+	for _, g := range floorGuards(t) {
+		t.Run(g.name, func(t *testing.T) {
+			var got []Raised
+			f := &follower{guard: g.floors, o: followOptions{logger: slog.Default(), onFloor: func(r Raised) { got = append(got, r) }}}
+			if err := f.raise(ctx, r.floors); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, r.floors) {
+				t.Errorf("hook got %v, want %v", got, r.floors)
+			}
+			floorStale(t, g, "fb/a", 9)
+			floorStale(t, g, "fb/b", 7)
+			floorAdmitted(t, g, "fb/a", 10)
+			floorAdmitted(t, g, "fb/b", 8)
+		})
+	}
 }

@@ -4,13 +4,16 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 )
 
-// DB runs statements and queries outside a caller's transaction; *sql.DB satisfies it.
+// DB runs statements, queries and transactions of its own; *sql.DB satisfies it.
 type DB interface {
 	Execer
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
 
 // Floors returns the Floorer of the guard's table in db, for Follow. Each Floor is one
@@ -22,6 +25,9 @@ type DB interface {
 // resource returns a *StaleError (naming ended+1 as the highest). A transaction that
 // had already admitted such a token before the floor committed may still commit its
 // write: it is ordered before the floor.
+//
+// When Follow has several floors to raise at once (events that arrived while it was
+// writing), it writes them in one transaction, in resource order, instead.
 //
 // Floor returns an error wrapping ErrMalformedToken when ended+1 is above MaxSQLToken,
 // a context error unchanged, and any other database error wrapped. Resources lists the
@@ -39,6 +45,31 @@ func (f *sqlFloors) Floor(ctx context.Context, resource string, ended uint64) er
 	}
 	if _, err := f.db.ExecContext(ctx, f.s.floor, resource, int64(ended)+1); err != nil {
 		return passContext(err, fmt.Sprintf("fence: raise the floor of %q above %d", resource, ended))
+	}
+	return nil
+}
+
+// floorBatch raises floors in one transaction, in resource order (so that two batches
+// never wait for each other's rows in opposite orders).
+func (f *sqlFloors) floorBatch(ctx context.Context, floors []Raised) error {
+	for _, r := range floors {
+		if r.Ended >= MaxSQLToken {
+			return f.Floor(ctx, r.Resource, r.Ended) // its error
+		}
+	}
+	sorted := slices.SortedFunc(slices.Values(floors), func(a, b Raised) int { return strings.Compare(a.Resource, b.Resource) })
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		return passContext(err, "fence: begin a transaction for floors")
+	}
+	defer func() { _ = tx.Rollback() }()
+	for _, r := range sorted {
+		if _, err := tx.ExecContext(ctx, f.s.floor, r.Resource, int64(r.Ended)+1); err != nil {
+			return passContext(err, fmt.Sprintf("fence: raise the floor of %q above %d", r.Resource, r.Ended))
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return passContext(err, fmt.Sprintf("fence: commit %d floors", len(floors)))
 	}
 	return nil
 }
