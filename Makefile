@@ -76,8 +76,8 @@ clean:
 
 .PHONY: bench-quick bench-peers-install
 
-bench-quick: ## about a minute: uncontended W=1 and 64 and contended, leasehold both classes, Redis both modes, etcd and ZooKeeper when installed; results in bench/out/quick.*
-	cd bench && $(GO) run ./cmd/lockbench -root .. -out out -name quick -systems leasehold-efficiency,leasehold-correctness,redis-mem,redis-aof,etcd,zookeeper -scenarios uncontended-1,uncontended-64,contended-16 -duration 2s -warmup 1s -timeout 10m $(BENCH_ARGS)
+bench-quick: ## about three minutes: uncontended W=1, 16 and 64 and contended; leasehold both classes with both recipes (Sessions on a shared client, a client per worker), Redis both modes through go-redis and rueidis, etcd and ZooKeeper when installed; results in bench/out/quick.*
+	cd bench && $(GO) run ./cmd/lockbench -root .. -out out -name quick -systems leasehold-efficiency,leasehold-efficiency-per-worker,leasehold-correctness,leasehold-correctness-per-worker,redis-mem,redis-mem-rueidis,redis-aof,redis-aof-rueidis,etcd,zookeeper -scenarios uncontended-1,uncontended-16,uncontended-64,contended-16 -duration 2s -warmup 1s -timeout 15m $(BENCH_ARGS)
 
 bench-peers-install: ## install the benchmark's peers from Debian: redis-server (7), etcd-server, zookeeper (pulls a JRE); the benchmark runs its own servers, never the packages' services
 	$$( [ "$$(id -u)" -eq 0 ] || echo sudo ) apt-get update

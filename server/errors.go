@@ -118,6 +118,7 @@ func Classify(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
 		detail.HolderToken = lh.HolderToken
 		detail.Holder = holderToProto(lh.Holder)
 		detail.HeldLock = lh.Name
+		detail.Explanation = explanationToProto(lh.Explain)
 	}
 	if st := new(core.StaleTokenError); errors.As(err, &st) {
 		detail.HighestToken = st.Highest
@@ -171,3 +172,25 @@ type limitError struct {
 }
 
 func (e *limitError) Error() string { return e.field + ": " + e.msg }
+
+// explanationToProto is an explained answer as ErrorDetail carries it (nil: none).
+func explanationToProto(e *leader.Explanation) *leaseholdv1.HeldExplanation {
+	if e == nil {
+		return nil
+	}
+	out := &leaseholdv1.HeldExplanation{
+		QueueLength: uint32(e.QueueLength), Position: uint32(e.Position),
+		Reason: leaseholdv1.HeldReason(e.Reason), HeldMode: modeToProto(e.HeldMode),
+	}
+	if !e.DelayUntil.IsZero() {
+		out.DelayUntilUnixMs = e.DelayUntil.UnixMilli()
+	}
+	for _, h := range e.Holders {
+		hb := &leaseholdv1.HeldBy{Token: h.Token, Holder: holderToProto(h.Holder)}
+		if !h.Since.IsZero() {
+			hb.SinceUnixMs = h.Since.UnixMilli()
+		}
+		out.Holders = append(out.Holders, hb)
+	}
+	return out
+}

@@ -65,21 +65,29 @@ type rawAnswer struct {
 // over w and returns the answer. header adds request headers. An error means no answer
 // could be read at all.
 func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire, body []byte, header http.Header) (rawAnswer, error) {
+	stream := isStream(procedure) && (w == connectJSON || w == connectProto)
+	if stream {
+		body = envelope(0, body) // Connect's streaming protocol: the one request enveloped
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+procedure, bytes.NewReader(body))
 	if err != nil {
 		return rawAnswer{}, err
 	}
 	hc := c.h1
-	switch w {
-	case connectJSON:
+	switch {
+	case stream && w == connectJSON:
+		req.Header.Set("Content-Type", "application/connect+json")
+	case stream:
+		req.Header.Set("Content-Type", "application/connect+proto")
+	case w == connectJSON:
 		req.Header.Set("Content-Type", "application/json")
-	case connectProto:
+	case w == connectProto:
 		req.Header.Set("Content-Type", "application/proto")
-	case grpcWire:
+	case w == grpcWire:
 		req.Header.Set("Content-Type", "application/grpc")
 		req.Header.Set("Te", "trailers")
 		hc = c.h2
-	case grpcWebWire:
+	case w == grpcWebWire:
 		req.Header.Set("Content-Type", "application/grpc-web+proto")
 	}
 	for k, v := range header {
@@ -93,6 +101,9 @@ func (c rawClients) rawCall(ctx context.Context, base, procedure string, w wire,
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return rawAnswer{}, err
+	}
+	if stream {
+		return connectStreamEnd(resp.StatusCode, b)
 	}
 	switch w {
 	case connectJSON, connectProto:
@@ -146,4 +157,37 @@ func grpcStatus(h, fallback http.Header) (rawAnswer, error) {
 	}
 	msg, _ := url.PathUnescape(h.Get("Grpc-Message"))
 	return rawAnswer{code: connect.Code(code), message: msg}, nil
+}
+
+// connectStreamEnd reads the answer of a Connect server stream: its messages, then the
+// end-of-stream message (flag 0x02) with the error, if any.
+func connectStreamEnd(status int, b []byte) (rawAnswer, error) {
+	if status != http.StatusOK {
+		return rawAnswer{}, fmt.Errorf("stream answered status %d, body %q", status, b)
+	}
+	for len(b) >= 5 {
+		flags, n := b[0], int(binary.BigEndian.Uint32(b[1:5]))
+		if len(b) < 5+n {
+			break
+		}
+		if flags&2 != 0 {
+			var end struct {
+				Error *wireError `json:"error"`
+			}
+			if err := json.Unmarshal(b[5:5+n], &end); err != nil {
+				return rawAnswer{}, fmt.Errorf("end of stream %q: %w", b[5:5+n], err)
+			}
+			if end.Error == nil {
+				return rawAnswer{}, nil
+			}
+			var a rawAnswer
+			if err := a.code.UnmarshalText([]byte(end.Error.Code)); err != nil {
+				return rawAnswer{}, fmt.Errorf("code %q: %w", end.Error.Code, err)
+			}
+			a.message = end.Error.Message
+			return a, nil
+		}
+		b = b[5+n:]
+	}
+	return rawAnswer{}, fmt.Errorf("stream ended without its end message: %q", b)
 }

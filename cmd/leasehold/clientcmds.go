@@ -1,31 +1,85 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/client"
 	"github.com/leasehold/leasehold/service"
 )
 
-// addrFlag registers --addr with its default from LEASEHOLD_ADDR.
-func addrFlag(fs *flag.FlagSet) *string {
+// addrFlag registers --addr, bound to addr, with its default from LEASEHOLD_ADDR, and
+// the security flags (registerSecurityFlags).
+func addrFlag(fs *pflag.FlagSet, addr *string) {
 	def := os.Getenv("LEASEHOLD_ADDR")
 	if def == "" {
 		def = service.DefaultAddr
 	}
 	registerSecurityFlags(fs)
-	return fs.String("addr", def, "server address (env LEASEHOLD_ADDR)")
+	fs.StringVar(addr, "addr", def, "server address (env LEASEHOLD_ADDR)")
+}
+
+// outputFormat is the value of --output: text or json.
+type outputFormat string
+
+func (o *outputFormat) String() string { return string(*o) }
+func (o *outputFormat) Type() string   { return "text|json" }
+
+func (o *outputFormat) Set(v string) error {
+	if v != "text" && v != "json" {
+		return errors.New("want text or json")
+	}
+	*o = outputFormat(v)
+	return nil
+}
+
+// json reports whether the output is JSON.
+func (o *outputFormat) json() bool { return *o == "json" }
+
+// outputFlag registers --output (-o) on cmd, text by default, with its completions.
+func outputFlag(cmd *cobra.Command) *outputFormat {
+	fs := cmd.Flags()
+	o := outputFormat("text")
+	fs.VarP(&o, "output", "o", "text, or json: the API's response as one JSON document (the protobuf JSON mapping, as curl gets it)")
+	completeFlag(cmd, "output", "text", "json")
+	return &o
+}
+
+// completeFlag makes shell completion offer values for the flag name of cmd.
+func completeFlag(cmd *cobra.Command, name string, values ...string) {
+	_ = cmd.RegisterFlagCompletionFunc(name, cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
+}
+
+// printJSON writes m as one indented JSON document in the protobuf JSON mapping, with
+// every field present (zero values too): 64-bit integers are strings, bytes base64.
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, b, "", "  "); err != nil {
+		return err
+	}
+	out.WriteByte('\n')
+	_, err = out.WriteTo(w)
+	return err
 }
 
 // dial connects to the server, printing why it could not.
@@ -50,6 +104,61 @@ func dial(ctx context.Context, addr string, opts ...client.Option) (*client.Clie
 	return c, exitOK
 }
 
+// clientRun makes the RunE of a client command from do: it dials the server at *addr
+// and calls do with the client. An error do returns is the service's answer, unless it
+// is an exit code (exitWith): it is printed, after the command's name, and the exit code
+// is the one exitFor gives it.
+func clientRun(addr *string, do func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		ctx := context.Background()
+		c, code := dial(ctx, *addr)
+		if c == nil {
+			return exitWith(code)
+		}
+		err := do(ctx, c, cmd, args)
+		var ec *exitCodeError
+		if err == nil || errors.As(err, &ec) {
+			return err
+		}
+		return exitWith(exitFor(strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" "), err))
+	}
+}
+
+// completeFromServer is a ValidArgsFunction that offers, for a command's first
+// argument, the names list finds under what was typed so far on the server at *addr:
+// lock names, or keys. It waits at most a second, says nothing when the server cannot
+// be reached, and offers no files.
+func completeFromServer(addr *string, list func(ctx context.Context, c *client.Client, prefix string) ([]string, error)) cobra.CompletionFunc {
+	return func(_ *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		if len(args) > 0 {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		opts, err := securityOptions()
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		c, err := client.Dial(ctx, *addr, opts...)
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		defer func() { _ = c.Close(context.Background()) }()
+		names, _ := list(ctx, c, toComplete)
+		return names, cobra.ShellCompDirectiveNoFileComp
+	}
+}
+
+// lockNames lists up to 100 lock names under prefix, for completion.
+func lockNames(ctx context.Context, c *client.Client, prefix string) ([]string, error) {
+	resp, err := c.List(ctx, prefix, 100)
+	var names []string
+	for _, l := range resp.GetLocks() {
+		names = append(names, l.GetName())
+	}
+	return names, err
+}
+
 // exitFor prints err and returns the exit code it deserves.
 func exitFor(cmd string, err error) int {
 	fmt.Fprintf(os.Stderr, "leasehold %s: %v\n", cmd, err)
@@ -62,28 +171,39 @@ func exitFor(cmd string, err error) int {
 	return exitError
 }
 
-func runLocks(args []string) int {
-	fs := flag.NewFlagSet("locks", flag.ContinueOnError)
-	addr := addrFlag(fs)
-	limit := fs.Int("limit", 1000, "show at most this many locks (max 10000)")
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+func newLocksCmd() *cobra.Command {
+	var addr string
+	var limit *int
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:               "locks [PREFIX]",
+		Short:             "list locks: name, class, holder, token, TTL left",
+		Args:              cobra.MaximumNArgs(1),
+		ValidArgsFunction: completeFromServer(&addr, lockNames),
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			resp, err := c.List(ctx, firstArg(args), *limit)
+			if err != nil {
+				return err
+			}
+			if output.json() {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			printLocks(cmd.OutOrStdout(), resp)
+			return nil
+		}),
 	}
-	if fs.NArg() > 1 {
-		fmt.Fprintln(os.Stderr, "usage: leasehold locks [--addr HOST:PORT] [PREFIX]")
-		return exitUsage
+	addrFlag(cmd.Flags(), &addr)
+	limit = cmd.Flags().Int("limit", 1000, "show at most this many locks (max 10000)")
+	output = outputFlag(cmd)
+	return cmd
+}
+
+// firstArg is args[0], or "" when there is none.
+func firstArg(args []string) string {
+	if len(args) == 0 {
+		return ""
 	}
-	ctx := context.Background()
-	c, code := dial(ctx, *addr)
-	if c == nil {
-		return code
-	}
-	resp, err := c.List(ctx, fs.Arg(0), *limit)
-	if err != nil {
-		return exitFor("locks", err)
-	}
-	printLocks(os.Stdout, resp)
-	return exitOK
+	return args[0]
 }
 
 // printLocks prints a table of locks, one line per holder: a lock held shared or a
@@ -145,26 +265,33 @@ func describeHolder(h *leaseholdv1.Holder) string {
 	return s
 }
 
-func runStatus(args []string) int {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	addr := addrFlag(fs)
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+func newStatusCmd() *cobra.Command {
+	var addr string
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "show the node's role, leader and counts",
+		Args:  cobra.NoArgs,
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, _ []string) error {
+			st, err := c.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if output.json() {
+				return printJSON(cmd.OutOrStdout(), st)
+			}
+			printStatus(cmd.OutOrStdout(), st)
+			return nil
+		}),
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "usage: leasehold status [--addr HOST:PORT]")
-		return exitUsage
-	}
-	ctx := context.Background()
-	c, code := dial(ctx, *addr)
-	if c == nil {
-		return code
-	}
-	st, err := c.Status(ctx)
-	if err != nil {
-		return exitFor("status", err)
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	addrFlag(cmd.Flags(), &addr)
+	output = outputFlag(cmd)
+	return cmd
+}
+
+// printStatus prints a node's status as a table of names and values.
+func printStatus(w io.Writer, st *leaseholdv1.StatusResponse) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "node\t%s\n", st.GetNodeId())
 	fmt.Fprintf(tw, "cluster\t%s\n", orNone(st.GetClusterId()))
 	fmt.Fprintf(tw, "role\t%s\n", st.GetRole())
@@ -181,7 +308,6 @@ func runStatus(args []string) int {
 	fmt.Fprintf(tw, "version\t%s\n", st.GetVersion())
 	fmt.Fprintf(tw, "uptime\t%v\n", time.Duration(st.GetUptimeMs())*time.Millisecond)
 	_ = tw.Flush()
-	return exitOK
 }
 
 // orNone shows an empty field as "-".
@@ -192,49 +318,40 @@ func orNone(s string) string {
 	return s
 }
 
-func runForceRelease(args []string) int {
-	fs := flag.NewFlagSet("unlock", flag.ContinueOnError)
-	addr := addrFlag(fs)
-	force := fs.Bool("force", false, "required: release the lock whoever holds it")
-	reason := fs.String("reason", "", "why (recorded and shown to the old holder)")
-	name, rest := splitName(args)
-	if err := fs.Parse(rest); err != nil {
-		return exitUsage
+func newUnlockCmd() *cobra.Command {
+	var addr string
+	var reason *string
+	var force *bool
+	cmd := &cobra.Command{
+		Use:   "unlock NAME --force --reason TEXT",
+		Short: "operator release: fences the old holder out",
+		Long: `Releases the lock whoever holds it. The old holder's token is fenced out: every
+later grant carries a larger token. Its process is NOT stopped: only a resource that
+checks tokens stops its writes.`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeFromServer(&addr, lockNames),
+		PreRunE: func(*cobra.Command, []string) error {
+			if !*force {
+				return errors.New("--force is required: it releases the lock whoever holds it")
+			}
+			return nil
+		},
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			name := args[0]
+			released, fence, err := c.ForceRelease(ctx, name, *reason)
+			if err != nil {
+				return err
+			}
+			if released == 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s was not held; fence token %d consumed\n", name, fence)
+			} else {
+				fmt.Fprintf(cmd.OutOrStdout(), "released %s (token %d); every later grant is above fence token %d\n", name, released, fence)
+			}
+			return nil
+		}),
 	}
-	if name == "" || !*force || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "usage: leasehold unlock NAME --force --reason TEXT\n\nReleases the lock whoever holds it. The old holder's token is fenced out: every\nlater grant carries a larger token. Its process is NOT stopped: only a resource that\nchecks tokens stops its writes.")
-		return exitUsage
-	}
-	ctx := context.Background()
-	c, code := dial(ctx, *addr)
-	if c == nil {
-		return code
-	}
-	released, fence, err := c.ForceRelease(ctx, name, *reason)
-	if err != nil {
-		return exitFor("unlock", err)
-	}
-	if released == 0 {
-		fmt.Printf("%s was not held; fence token %d consumed\n", name, fence)
-	} else {
-		fmt.Printf("released %s (token %d); every later grant is above fence token %d\n", name, released, fence)
-	}
-	return exitOK
-}
-
-// splitName takes a leading NAME argument off args, so flags may come before or after it.
-// splitNames returns the leading arguments that are not flags, and the rest.
-func splitNames(args []string) ([]string, []string) {
-	i := 0
-	for i < len(args) && args[i] != "" && args[i][0] != '-' {
-		i++
-	}
-	return args[:i], args[i:]
-}
-
-func splitName(args []string) (string, []string) {
-	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
-		return args[0], args[1:]
-	}
-	return "", args
+	addrFlag(cmd.Flags(), &addr)
+	force = cmd.Flags().Bool("force", false, "required: release the lock whoever holds it")
+	reason = cmd.Flags().String("reason", "", "why (recorded and shown to the old holder)")
+	return cmd
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/leasehold/leasehold/client"
 	"github.com/leasehold/leasehold/replication"
@@ -27,13 +28,21 @@ const demoWorkerCmd = "demo-worker"
 // runDemo replays the paused-client scenario with real processes against an embedded
 // single node, once against a store that does not check tokens and once against one
 // that does. It exits 0 when the fenced run protected the data.
-func runDemo(args []string) int {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	ttl := fs.Duration("ttl", time.Second, "lease TTL of the demo's clients")
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+func newDemoCmd() *cobra.Command {
+	var ttl *time.Duration
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "the pause scenario, unfenced then fenced, live",
+		Args:  cobra.NoArgs,
+		RunE:  func(*cobra.Command, []string) error { return exitWith(runDemo(*ttl)) },
 	}
-	if *ttl < 200*time.Millisecond || *ttl > 5*time.Second {
+	ttl = cmd.Flags().Duration("ttl", time.Second, "lease TTL of the demo's clients")
+	return cmd
+}
+
+// runDemo runs the demo with clients of the given lease TTL and returns the exit code.
+func runDemo(ttl time.Duration) int {
+	if ttl < 200*time.Millisecond || ttl > 5*time.Second {
 		fmt.Fprintln(os.Stderr, "leasehold demo: --ttl must be between 200ms and 5s")
 		return exitUsage
 	}
@@ -65,7 +74,7 @@ func runDemo(args []string) int {
 	fmt.Println("(SIGSTOP: think GC pause, swap, VM migration) just before it writes. Its lease expires,")
 	fmt.Println("B takes the lock and writes, then A wakes up and writes too — it does not know time passed.")
 
-	d := &demo{addr: node.Addr(), ttl: *ttl, obs: observer}
+	d := &demo{addr: node.Addr(), ttl: ttl, obs: observer}
 	unfenced, err := d.run(ctx, "unfenced", false)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "leasehold demo: %v\n", err)
@@ -264,27 +273,44 @@ func (w *worker) kill() {
 	}
 }
 
-// runDemoWorker is one client of the demo: acquire, check, (maybe be paused), write.
-// It prints ACQUIRED <token>, CHECKED, then WROTE <details> or REJECTED <reason>.
-func runDemoWorker(args []string) int {
-	fs := flag.NewFlagSet(demoWorkerCmd, flag.ContinueOnError)
-	addr := fs.String("addr", "", "server")
-	lock := fs.String("lock", "", "lock name")
-	key := fs.String("key", "", "key to write")
-	value := fs.String("value", "", "value to write")
-	ttl := fs.Duration("ttl", time.Second, "lease TTL")
-	fenced := fs.Bool("fenced", false, "carry the token with the write")
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+// newDemoWorkerCmd is the hidden command of one client of the demo: acquire, check,
+// (maybe be paused), write. It prints ACQUIRED <token>, CHECKED, then WROTE <details> or
+// REJECTED <reason>.
+func newDemoWorkerCmd() *cobra.Command {
+	var w demoWorkerFlags
+	cmd := &cobra.Command{
+		Use:    demoWorkerCmd,
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE:   func(*cobra.Command, []string) error { return exitWith(runDemoWorker(w)) },
 	}
+	fs := cmd.Flags()
+	fs.StringVar(&w.addr, "addr", "", "server")
+	fs.StringVar(&w.lock, "lock", "", "lock name")
+	fs.StringVar(&w.key, "key", "", "key to write")
+	fs.StringVar(&w.value, "value", "", "value to write")
+	fs.DurationVar(&w.ttl, "ttl", time.Second, "lease TTL")
+	fs.BoolVar(&w.fenced, "fenced", false, "carry the token with the write")
+	return cmd
+}
+
+// demoWorkerFlags are the flags of the hidden demo-worker command.
+type demoWorkerFlags struct {
+	addr, lock, key, value string
+	ttl                    time.Duration
+	fenced                 bool
+}
+
+// runDemoWorker runs one demo client and returns its exit code.
+func runDemoWorker(f demoWorkerFlags) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, *addr, client.WithTTL(*ttl))
+	c, err := client.Dial(ctx, f.addr, client.WithTTL(f.ttl))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return exitUnavailable
 	}
-	l, err := c.Lock(ctx, *lock, client.Correctness)
+	l, err := c.Lock(ctx, f.lock, client.Correctness)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return exitNotAcquired
@@ -298,10 +324,10 @@ func runDemoWorker(args []string) int {
 	fmt.Println("CHECKED")
 	time.Sleep(300 * time.Millisecond) // the window the demo pauses us in
 	var opts []client.WriteOption
-	if *fenced {
+	if f.fenced {
 		opts = append(opts, client.Fenced(l))
 	}
-	ver, err := c.Put(ctx, *key, []byte(*value), opts...)
+	ver, err := c.Put(ctx, f.key, []byte(f.value), opts...)
 	var stale *client.StaleTokenError
 	switch {
 	case errors.As(err, &stale):
@@ -311,7 +337,7 @@ func runDemoWorker(args []string) int {
 		return exitError
 	default:
 		how := "no token checked"
-		if *fenced {
+		if f.fenced {
 			how = fmt.Sprintf("token %d checked", l.Token())
 		}
 		fmt.Printf("WROTE version %d, %s\n", ver, how)

@@ -2,127 +2,191 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/spf13/cobra"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/client"
 )
 
-const kvUsage = `usage:
-  leasehold kv get KEY
-  leasehold kv put KEY VALUE [--fence LOCK=TOKEN] [--require-holder] [--if-version N]
-  leasehold kv del KEY [--fence LOCK=TOKEN] [--if-version N]
-  leasehold kv ls [PREFIX]
+// newKVCmd is `leasehold kv get|put|del|ls`: the fenced key-value store.
+func newKVCmd() *cobra.Command {
+	kv := &cobra.Command{
+		Use:   "kv get|put|del|ls ...",
+		Short: "the fenced key-value store (put --fence LOCK=TOKEN)",
+		Long: `The fenced key-value store.
 
---fence makes the write carry a lock's token (e.g. --fence "jobs/nightly=$LEASEHOLD_TOKEN"):
+--fence makes a write carry a lock's token (e.g. --fence "jobs/nightly=$LEASEHOLD_TOKEN"):
 the store rejects it if the key has accepted a higher token. --if-version 0 writes only
-if the key does not exist.`
+if the key does not exist.`,
+		Args: cobra.NoArgs,
+		RunE: usageOnly,
+	}
+	kv.AddCommand(newKVGetCmd(), newKVPutCmd(), newKVDelCmd(), newKVLsCmd())
+	return kv
+}
 
-func runKV(args []string) int {
-	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, kvUsage)
-		return exitUsage
+// kvKeys lists up to 100 keys under prefix, for completion.
+func kvKeys(ctx context.Context, c *client.Client, prefix string) ([]string, error) {
+	items, _, err := c.ListKV(ctx, prefix, 100)
+	var keys []string
+	for _, it := range items {
+		keys = append(keys, it.GetKey())
 	}
-	sub := args[0]
-	fs := flag.NewFlagSet("kv "+sub, flag.ContinueOnError)
-	addr := addrFlag(fs)
-	fence := fs.String("fence", "", "LOCK=TOKEN: reject the write if the key has accepted a higher token")
-	requireHolder := fs.Bool("require-holder", false, "also reject unless TOKEN is the lock's current holder's")
-	ifVersion := fs.String("if-version", "", "write only if the key's version is N (0: only if it does not exist)")
-	// Positional arguments come first, flags after them.
-	var pos []string
-	rest := args[1:]
-	for len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		pos, rest = append(pos, rest[0]), rest[1:]
-	}
-	if err := fs.Parse(rest); err != nil {
-		return exitUsage
-	}
-	pos = append(pos, fs.Args()...)
-	var opts []client.WriteOption
-	if *fence != "" {
-		i := strings.LastIndexByte(*fence, '=')
-		tok, err := strconv.ParseUint((*fence)[i+1:], 10, 64)
-		if i <= 0 || err != nil || tok == 0 {
-			fmt.Fprintf(os.Stderr, "leasehold kv: --fence must be LOCK=TOKEN with a positive token, not %q\n", *fence)
-			return exitUsage
-		}
-		opts = append(opts, client.FencedBy((*fence)[:i], tok))
-	}
-	if *requireHolder {
-		opts = append(opts, client.RequireHolder)
-	}
-	if *ifVersion != "" {
-		v, err := strconv.ParseUint(*ifVersion, 10, 64)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "leasehold kv: --if-version must be a number, not %q\n", *ifVersion)
-			return exitUsage
-		}
-		opts = append(opts, client.IfVersion(v))
-	}
-	want := map[string]int{"get": 1, "put": 2, "del": 1, "ls": -1}
-	n, ok := want[sub]
-	if !ok || (n >= 0 && len(pos) != n) || (n < 0 && len(pos) > 1) {
-		fmt.Fprintln(os.Stderr, kvUsage)
-		return exitUsage
-	}
-	ctx := context.Background()
-	c, code := dial(ctx, *addr)
-	if c == nil {
-		return code
-	}
-	switch sub {
-	case "get":
-		v, err := c.Get(ctx, pos[0])
-		if err != nil {
-			return exitFor("kv get", err)
-		}
-		if !v.Found {
-			fmt.Fprintf(os.Stderr, "%s: not found (highest fence token %d)\n", pos[0], v.FenceToken)
-			return exitError
-		}
-		fmt.Printf("%s\n", v.Data)
-		fmt.Fprintf(os.Stderr, "version %d, fence token %d (%s)\n", v.Version, v.FenceToken, v.FenceLock)
-	case "put":
-		ver, err := c.Put(ctx, pos[0], []byte(pos[1]), opts...)
-		if err != nil {
-			return exitFor("kv put", err)
-		}
-		fmt.Printf("version %d\n", ver)
-	case "del":
-		existed, err := c.Delete(ctx, pos[0], opts...)
-		if err != nil {
-			return exitFor("kv del", err)
-		}
-		if !existed {
-			fmt.Fprintf(os.Stderr, "%s did not exist\n", pos[0])
-		}
-	case "ls":
-		prefix := ""
-		if len(pos) == 1 {
-			prefix = pos[0]
-		}
-		items, truncated, err := c.ListKV(ctx, prefix, 0)
-		if err != nil {
-			return exitFor("kv ls", err)
-		}
-		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY\tVERSION\tFENCE TOKEN\tVALUE")
-		for _, it := range items {
-			v := string(it.GetValue())
-			if len(v) > 60 {
-				v = v[:57] + "..."
+	return keys, err
+}
+
+func newKVGetCmd() *cobra.Command {
+	var addr string
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:               "get KEY",
+		Short:             "print a key's value (version and fence token on standard error); exit 1 if absent",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeFromServer(&addr, kvKeys),
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			v, err := c.Get(ctx, args[0])
+			if err != nil {
+				return err
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%q\n", it.GetKey(), it.GetVersion(), it.GetFenceToken(), v)
-		}
-		_ = tw.Flush()
-		if truncated {
-			fmt.Println("(more keys match)")
-		}
+			if output.json() {
+				if err := printJSON(cmd.OutOrStdout(), &leaseholdv1.GetResponse{Found: v.Found, Value: v.Data, Version: v.Version, FenceToken: v.FenceToken, FenceLock: v.FenceLock}); err != nil {
+					return err
+				}
+			}
+			if !v.Found {
+				if !output.json() {
+					fmt.Fprintf(cmd.ErrOrStderr(), "%s: not found (highest fence token %d)\n", args[0], v.FenceToken)
+				}
+				return exitWith(exitError)
+			}
+			if !output.json() {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s\n", v.Data)
+				fmt.Fprintf(cmd.ErrOrStderr(), "version %d, fence token %d (%s)\n", v.Version, v.FenceToken, v.FenceLock)
+			}
+			return nil
+		}),
 	}
-	return exitOK
+	addrFlag(cmd.Flags(), &addr)
+	output = outputFlag(cmd)
+	return cmd
+}
+
+// writeFlags registers the conditions of a write (put, del) on cmd, and a PreRunE that
+// turns them into the write options it returns, or into a usage error naming the flag.
+func writeFlags(cmd *cobra.Command) *[]client.WriteOption {
+	fence := cmd.Flags().String("fence", "", "LOCK=TOKEN: reject the write if the key has accepted a higher token")
+	requireHolder := cmd.Flags().Bool("require-holder", false, "also reject unless TOKEN is the lock's current holder's")
+	ifVersion := cmd.Flags().String("if-version", "", "write only if the key's version is N (0: only if it does not exist)")
+	var opts []client.WriteOption
+	cmd.PreRunE = func(*cobra.Command, []string) error {
+		if *fence != "" {
+			i := strings.LastIndexByte(*fence, '=')
+			tok, err := strconv.ParseUint((*fence)[i+1:], 10, 64)
+			if i <= 0 || err != nil || tok == 0 {
+				return fmt.Errorf("--fence must be LOCK=TOKEN with a positive token, not %q", *fence)
+			}
+			opts = append(opts, client.FencedBy((*fence)[:i], tok))
+		}
+		if *requireHolder {
+			opts = append(opts, client.RequireHolder)
+		}
+		if *ifVersion != "" {
+			v, err := strconv.ParseUint(*ifVersion, 10, 64)
+			if err != nil {
+				return fmt.Errorf("--if-version must be a number, not %q", *ifVersion)
+			}
+			opts = append(opts, client.IfVersion(v))
+		}
+		return nil
+	}
+	return &opts
+}
+
+func newKVPutCmd() *cobra.Command {
+	var addr string
+	var opts *[]client.WriteOption
+	cmd := &cobra.Command{
+		Use:               "put KEY VALUE",
+		Short:             "write VALUE to KEY (--fence LOCK=TOKEN, --require-holder, --if-version N)",
+		Args:              cobra.ExactArgs(2),
+		ValidArgsFunction: completeFromServer(&addr, kvKeys),
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			ver, err := c.Put(ctx, args[0], []byte(args[1]), *opts...)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "version %d\n", ver)
+			return nil
+		}),
+	}
+	addrFlag(cmd.Flags(), &addr)
+	opts = writeFlags(cmd)
+	return cmd
+}
+
+func newKVDelCmd() *cobra.Command {
+	var addr string
+	var opts *[]client.WriteOption
+	cmd := &cobra.Command{
+		Use:               "del KEY",
+		Short:             "delete KEY (--fence LOCK=TOKEN, --if-version N)",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeFromServer(&addr, kvKeys),
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			existed, err := c.Delete(ctx, args[0], *opts...)
+			if err != nil {
+				return err
+			}
+			if !existed {
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s did not exist\n", args[0])
+			}
+			return nil
+		}),
+	}
+	addrFlag(cmd.Flags(), &addr)
+	opts = writeFlags(cmd)
+	return cmd
+}
+
+func newKVLsCmd() *cobra.Command {
+	var addr string
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:               "ls [PREFIX]",
+		Short:             "list keys: key, version, fence token, value",
+		Args:              cobra.MaximumNArgs(1),
+		ValidArgsFunction: completeFromServer(&addr, kvKeys),
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			items, truncated, err := c.ListKV(ctx, firstArg(args), 0)
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			if output.json() {
+				return printJSON(w, &leaseholdv1.KVServiceListResponse{Items: items, Truncated: truncated})
+			}
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "KEY\tVERSION\tFENCE TOKEN\tVALUE")
+			for _, it := range items {
+				v := string(it.GetValue())
+				if len(v) > 60 {
+					v = v[:57] + "..."
+				}
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%q\n", it.GetKey(), it.GetVersion(), it.GetFenceToken(), v)
+			}
+			_ = tw.Flush()
+			if truncated {
+				fmt.Fprintln(w, "(more keys match)")
+			}
+			return nil
+		}),
+	}
+	addrFlag(cmd.Flags(), &addr)
+	output = outputFlag(cmd)
+	return cmd
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,10 +12,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/leasehold/leasehold/client"
 )
 
-// runLock implements `leasehold lock NAME... [flags] -- CMD [ARG...]`.
+// newLockCmd is `leasehold lock NAME... [flags] -- CMD [ARG...]`.
 //
 // Several names are one lock set (client.LockSet): all granted at once under one
 // token, or none. --shared takes the lock(s) shared, --limit N as a semaphore of N.
@@ -29,58 +30,95 @@ import (
 // whole group is killed with SIGKILL at once and leasehold exits 76. Otherwise leasehold
 // releases the lock when CMD exits and exits with CMD's code (128+N if a signal N ended
 // it).
-func runLock(args []string) int {
-	fs := flag.NewFlagSet("lock", flag.ContinueOnError)
-	addr := addrFlag(fs)
-	class := fs.String("class", "correctness", "efficiency (avoid duplicate work) or correctness (protect data)")
-	ttl := fs.Duration("ttl", 10*time.Second, "lease TTL; keepalives go about every TTL/3")
-	wait := fs.String("wait", "forever", "how long to wait for the lock: a duration, 0 to try once, or forever")
-	note := fs.String("note", "", "free text shown to others in 'leasehold locks'")
-	delay := fs.Duration("lock-delay", 0, "after an expiry (not a clean release), keep the lock free of new holders this long")
-	shared := fs.Bool("shared", false, "hold the lock shared (a reader): with other shared holders, never with an exclusive one")
-	limit := fs.Int("limit", 0, "hold one of N slots of a semaphore of N (1 to 10000); every holder must give the same N")
-	names, argv, ok := namesAndCommand(fs, args, "lock NAME... [--class correctness|efficiency] [--ttl 10s] [--wait forever|0|DURATION] [--shared | --limit N]")
-	if !ok {
-		return exitUsage
+func newLockCmd() *cobra.Command {
+	var f struct {
+		addr              string
+		class, wait, note *string
+		ttl, delay        *time.Duration
+		shared            *bool
+		limit             *int
 	}
-	if len(names) == 0 {
-		fmt.Fprintln(os.Stderr, "leasehold lock: give at least one lock NAME before --")
-		return exitUsage
+	cmd := &cobra.Command{
+		Use:   "lock NAME... [flags] -- CMD [ARG...]",
+		Short: "run CMD while holding lock NAME (several names: one lock set)",
+		Long: `Runs CMD while holding lock NAME. CMD gets LEASEHOLD_TOKEN (the fencing token) and
+LEASEHOLD_LOCK in its environment, runs in its own process group, and receives the
+signals leasehold gets. Several names are one lock set: all at once, one token.
+--shared holds the lock shared (a reader), --limit N one of N slots of a semaphore.
+Flags may come before or after the names; everything after -- is CMD's, untouched.
+
+If the lock is lost while CMD runs, CMD's process group is killed (SIGKILL) and
+leasehold exits 76; otherwise it releases the lock and exits with CMD's code.
+Exit 75: the lock was held for the whole --wait.`,
+		Example: `  leasehold lock jobs/nightly -- ./nightly.sh
+  leasehold lock --wait 0 --class efficiency cache/rebuild -- make cache
+  leasehold lock db/a db/b --ttl 30s -- ./migrate --from a --to b`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			names, argv, err := namesAndCommand(cmd, args)
+			if err != nil {
+				return err
+			}
+			opts, err := lockOptions(*f.class, *f.wait, *f.shared, *f.limit)
+			if err != nil {
+				return err
+			}
+			opts = append(opts, client.LockTTL(*f.ttl), client.WithNote(*f.note), client.LockDelay(*f.delay))
+			return exitWith(lockAndRun(f.addr, *f.ttl, names, argv, opts))
+		},
 	}
-	opts := []client.LockOption{client.LockTTL(*ttl), client.WithNote(*note), client.LockDelay(*delay)}
+	fs := cmd.Flags()
+	addrFlag(fs, &f.addr)
+	f.class = fs.String("class", "correctness", "efficiency (avoid duplicate work) or correctness (protect data)")
+	f.ttl = fs.Duration("ttl", 10*time.Second, "lease TTL; keepalives go about every TTL/3")
+	f.wait = fs.String("wait", "forever", "how long to wait for the lock: a duration, 0 to try once, or forever")
+	f.note = fs.String("note", "", "free text shown to others in 'leasehold locks'")
+	f.delay = fs.Duration("lock-delay", 0, "after an expiry (not a clean release), keep the lock free of new holders this long")
+	f.shared = fs.Bool("shared", false, "hold the lock shared (a reader): with other shared holders, never with an exclusive one")
+	f.limit = fs.Int("limit", 0, "hold one of N slots of a semaphore of N (1 to 10000); every holder must give the same N")
+	completeFlag(cmd, "class", "correctness", "efficiency")
+	completeFlag(cmd, "wait", "forever", "0", "10s", "1m")
+	return cmd
+}
+
+// lockOptions turns lock's --class, --wait, --shared and --limit into lock options; an
+// error names the flag that is wrong.
+func lockOptions(class, wait string, shared bool, limit int) ([]client.LockOption, error) {
+	var opts []client.LockOption
 	switch {
-	case *shared && *limit != 0:
-		fmt.Fprintln(os.Stderr, "leasehold lock: --shared and --limit exclude each other")
-		return exitUsage
-	case *shared:
+	case shared && limit != 0:
+		return nil, errors.New("--shared and --limit exclude each other")
+	case shared:
 		opts = append(opts, client.Shared)
-	case *limit != 0:
-		opts = append(opts, client.Semaphore(*limit))
+	case limit != 0:
+		opts = append(opts, client.Semaphore(limit))
 	}
-	switch *class {
+	switch class {
 	case "correctness":
 		opts = append(opts, client.Correctness)
 	case "efficiency":
 		opts = append(opts, client.Efficiency)
 	default:
-		fmt.Fprintf(os.Stderr, "leasehold lock: --class must be correctness or efficiency, not %q\n", *class)
-		return exitUsage
+		return nil, fmt.Errorf("--class must be correctness or efficiency, not %q", class)
 	}
-	switch *wait {
+	switch wait {
 	case "forever":
 	case "0", "0s":
 		opts = append(opts, client.TryOnce)
 	default:
-		d, err := time.ParseDuration(*wait)
+		d, err := time.ParseDuration(wait)
 		if err != nil || d < 0 {
-			fmt.Fprintf(os.Stderr, "leasehold lock: --wait must be forever, 0 or a duration like 30s, not %q\n", *wait)
-			return exitUsage
+			return nil, fmt.Errorf("--wait must be forever, 0 or a duration like 30s, not %q", wait)
 		}
 		opts = append(opts, client.WaitFor(d))
 	}
+	return opts, nil
+}
 
+// lockAndRun takes the lock (or lock set) names and runs argv while it is held; it
+// returns the exit code.
+func lockAndRun(addr string, ttl time.Duration, names, argv []string, opts []client.LockOption) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	c, code := dial(ctx, *addr, client.WithTTL(*ttl))
+	c, code := dial(ctx, addr, client.WithTTL(ttl))
 	if c == nil {
 		stop()
 		return code
@@ -105,27 +143,20 @@ func runLock(args []string) int {
 	return runHolding(l, argv)
 }
 
-// namesAndCommand parses `NAME... [flags] -- CMD [ARG...]` (flags may also come before
-// the names) with fs, and reports false, having printed the usage or what is wrong, when
-// the arguments do not fit. usage is the command line to show before "-- CMD [ARG...]".
-func namesAndCommand(fs *flag.FlagSet, args []string, usage string) (names, argv []string, ok bool) {
-	sep := -1
-	for i, a := range args {
-		if a == "--" {
-			sep = i
-			break
-		}
+// namesAndCommand splits the arguments of `NAME... [flags] -- CMD [ARG...]` (cobra has
+// taken the flags out, wherever they were) at the --, and returns a usage error when
+// there is no NAME, no --, or nothing after it.
+func namesAndCommand(cmd *cobra.Command, args []string) (names, argv []string, err error) {
+	dash := cmd.ArgsLenAtDash()
+	switch {
+	case dash < 0:
+		return nil, nil, errors.New("give the command to run after --: " + cmd.UseLine())
+	case dash == len(args):
+		return nil, nil, errors.New("nothing to run after --: " + cmd.UseLine())
+	case dash == 0:
+		return nil, nil, errors.New("give at least one NAME before --: " + cmd.UseLine())
 	}
-	if sep < 0 || sep == len(args)-1 {
-		fmt.Fprintf(os.Stderr, "usage: leasehold %s -- CMD [ARG...] (flags may also come before the names)\n", usage)
-		return nil, nil, false
-	}
-	names, rest := splitNames(args[:sep])
-	if err := fs.Parse(rest); err != nil {
-		return nil, nil, false
-	}
-	names = append(names, fs.Args()...) // flags first: leasehold lock --class efficiency A B -- CMD
-	return names, args[sep+1:], true
+	return args[:dash], args[dash:], nil
 }
 
 // runHolding runs argv while l is held and returns the exit code.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +12,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/leasehold/leasehold/client"
 )
@@ -37,7 +38,7 @@ var (
 	errRunLost    = errors.New("the key's lease was lost while CMD ran")
 )
 
-// runOnce implements `leasehold once KEY [--ttl D] [--note TEXT] -- CMD [ARG...]`: it
+// newOnceCmd is `leasehold once KEY [--ttl D] [--note TEXT] -- CMD [ARG...]`: it
 // runs CMD at most once per key, across every machine using the cluster (G9).
 //
 // The first call claims KEY and runs CMD as `leasehold lock` does — its own process
@@ -52,21 +53,38 @@ var (
 // stored code. While CMD runs elsewhere, a call exits 75 and says who runs it. A CMD
 // that cannot be started, and a run whose lease was lost, store nothing: the key is free
 // again (for a lost lease, TTL after the last keepalive), and the next call runs CMD.
-func runOnce(args []string) int {
-	fs := flag.NewFlagSet("once", flag.ContinueOnError)
-	addr := addrFlag(fs)
-	ttl := fs.Duration("ttl", 10*time.Second, "lease TTL: if this leasehold dies or stalls, the key is free again this long after its last keepalive")
-	note := fs.String("note", "", "free text shown to others while CMD runs")
-	keys, argv, ok := namesAndCommand(fs, args, "once KEY [--ttl 10s] [--note TEXT]")
-	if !ok {
-		return exitUsage
+func newOnceCmd() *cobra.Command {
+	var addr string
+	var note *string
+	var ttl *time.Duration
+	cmd := &cobra.Command{
+		Use:   "once KEY [flags] -- CMD [ARG...]",
+		Short: "run CMD at most once per KEY",
+		Long: `Runs CMD at most once per KEY, across every machine using the cluster. The first
+call runs CMD (as 'leasehold lock' does, with LEASEHOLD_KEY and LEASEHOLD_TOKEN) and
+stores its exit code and the first 16 KiB of its standard output with the key. Later
+calls print the stored output and exit with the stored code. While CMD runs
+elsewhere, a call exits 75. Flags may come before or after KEY.`,
+		Example: `  leasehold once deploy/v42 -- ./deploy.sh v42`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			keys, argv, err := namesAndCommand(cmd, args)
+			if err != nil {
+				return err
+			}
+			if len(keys) != 1 {
+				return fmt.Errorf("give exactly one KEY before --, not %d", len(keys))
+			}
+			return exitWith(runOnce(addr, *ttl, *note, keys[0], argv))
+		},
 	}
-	if len(keys) != 1 {
-		fmt.Fprintln(os.Stderr, "leasehold once: give exactly one KEY before --")
-		return exitUsage
-	}
-	key := keys[0]
+	addrFlag(cmd.Flags(), &addr)
+	ttl = cmd.Flags().Duration("ttl", 10*time.Second, "lease TTL: if this leasehold dies or stalls, the key is free again this long after its last keepalive")
+	note = cmd.Flags().String("note", "", "free text shown to others while CMD runs")
+	return cmd
+}
 
+// runOnce runs argv at most once for key and returns the exit code (newOnceCmd).
+func runOnce(addr string, ttl time.Duration, note, key string, argv []string) int {
 	// Until CMD starts, SIGINT and SIGTERM interrupt the claim; from then on they go to
 	// CMD (runGroup forwards them), which must not end the key's context.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -82,7 +100,7 @@ func runOnce(args []string) int {
 		}
 	}()
 	host, _ := os.Hostname()
-	c, code := dial(ctx, *addr, client.WithTTL(*ttl), client.WithHolder(client.Holder{Host: host, PID: uint32(os.Getpid()), Note: *note}))
+	c, code := dial(ctx, addr, client.WithTTL(ttl), client.WithHolder(client.Holder{Host: host, PID: uint32(os.Getpid()), Note: note}))
 	if c == nil {
 		return code
 	}

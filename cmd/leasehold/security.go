@@ -4,11 +4,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
 	"net/http"
 	"os"
 	"strings"
+
+	"github.com/spf13/pflag"
 
 	"github.com/leasehold/leasehold/client"
 	"github.com/leasehold/leasehold/internal/auth"
@@ -16,19 +17,21 @@ import (
 )
 
 // clientSecurity holds the flags of the client command being run that say how to reach
-// the server securely; addrFlag registers them next to --addr, and dial uses them. A CLI
-// run parses one command's flags, so one set serves it.
+// the server securely; addrFlag registers them next to --addr on every client command,
+// all bound to these variables, and dial uses them. A CLI run parses one command's
+// flags, and every registration sets the same defaults, so one set serves it.
 var clientSecurity struct {
-	caCert, cert, key, tokenFile *string
+	caCert, cert, key, tokenFile string
 }
 
 // registerSecurityFlags registers --cacert, --cert, --key and --auth-token-file on fs,
 // with their defaults from LEASEHOLD_CACERT, LEASEHOLD_CERT and LEASEHOLD_KEY.
-func registerSecurityFlags(fs *flag.FlagSet) {
-	clientSecurity.caCert = fs.String("cacert", os.Getenv("LEASEHOLD_CACERT"), "reach the server over TLS, verifying it with this CA certificate (PEM) (env LEASEHOLD_CACERT)")
-	clientSecurity.cert = fs.String("cert", os.Getenv("LEASEHOLD_CERT"), "client certificate (PEM) for a server that requires one (env LEASEHOLD_CERT)")
-	clientSecurity.key = fs.String("key", os.Getenv("LEASEHOLD_KEY"), "key of --cert (PEM) (env LEASEHOLD_KEY)")
-	clientSecurity.tokenFile = fs.String("auth-token-file", "", "file holding the bearer token to authenticate with (default: the token in env LEASEHOLD_AUTH_TOKEN)")
+func registerSecurityFlags(fs *pflag.FlagSet) {
+	s := &clientSecurity
+	fs.StringVar(&s.caCert, "cacert", os.Getenv("LEASEHOLD_CACERT"), "reach the server over TLS, verifying it with this CA certificate (PEM) (env LEASEHOLD_CACERT)")
+	fs.StringVar(&s.cert, "cert", os.Getenv("LEASEHOLD_CERT"), "client certificate (PEM) for a server that requires one (env LEASEHOLD_CERT)")
+	fs.StringVar(&s.key, "key", os.Getenv("LEASEHOLD_KEY"), "key of --cert (PEM) (env LEASEHOLD_KEY)")
+	fs.StringVar(&s.tokenFile, "auth-token-file", "", "file holding the bearer token to authenticate with (default: the token in env LEASEHOLD_AUTH_TOKEN)")
 }
 
 // securityOptions are the client options the security flags ask for.
@@ -54,25 +57,25 @@ func securityOptions() ([]client.Option, error) {
 // clientTLS is the TLS config the flags ask for, nil for none.
 func clientTLS() (*tls.Config, error) {
 	s := clientSecurity
-	if s.caCert == nil || (*s.caCert == "" && *s.cert == "") {
+	if s.caCert == "" && s.cert == "" {
 		return nil, nil
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if *s.caCert != "" {
-		b, err := os.ReadFile(*s.caCert)
+	if s.caCert != "" {
+		b, err := os.ReadFile(s.caCert)
 		if err != nil {
 			return nil, fmt.Errorf("--cacert: %w", err)
 		}
 		cfg.RootCAs = x509.NewCertPool()
 		if !cfg.RootCAs.AppendCertsFromPEM(b) {
-			return nil, fmt.Errorf("--cacert: %s holds no PEM certificate", *s.caCert)
+			return nil, fmt.Errorf("--cacert: %s holds no PEM certificate", s.caCert)
 		}
 	}
-	if (*s.cert == "") != (*s.key == "") {
+	if (s.cert == "") != (s.key == "") {
 		return nil, errors.New("--cert and --key go together")
 	}
-	if *s.cert != "" {
-		pair, err := tls.LoadX509KeyPair(*s.cert, *s.key)
+	if s.cert != "" {
+		pair, err := tls.LoadX509KeyPair(s.cert, s.key)
 		if err != nil {
 			return nil, fmt.Errorf("--cert/--key: %w", err)
 		}
@@ -83,14 +86,14 @@ func clientTLS() (*tls.Config, error) {
 
 // clientToken is the bearer token: from --auth-token-file, else LEASEHOLD_AUTH_TOKEN.
 func clientToken() (string, error) {
-	if f := clientSecurity.tokenFile; f != nil && *f != "" {
-		b, err := os.ReadFile(*f)
+	if f := clientSecurity.tokenFile; f != "" {
+		b, err := os.ReadFile(f)
 		if err != nil {
 			return "", fmt.Errorf("--auth-token-file: %w", err)
 		}
 		token := strings.TrimSpace(string(b))
 		if token == "" {
-			return "", fmt.Errorf("--auth-token-file: %s is empty", *f)
+			return "", fmt.Errorf("--auth-token-file: %s is empty", f)
 		}
 		return token, nil
 	}
@@ -134,7 +137,7 @@ type serverSecurity struct {
 	insecure                                                 *bool
 }
 
-func registerServerSecurity(fs *flag.FlagSet) serverSecurity {
+func registerServerSecurity(fs *pflag.FlagSet) serverSecurity {
 	return serverSecurity{
 		cert:     fs.String("tls-cert", "", "serve the API and the fast lane over TLS with this certificate (PEM; reloaded on SIGHUP)"),
 		key:      fs.String("tls-key", "", "key of --tls-cert (PEM)"),

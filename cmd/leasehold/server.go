@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,76 +11,113 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/replication"
 	"github.com/leasehold/leasehold/server"
 	"github.com/leasehold/leasehold/service"
 )
 
-func runServer(args []string) int {
-	fs := flag.NewFlagSet("server", flag.ContinueOnError)
+// newServerCmd is `leasehold server [flags]`: run a node until SIGINT or SIGTERM.
+func newServerCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "server [flags]",
+		Short: "run a node (defaults: API 127.0.0.1:7740, raft 127.0.0.1:7741, data ./leasehold-data)",
+		Args:  cobra.NoArgs,
+	}
+	var f serverFlags
+	fs := cmd.Flags()
 	def := service.DefaultConfig() // every default below comes from the layers' own
-	addr := fs.String("addr", def.Addr, "API address (Connect: gRPC, gRPC-Web, JSON over HTTP)")
-	raftAddr := fs.String("raft-addr", def.Raft.RaftAddr, "raft transport address")
-	logStore := fs.String("log-store", "auto", "raft log store: wal (one fsync per commit), bolt (raft-boltdb), or auto (bolt for a data dir that has raft.db, else wal)")
-	fastAddr := fs.String("fast-lane-addr", "", "fast-lane address (binary protocol for the hot calls), or off (default: the host of --addr, port "+service.DefaultFastLanePort+")")
-	fastAdvertise := fs.String("fast-lane-advertise", "", "fast-lane address clients dial (default: the fast lane's address; bound to 0.0.0.0 or [::], the host of --advertise-addr with the fast lane's port)")
-	dataDir := fs.String("data-dir", "./leasehold-data", "directory for the raft log and snapshots")
-	nodeID := fs.String("node-id", def.Raft.NodeID, "this node's id in the cluster")
-	defTTL := fs.Duration("default-ttl", def.Server.DefaultTTL, "lease TTL when a client asks for 0")
-	minTTL := fs.Duration("min-ttl", def.Server.MinTTL, "smallest lease TTL a client may ask for")
-	maxTTL := fs.Duration("max-ttl", def.Server.MaxTTL, "largest lease TTL a client may ask for")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	advertise := fs.String("advertise-addr", "", "API address other nodes and clients use (default: the listen address)")
-	raftAdvertise := fs.String("raft-advertise", "", "raft address other nodes dial (default: --raft-addr)")
-	bootstrap := fs.Bool("bootstrap", true, "start a new cluster if the data dir is empty (off with --join)")
-	enablePprof := fs.Bool("pprof", false, "serve Go's profiler under /debug/pprof/ on the API address (for diagnosing CPU or memory use)")
-	join := fs.String("join", "", "API address of a cluster member to join through (implies --bootstrap=false)")
-	recoverFlag := fs.Bool("recover", false, "rewrite the raft configuration of this stopped node, whose cluster lost its quorum, to this node alone (or to --peers), then exit; see docs/OPERATIONS.md")
-	tokenGap := fs.Uint64("token-gap", 1<<32, "with --recover: continue the token sequence this far above the node's last token, so tokens the lost nodes issued are never issued again")
-	idemKeys := fs.Int("idempotency-keys", 0, "done idempotency keys kept (their retention, counted), also the most in progress; 0 means 100000; the same on every node")
-	idemBytes := fs.Int("idempotency-bytes", 0, "bytes of idempotency results kept at most; 0 means 64 MiB; the same on every node")
-	ledgerPerLock := fs.Int("ledger-per-lock", 0, "tenures the ledger (leasehold history) keeps per lock; 0 means 16; the same on every node")
-	ledgerTotal := fs.Int("ledger-total", 0, "tenures the ledger keeps in all, the oldest dropped first; 0 means 100000; the same on every node")
-	watchRetention := fs.Int("watch-retention", 0, "lock events each node keeps for watch (a stream may start or resume this far back); 0 means 100000, about 18 MB")
-	var peers peerFlags
-	fs.Var(&peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR] (repeat for each node, including this one)")
-	fs.Var(peerList{&peers}, "peers", "static cluster members as one list: ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR];ID,...;...")
-	security := registerServerSecurity(fs)
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "leasehold server: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
-	}
+	fs.StringVar(&f.addr, "addr", def.Addr, "API address (Connect: gRPC, gRPC-Web, JSON over HTTP)")
+	fs.StringVar(&f.raftAddr, "raft-addr", def.Raft.RaftAddr, "raft transport address")
+	fs.StringVar(&f.logStore, "log-store", "auto", "raft log store: wal (one fsync per commit), bolt (raft-boltdb), or auto (bolt for a data dir that has raft.db, else wal)")
+	fs.StringVar(&f.fastAddr, "fast-lane-addr", "", "fast-lane address (binary protocol for the hot calls), or off (default: the host of --addr, port "+service.DefaultFastLanePort+")")
+	fs.StringVar(&f.fastAdvertise, "fast-lane-advertise", "", "fast-lane address clients dial (default: the fast lane's address; bound to 0.0.0.0 or [::], the host of --advertise-addr with the fast lane's port)")
+	fs.StringVar(&f.dataDir, "data-dir", "./leasehold-data", "directory for the raft log and snapshots")
+	fs.StringVar(&f.nodeID, "node-id", def.Raft.NodeID, "this node's id in the cluster")
+	fs.DurationVar(&f.defTTL, "default-ttl", def.Server.DefaultTTL, "lease TTL when a client asks for 0")
+	fs.DurationVar(&f.minTTL, "min-ttl", def.Server.MinTTL, "smallest lease TTL a client may ask for")
+	fs.DurationVar(&f.maxTTL, "max-ttl", def.Server.MaxTTL, "largest lease TTL a client may ask for")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.advertise, "advertise-addr", "", "API address other nodes and clients use (default: the listen address)")
+	fs.StringVar(&f.raftAdvertise, "raft-advertise", "", "raft address other nodes dial (default: --raft-addr)")
+	fs.BoolVar(&f.bootstrap, "bootstrap", true, "start a new cluster if the data dir is empty (off with --join)")
+	fs.BoolVar(&f.enablePprof, "pprof", false, "serve Go's profiler under /debug/pprof/ on the API address (for diagnosing CPU or memory use)")
+	fs.StringVar(&f.join, "join", "", "API address of a cluster member to join through (implies --bootstrap=false)")
+	fs.BoolVar(&f.recoverFlag, "recover", false, "rewrite the raft configuration of this stopped node, whose cluster lost its quorum, to this node alone (or to --peers), then exit; see docs/OPERATIONS.md")
+	fs.Uint64Var(&f.tokenGap, "token-gap", 1<<32, "with --recover: continue the token sequence this far above the node's last token, so tokens the lost nodes issued are never issued again")
+	fs.IntVar(&f.idemKeys, "idempotency-keys", 0, "done idempotency keys kept (their retention, counted), also the most in progress; 0 means 100000; the same on every node")
+	fs.IntVar(&f.idemBytes, "idempotency-bytes", 0, "bytes of idempotency results kept at most; 0 means 64 MiB; the same on every node")
+	fs.IntVar(&f.ledgerPerLock, "ledger-per-lock", 0, "tenures the ledger (leasehold history) keeps per lock; 0 means 16; the same on every node")
+	fs.IntVar(&f.ledgerTotal, "ledger-total", 0, "tenures the ledger keeps in all, the oldest dropped first; 0 means 100000; the same on every node")
+	fs.IntVar(&f.watchRetention, "watch-retention", 0, "lock events each node keeps for watch (a stream may start or resume this far back); 0 means 100000, about 18 MB")
+	fs.Var(&f.peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR] (repeat for each node, including this one)")
+	fs.Var(peerList{&f.peers}, "peers", "static cluster members as one list: ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR];ID,...;...")
+	f.security = registerServerSecurity(fs)
+	completeFlag(cmd, "log-level", "debug", "info", "warn", "error")
+	completeFlag(cmd, "log-store", "auto", "wal", "bolt")
+	cmd.RunE = func(*cobra.Command, []string) error { return exitWith(runServer(f)) }
+	return cmd
+}
+
+// serverFlags are the flags of `leasehold server`.
+type serverFlags struct {
+	addr          string
+	raftAddr      string
+	logStore      string
+	fastAddr      string
+	fastAdvertise string
+	dataDir       string
+	nodeID        string
+	defTTL        time.Duration
+	minTTL        time.Duration
+	maxTTL        time.Duration
+	logLevel      string
+	advertise     string
+	raftAdvertise string
+	bootstrap     bool
+	enablePprof   bool
+	join          string
+	recoverFlag   bool
+	tokenGap      uint64
+	idemKeys      int
+	idemBytes     int
+	// ledgerPerLock, ledgerTotal and watchRetention bound the ledger and Watch's history.
+	ledgerPerLock, ledgerTotal, watchRetention int
+	peers                                      peerFlags
+	security                                   serverSecurity
+}
+
+// runServer runs a node as the flags say and returns the exit code.
+func runServer(f serverFlags) int {
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		fmt.Fprintf(os.Stderr, "leasehold server: --log-level: %v\n", err)
 		return exitUsage
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if *recoverFlag {
-		return recoverNode(replication.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise, LogStore: *logStore, Logger: log}, peers, *tokenGap)
+	if f.recoverFlag {
+		return recoverNode(replication.Config{NodeID: f.nodeID, DataDir: f.dataDir, RaftAddr: f.raftAddr, RaftAdvertise: f.raftAdvertise, LogStore: f.logStore, Logger: log}, f.peers, f.tokenGap)
 	}
 	cfg := service.Config{
-		Addr:              *addr,
-		Raft:              replication.Config{NodeID: *nodeID, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise, Bootstrap: *bootstrap && *join == "", LogStore: *logStore},
-		Server:            server.Config{DefaultTTL: *defTTL, MinTTL: *minTTL, MaxTTL: *maxTTL, Version: version, NodeID: *nodeID, Logger: log, WatchRetention: *watchRetention},
+		Addr:              f.addr,
+		Raft:              replication.Config{NodeID: f.nodeID, DataDir: f.dataDir, RaftAddr: f.raftAddr, RaftAdvertise: f.raftAdvertise, Bootstrap: f.bootstrap && f.join == "", LogStore: f.logStore},
+		Server:            server.Config{DefaultTTL: f.defTTL, MinTTL: f.minTTL, MaxTTL: f.maxTTL, Version: version, NodeID: f.nodeID, Logger: log, WatchRetention: f.watchRetention},
 		Logger:            log,
-		AdvertiseAddr:     *advertise,
-		Join:              *join,
-		FastLaneAddr:      *fastAddr,
-		FastLaneAdvertise: *fastAdvertise,
-		Pprof:             *enablePprof,
+		AdvertiseAddr:     f.advertise,
+		Join:              f.join,
+		FastLaneAddr:      f.fastAddr,
+		FastLaneAdvertise: f.fastAdvertise,
+		Pprof:             f.enablePprof,
 	}
-	cfg.Raft.Limits = core.Limits{IdempotencyKeys: *idemKeys, IdempotencyBytes: *idemBytes, LedgerPerLock: *ledgerPerLock, LedgerTotal: *ledgerTotal}
-	if len(peers) > 0 {
-		if *join != "" {
+	cfg.Raft.Limits = core.Limits{IdempotencyKeys: f.idemKeys, IdempotencyBytes: f.idemBytes, LedgerPerLock: f.ledgerPerLock, LedgerTotal: f.ledgerTotal}
+	if len(f.peers) > 0 {
+		if f.join != "" {
 			fmt.Fprintln(os.Stderr, "leasehold server: --peer and --join exclude each other")
 			return exitUsage
 		}
-		for _, p := range peers {
+		for _, p := range f.peers {
 			cfg.Raft.Peers = append(cfg.Raft.Peers, replication.Peer{ID: p.id, RaftAddr: p.raft})
 			cfg.StaticPeers = append(cfg.StaticPeers, core.Member{ID: p.id, APIAddr: p.api, FastLaneAddr: p.fast})
 		}
@@ -91,11 +127,11 @@ func runServer(args []string) int {
 		return exitUsage
 	}
 	var err error
-	if cfg.TLS, cfg.Server.Auth, err = security.load(); err != nil {
+	if cfg.TLS, cfg.Server.Auth, err = f.security.load(); err != nil {
 		fmt.Fprintf(os.Stderr, "leasehold server: %v\n", err)
 		return exitUsage
 	}
-	cfg.InsecureNoAuth = *security.insecure
+	cfg.InsecureNoAuth = *f.security.insecure
 	if err := serve(log, cfg); err != nil {
 		log.Error("server stopped", "err", err)
 		return exitError
@@ -172,6 +208,7 @@ type peer struct{ id, raft, api, fast string }
 type peerFlags []peer
 
 func (p *peerFlags) String() string { return fmt.Sprint(*p) }
+func (p *peerFlags) Type() string   { return "ID,RAFT,API[,FAST]" }
 
 func (p *peerFlags) Set(v string) error {
 	parts := strings.Split(v, ",")
@@ -195,6 +232,8 @@ func (l peerList) String() string {
 	}
 	return l.p.String()
 }
+
+func (l peerList) Type() string { return "ID,RAFT,API[,FAST];..." }
 
 func (l peerList) Set(v string) error {
 	for _, m := range strings.Split(v, ";") {

@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,51 +11,64 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/replication"
 )
 
-const snapshotUsage = `usage:
-  leasehold snapshot save FILE [--addr HOST:PORT]
-      write the cluster's whole state (from the leader, at a linearizable point) to FILE
-  leasehold snapshot restore FILE --data-dir DIR [--node-id ID] [--raft-addr ADDR]
-      seed a NEW data dir with FILE as a one-node cluster; start 'leasehold server' on it
-      with the same --node-id and --raft-addr, then join other nodes to it`
+// newSnapshotCmd is `leasehold snapshot save|restore FILE`.
+func newSnapshotCmd() *cobra.Command {
+	snapshot := &cobra.Command{
+		Use:   "snapshot save|restore FILE",
+		Short: "back up the whole state; restore into a new data dir",
+		Args:  cobra.NoArgs,
+		RunE:  usageOnly,
+	}
+	var addr string
+	save := &cobra.Command{
+		Use:   "save FILE",
+		Short: "write the cluster's whole state (from the leader, at a linearizable point) to FILE",
+		Long: `Writes the cluster's whole state, from the leader at a linearizable point, to FILE.
+--addr may list several nodes, separated by commas: the first that answers is used.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error { return exitWith(snapshotSave(addr, args[0])) },
+	}
+	addrFlag(save.Flags(), &addr)
 
-func runSnapshot(args []string) int {
-	if len(args) < 2 || (args[0] != "save" && args[0] != "restore") {
-		fmt.Fprintln(os.Stderr, snapshotUsage)
-		return exitUsage
+	var dataDir, nodeID, raftAddr *string
+	var gap *uint64
+	restore := &cobra.Command{
+		Use:   "restore FILE --data-dir DIR [--node-id ID] [--raft-addr ADDR]",
+		Short: "seed a NEW data dir with FILE as a one-node cluster",
+		Long: `Seeds a NEW data dir with FILE as a one-node cluster; start 'leasehold server' on it
+with the same --node-id and --raft-addr, then join other nodes to it.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if *dataDir == "" {
+				return errors.New("--data-dir is required")
+			}
+			file := args[0]
+			b, err := os.ReadFile(file)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "leasehold snapshot restore: %v\n", err)
+				return exitWith(exitError)
+			}
+			if err := replication.RestoreDataDir(*dataDir, *nodeID, *raftAddr, b, core.Limits{}, *gap); err != nil {
+				fmt.Fprintf(os.Stderr, "leasehold snapshot restore: %v\n", err)
+				return exitWith(exitError)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "restored %s into %s; start it with:\n  leasehold server --data-dir %s --node-id %s --raft-addr %s\n", file, *dataDir, *dataDir, *nodeID, *raftAddr)
+			return nil
+		},
 	}
-	sub, file := args[0], args[1]
-	fs := flag.NewFlagSet("snapshot "+sub, flag.ContinueOnError)
-	addr := addrFlag(fs)
-	dataDir := fs.String("data-dir", "", "restore: the new data directory (must be empty)")
-	nodeID := fs.String("node-id", replication.DefaultNodeID, "restore: the node id the restored node will run with")
-	raftAddr := fs.String("raft-addr", replication.DefaultRaftAddr, "restore: the raft address the restored node will run with")
-	gap := fs.Uint64("token-gap", 1<<32, "restore: continue the token sequence this far above the backup's last token,\nso tokens issued after the backup are never issued again")
-	if err := fs.Parse(args[2:]); err != nil || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, snapshotUsage)
-		return exitUsage
-	}
-	if sub == "save" {
-		return snapshotSave(*addr, file)
-	}
-	if *dataDir == "" {
-		fmt.Fprintln(os.Stderr, "leasehold snapshot restore: --data-dir is required")
-		return exitUsage
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "leasehold snapshot restore: %v\n", err)
-		return exitError
-	}
-	if err := replication.RestoreDataDir(*dataDir, *nodeID, *raftAddr, b, core.Limits{}, *gap); err != nil {
-		fmt.Fprintf(os.Stderr, "leasehold snapshot restore: %v\n", err)
-		return exitError
-	}
-	fmt.Printf("restored %s into %s; start it with:\n  leasehold server --data-dir %s --node-id %s --raft-addr %s\n", file, *dataDir, *dataDir, *nodeID, *raftAddr)
-	return exitOK
+	fs := restore.Flags()
+	dataDir = fs.String("data-dir", "", "the new data directory (must be empty; required)")
+	nodeID = fs.String("node-id", replication.DefaultNodeID, "the node id the restored node will run with")
+	raftAddr = fs.String("raft-addr", replication.DefaultRaftAddr, "the raft address the restored node will run with")
+	gap = fs.Uint64("token-gap", 1<<32, "continue the token sequence this far above the backup's last token,\nso tokens issued after the backup are never issued again")
+	snapshot.AddCommand(save, restore)
+	return snapshot
 }
 
 func snapshotSave(addr, file string) int {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -13,28 +13,20 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/leasehold/leasehold/verify"
 )
 
-// runVerify implements `leasehold verify --url URL`: the conformance kit of package
-// verify against the user's own resource. Exit codes: 0 PASS, 1 FAIL, 2 INCONCLUSIVE,
-// 64 usage, 69 the server or the writers could not run.
-func runVerify(args []string) int {
-	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
-	addr := addrFlag(fs)
-	url := fs.String("url", "", "the resource's HTTP endpoint: each write is a POST with the Fencing-Token header (required)")
-	lock := fs.String("lock", "", "the lock the writers take (default verify/RANDOM)")
-	writers := fs.Int("writers", 3, "writer processes (2 to 64)")
-	duration := fs.Duration("duration", 20*time.Second, "how long the writers write")
-	ttl := fs.Duration("ttl", time.Second, "the writers' lease TTL; pauses last 1.5 to 3 TTLs")
-	chance := fs.Float64("pause-chance", 0.15, "chance that a writer is stopped with SIGSTOP after one of its writes")
-	seed := fs.Uint64("seed", 0, "pause schedule seed (0 picks one; the report prints it)")
-	output := fs.String("output", "text", "text or json")
-	verbose := fs.Bool("v", false, "print every pause as it happens")
-	fs.Usage = func() {
-		fmt.Fprint(os.Stderr, `usage: leasehold verify --url URL [flags]
-
-Checks that a resource refuses stale fencing tokens. Writer processes take one
+// newVerifyCmd is `leasehold verify --url URL`: the conformance kit of package verify
+// against the user's own resource. Exit codes: 0 PASS, 1 FAIL, 2 INCONCLUSIVE, 64
+// usage, 69 the server or the writers could not run.
+func newVerifyCmd() *cobra.Command {
+	var f verifyFlags
+	cmd := &cobra.Command{
+		Use:   "verify --url URL [flags]",
+		Short: "check that YOUR resource refuses stale tokens: paused writers, porcupine over the history",
+		Long: `Checks that a resource refuses stale fencing tokens. Writer processes take one
 correctness lock in turn and POST writes to URL with "Fencing-Token: LOCK=TOKEN";
 holders are stopped with SIGSTOP past their TTL, so that a newer holder writes, and
 resumed to write with their old token. Every write is recorded and the history
@@ -42,24 +34,49 @@ checked with porcupine: the resource must never accept a token lower than one it
 accepted before. 2xx means accepted, 409 and 412 rejected, anything else unknown.
 
 Exit codes: 0 PASS, 1 FAIL (the offending writes are printed), 2 INCONCLUSIVE (no
-stale write was attempted), 64 usage, 69 the server or the writers could not run.
+stale write was attempted), 64 usage, 69 the server or the writers could not run.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.url == "" {
+				return errors.New("--url is required")
+			}
+			return exitWith(runVerify(cmd.OutOrStdout(), f))
+		},
+	}
+	fs := cmd.Flags()
+	addrFlag(fs, &f.addr)
+	fs.StringVar(&f.url, "url", "", "the resource's HTTP endpoint: each write is a POST with the Fencing-Token header (required)")
+	fs.StringVar(&f.lock, "lock", "", "the lock the writers take (default verify/RANDOM)")
+	fs.IntVar(&f.writers, "writers", 3, "writer processes (2 to 64)")
+	fs.DurationVar(&f.duration, "duration", 20*time.Second, "how long the writers write")
+	fs.DurationVar(&f.ttl, "ttl", time.Second, "the writers' lease TTL; pauses last 1.5 to 3 TTLs")
+	fs.Float64Var(&f.chance, "pause-chance", 0.15, "chance that a writer is stopped with SIGSTOP after one of its writes")
+	fs.Uint64Var(&f.seed, "seed", 0, "pause schedule seed (0 picks one; the report prints it)")
+	f.output = outputFlag(cmd)
+	fs.BoolVarP(&f.verbose, "verbose", "v", false, "print every pause as it happens")
+	return cmd
+}
 
-Flags:
-`)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
-	}
-	if *url == "" || fs.NArg() > 0 || (*output != "text" && *output != "json") {
-		fs.Usage()
-		return exitUsage
-	}
+// verifyFlags are the flags of `leasehold verify`.
+type verifyFlags struct {
+	addr          string
+	url, lock     string
+	writers       int
+	duration, ttl time.Duration
+	chance        float64
+	seed          uint64
+	output        *outputFormat
+	verbose       bool
+}
+
+// runVerify runs the kit as the flags say, prints its report to w and returns the exit
+// code.
+func runVerify(w io.Writer, f verifyFlags) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	cfg := verify.Config{Addr: *addr, URL: *url, Lock: *lock, Writers: *writers, Duration: *duration,
-		TTL: *ttl, PauseChance: *chance, Seed: *seed}
-	if *verbose {
+	cfg := verify.Config{Addr: f.addr, URL: f.url, Lock: f.lock, Writers: f.writers, Duration: f.duration,
+		TTL: f.ttl, PauseChance: f.chance, Seed: f.seed}
+	if f.verbose {
 		cfg.Log = os.Stderr
 	}
 	r, err := verify.Run(ctx, cfg)
@@ -70,12 +87,12 @@ Flags:
 		}
 		return exitUnavailable
 	}
-	if *output == "json" {
-		enc := json.NewEncoder(os.Stdout)
+	if f.output.json() {
+		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(r)
 	} else {
-		r.Print(os.Stdout)
+		r.Print(w)
 	}
 	switch r.Verdict {
 	case verify.Pass:
@@ -86,26 +103,35 @@ Flags:
 	return exitError
 }
 
-// runDemoResource implements `leasehold demo-resource [--fenced] [--listen ADDR]`: an
-// HTTP resource to try `leasehold verify` on (verify.DemoResource).
-func runDemoResource(args []string) int {
-	fs := flag.NewFlagSet("demo-resource", flag.ContinueOnError)
-	fenced := fs.Bool("fenced", false, "check fencing tokens (package fence); without it every write is accepted")
-	listen := fs.String("listen", "127.0.0.1:8089", "address to serve on")
-	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
-		return exitUsage
+// newDemoResourceCmd is `leasehold demo-resource [--fenced] [--listen ADDR]`: an HTTP
+// resource to try `leasehold verify` on (verify.DemoResource).
+func newDemoResourceCmd() *cobra.Command {
+	var fenced *bool
+	var listen *string
+	cmd := &cobra.Command{
+		Use:   "demo-resource [--fenced] [--listen ADDR]",
+		Short: "an HTTP resource to try verify on",
+		Args:  cobra.NoArgs,
+		RunE:  func(*cobra.Command, []string) error { return exitWith(runDemoResource(*fenced, *listen)) },
 	}
-	ln, err := net.Listen("tcp", *listen)
+	fenced = cmd.Flags().Bool("fenced", false, "check fencing tokens (package fence); without it every write is accepted")
+	listen = cmd.Flags().String("listen", "127.0.0.1:8089", "address to serve on")
+	return cmd
+}
+
+// runDemoResource serves the demo resource on listen until SIGINT or SIGTERM.
+func runDemoResource(fenced bool, listen string) int {
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "leasehold demo-resource: %v\n", err)
 		return exitError
 	}
 	kind := "unfenced: it accepts every write"
-	if *fenced {
+	if fenced {
 		kind = "fenced: it refuses stale tokens with 409"
 	}
 	fmt.Fprintf(os.Stderr, "demo resource on http://%s/write, %s\n", ln.Addr(), kind)
-	srv := &http.Server{Handler: verify.DemoResource(*fenced), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: verify.DemoResource(fenced), ReadHeaderTimeout: 5 * time.Second}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	go func() {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -23,66 +23,107 @@ import (
 	"github.com/leasehold/leasehold/client"
 )
 
-// runWatch is `leasehold watch [PREFIX] [--from REV] [--output json]`: it prints the
-// lock events under PREFIX as they happen, one line each, until interrupted.
-func runWatch(args []string) int {
-	fs := flag.NewFlagSet("watch", flag.ContinueOnError)
-	addr := addrFlag(fs)
-	from := fs.String("from", "", "start at this revision, INDEX or INDEX.OFFSET (inclusive; the REV column); default: the next event")
-	output := fs.String("output", "text", "text, or json: one JSON object per event and line")
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return exitUsage
-	}
-	start, err := parseRevision(*from)
-	if len(pos) > 1 || err != nil || (*output != "text" && *output != "json") {
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "leasehold watch: --from: %v\n", err)
-		}
-		fmt.Fprintln(os.Stderr, "usage: leasehold watch [--addr HOST:PORT] [PREFIX] [--from REV] [--output json]")
-		return exitUsage
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	c, code := dial(ctx, *addr)
-	if c == nil {
-		return code
-	}
-	var opts []client.WatchOption
-	if start != nil {
-		opts = append(opts, client.WatchFrom(start))
-	}
-	prefix := ""
-	if len(pos) == 1 {
-		prefix = pos[0]
-	}
-	for e, err := range c.Watch(ctx, prefix, opts...) {
-		if err != nil {
-			if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-				return exitOK // interrupted
+// newWatchCmd is `leasehold watch [PREFIX] [--from REV] [-o json]`: it prints the lock
+// events under PREFIX as they happen, one line each, until interrupted.
+func newWatchCmd() *cobra.Command {
+	var addr string
+	var from string
+	var start *leaseholdv1.Revision
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:   "watch [PREFIX]",
+		Short: "stream lock events (acquired, released, expired, ...) as they happen",
+		Long: `Stream the lock events under PREFIX as they happen — acquired, released, expired,
+revoked, force-released, queued, wait ended, a new efficiency epoch — one line each, with
+its revision (INDEX.OFFSET), token and holder, until interrupted. It resumes by itself
+across leader changes, missing and repeating nothing. --from replays the node's retained
+history from a revision; one older than that fails "compacted", naming the oldest held.`,
+		Args:              cobra.MaximumNArgs(1),
+		ValidArgsFunction: completeFromServer(&addr, lockNames),
+		PreRunE: func(*cobra.Command, []string) error {
+			var err error
+			start, err = parseRevision(from)
+			return err
+		},
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			var opts []client.WatchOption
+			if start != nil {
+				opts = append(opts, client.WatchFrom(start))
 			}
-			return exitFor("watch", err)
-		}
-		if err := printEvent(os.Stdout, e, *output == "json"); err != nil {
-			return exitFor("watch", err)
-		}
+			for e, err := range c.Watch(ctx, firstArg(args), opts...) {
+				if err != nil {
+					if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+						return nil // interrupted
+					}
+					return err
+				}
+				if err := printEvent(cmd.OutOrStdout(), e, output.json()); err != nil {
+					return err
+				}
+			}
+			return nil
+		}),
 	}
-	return exitOK
+	addrFlag(cmd.Flags(), &addr)
+	cmd.Flags().StringVar(&from, "from", "", "start at this revision, INDEX or INDEX.OFFSET (inclusive; the first column); default: the next event")
+	output = outputFlag(cmd)
+	return cmd
 }
 
-// parseInterleaved parses args with fs, flags before and after the positional
-// arguments alike (`leasehold watch jobs/ --from 5`), and returns the positional ones.
-func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		if fs.NArg() == 0 {
-			return pos, nil
-		}
-		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
+// newHistoryCmd is `leasehold history NAME [-o json]`: the lock's ledger.
+func newHistoryCmd() *cobra.Command {
+	var addr string
+	var output *outputFormat
+	cmd := &cobra.Command{
+		Use:   "history NAME",
+		Short: "a correctness lock's last tenures: holder, token, from, to, how each ended",
+		Long: `Show the ledger of a correctness lock: its last tenures, oldest first — token,
+holder, mode, from, to, and how each ended (released, expired, revoked, force-released
+with who asked and why) — then its current holds. Replicated: it survives failover and
+restore. Efficiency locks have none.`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeFromServer(&addr, lockNames),
+		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			tenures, err := c.History(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if output.json() {
+				return printJSON(cmd.OutOrStdout(), &leaseholdv1.HistoryResponse{Tenures: tenures})
+			}
+			printHistory(cmd.OutOrStdout(), tenures)
+			return nil
+		}),
 	}
+	addrFlag(cmd.Flags(), &addr)
+	output = outputFlag(cmd)
+	return cmd
+}
+
+// printHistory prints a ledger as a table.
+func printHistory(w io.Writer, tenures []*leaseholdv1.Tenure) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TOKEN\tHOLDER\tMODE\tFROM\tTO\tENDED")
+	stamp := func(ms int64) string {
+		if ms == 0 {
+			return "?"
+		}
+		return time.UnixMilli(ms).UTC().Format("2006-01-02 15:04:05.000")
+	}
+	for _, t := range tenures {
+		to, ended := stamp(t.GetEndUnixMs()), strings.ToLower(strings.TrimPrefix(t.GetEnd().String(), "TENURE_END_"))
+		if t.GetEnd() == leaseholdv1.TenureEnd_TENURE_END_UNSPECIFIED {
+			to, ended = "-", "held"
+		}
+		if t.GetReason() != "" {
+			ended += " (" + t.GetReason() + ")"
+		}
+		mode := strings.ToLower(strings.TrimPrefix(t.GetMode().String(), "LOCK_MODE_"))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", t.GetToken(), describeHolder(t.GetHolder()), mode, stamp(t.GetStartUnixMs()), to, ended)
+	}
+	_ = tw.Flush()
 }
 
 // parseRevision reads INDEX or INDEX.OFFSET ("" is no revision).
@@ -93,21 +134,21 @@ func parseRevision(s string) (*leaseholdv1.Revision, error) {
 	index, offset, _ := strings.Cut(s, ".")
 	i, err := strconv.ParseUint(index, 10, 64)
 	if err != nil {
-		return nil, fmt.Errorf("%q is not INDEX or INDEX.OFFSET", s)
+		return nil, fmt.Errorf("--from %q is not INDEX or INDEX.OFFSET", s)
 	}
 	var o uint64
 	if offset != "" {
 		if o, err = strconv.ParseUint(offset, 10, 32); err != nil {
-			return nil, fmt.Errorf("%q is not INDEX or INDEX.OFFSET", s)
+			return nil, fmt.Errorf("--from %q is not INDEX or INDEX.OFFSET", s)
 		}
 	}
 	return &leaseholdv1.Revision{Index: i, Offset: uint32(o)}, nil
 }
 
-// printJSONLine prints m as one compact JSON object (protojson, field names as in the
-// .proto file) and a newline.
+// printJSONLine prints m as one compact JSON object (the protobuf JSON mapping, as curl
+// gets it) and a newline: a stream's line.
 func printJSONLine(w io.Writer, m proto.Message) error {
-	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+	b, err := protojson.Marshal(m)
 	if err != nil {
 		return err
 	}
@@ -120,8 +161,7 @@ func printJSONLine(w io.Writer, m proto.Message) error {
 	return err
 }
 
-// printEvent prints one event: a JSON object (protojson, field names as in the .proto
-// file) or a line of text.
+// printEvent prints one event: a JSON object, or a line of text.
 func printEvent(w io.Writer, e *leaseholdv1.WatchEvent, asJSON bool) error {
 	if asJSON {
 		return printJSONLine(w, e)
@@ -145,57 +185,4 @@ func printEvent(w io.Writer, e *leaseholdv1.WatchEvent, asJSON bool) error {
 	}
 	_, err := fmt.Fprintln(w, line)
 	return err
-}
-
-// runHistory is `leasehold history NAME [--output json]`: the lock's ledger.
-func runHistory(args []string) int {
-	fs := flag.NewFlagSet("history", flag.ContinueOnError)
-	addr := addrFlag(fs)
-	output := fs.String("output", "text", "text, or json: one JSON object per tenure and line")
-	pos, err := parseInterleaved(fs, args)
-	if err != nil {
-		return exitUsage
-	}
-	if len(pos) != 1 || (*output != "text" && *output != "json") {
-		fmt.Fprintln(os.Stderr, "usage: leasehold history [--addr HOST:PORT] NAME [--output json]")
-		return exitUsage
-	}
-	ctx := context.Background()
-	c, code := dial(ctx, *addr)
-	if c == nil {
-		return code
-	}
-	tenures, err := c.History(ctx, pos[0])
-	if err != nil {
-		return exitFor("history", err)
-	}
-	if *output == "json" {
-		for _, t := range tenures {
-			if err := printJSONLine(os.Stdout, t); err != nil {
-				return exitFor("history", err)
-			}
-		}
-		return exitOK
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TOKEN\tHOLDER\tMODE\tFROM\tTO\tENDED")
-	stamp := func(ms int64) string {
-		if ms == 0 {
-			return "?"
-		}
-		return time.UnixMilli(ms).UTC().Format("2006-01-02 15:04:05.000")
-	}
-	for _, t := range tenures {
-		to, ended := stamp(t.GetEndUnixMs()), strings.ToLower(strings.TrimPrefix(t.GetEnd().String(), "TENURE_END_"))
-		if t.GetEnd() == leaseholdv1.TenureEnd_TENURE_END_UNSPECIFIED {
-			to, ended = "-", "held"
-		}
-		if t.GetReason() != "" {
-			ended += " (" + t.GetReason() + ")"
-		}
-		mode := strings.ToLower(strings.TrimPrefix(t.GetMode().String(), "LOCK_MODE_"))
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", t.GetToken(), describeHolder(t.GetHolder()), mode, stamp(t.GetStartUnixMs()), to, ended)
-	}
-	_ = tw.Flush()
-	return exitOK
 }

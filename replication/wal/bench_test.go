@@ -3,18 +3,15 @@ package wal
 import (
 	"fmt"
 	"math/rand/v2"
-	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 )
 
-// benchStore is one implementation under benchmark. syncs returns how many segment
-// syncs it has made, or -1 when it cannot tell (bbolt: two fdatasyncs per commit by
-// construction, data pages then meta page, plus one more when the file grows).
+// benchStore is one configuration of this package under benchmark; syncs returns how
+// many segment syncs it has made. The comparison with other engines (hashicorp/raft-wal,
+// raft-boltdb) is in the benchmark module: bench/logstore_bench_test.go.
 type benchStore struct {
 	name string
 	open func(b *testing.B, dir string) (raft.LogStore, func() int64, func() error)
@@ -30,11 +27,6 @@ var benchStores = []benchStore{
 		l, err := Open(dir, Options{SegmentSize: DefaultSegmentSize, fullSync: true})
 		must(b, err)
 		return l, func() int64 { return int64(l.Syncs()) }, l.Close
-	}},
-	{"bolt", func(b *testing.B, dir string) (raft.LogStore, func() int64, func() error) {
-		s, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dir, "raft.db")})
-		must(b, err)
-		return s, func() int64 { return -1 }, s.Close
 	}},
 }
 
@@ -53,7 +45,8 @@ func benchEntries(n int) []*raft.Log {
 }
 
 // BenchmarkStoreLogs measures one durable StoreLogs call per op (what raft's leader loop
-// does per dispatch, and a follower per AppendEntries) for this package and raft-boltdb.
+// does per dispatch, and a follower per AppendEntries), flushing with fdatasync (the
+// default) and with fsync.
 // Run: go test -run '^$' -bench StoreLogs -benchtime 2s ./replication/wal/
 func BenchmarkStoreLogs(b *testing.B) {
 	for _, batch := range []int{1, 16, 128} {
@@ -82,82 +75,5 @@ func BenchmarkStoreLogs(b *testing.B) {
 				b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "entries/s")
 			})
 		}
-	}
-}
-
-// BenchmarkGetLog reads random entries among the last 1,000 written, as raft's
-// replication goroutines do.
-func BenchmarkGetLog(b *testing.B) {
-	for _, bs := range benchStores {
-		if bs.name == "wal-fsync" {
-			continue
-		}
-		b.Run(bs.name, func(b *testing.B) {
-			store, _, closeFn := bs.open(b, b.TempDir())
-			defer func() { must(b, closeFn()) }()
-			logs := benchEntries(100)
-			for i := range 10 {
-				for j, l := range logs {
-					l.Index = uint64(i*100 + j + 1)
-				}
-				must(b, store.StoreLogs(logs))
-			}
-			rng := rand.New(rand.NewPCG(3, 4))
-			var out raft.Log
-			b.ResetTimer()
-			for range b.N {
-				if err := store.GetLog(1+rng.Uint64N(1000), &out); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
-}
-
-// BenchmarkStoreLogsPaired alternates one StoreLogs on each store per iteration and
-// reports each one's median and mean latency. On a shared machine whose disk latency
-// drifts, this pairing compares the stores under the same conditions, which separate
-// sub-benchmarks run seconds apart do not.
-func BenchmarkStoreLogsPaired(b *testing.B) {
-	for _, batch := range []int{1, 16, 128} {
-		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
-			type run struct {
-				name  string
-				store raft.LogStore
-				logs  []*raft.Log
-				next  uint64
-				lat   []time.Duration
-			}
-			var runs []*run
-			for _, bs := range benchStores {
-				store, _, closeFn := bs.open(b, b.TempDir())
-				defer func() { must(b, closeFn()) }()
-				runs = append(runs, &run{name: bs.name, store: store, logs: benchEntries(batch), next: 1})
-			}
-			b.ResetTimer()
-			for range b.N {
-				for _, r := range runs {
-					for _, l := range r.logs {
-						l.Index = r.next
-						r.next++
-					}
-					start := time.Now()
-					if err := r.store.StoreLogs(r.logs); err != nil {
-						b.Fatal(err)
-					}
-					r.lat = append(r.lat, time.Since(start))
-				}
-			}
-			b.StopTimer()
-			for _, r := range runs {
-				slices.Sort(r.lat)
-				var sum time.Duration
-				for _, d := range r.lat {
-					sum += d
-				}
-				b.ReportMetric(float64(r.lat[len(r.lat)/2].Microseconds()), r.name+"-p50-µs")
-				b.ReportMetric(float64(sum.Microseconds())/float64(len(r.lat)), r.name+"-mean-µs")
-			}
-		})
 	}
 }

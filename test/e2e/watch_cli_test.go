@@ -57,11 +57,14 @@ func TestCLIWatch(t *testing.T) {
 		t.Fatalf("leasehold history: exit %d, stdout %q, stderr %q", h.Code, h.Stdout, h.Stderr)
 	}
 	h = RunCLI(t, 10*time.Second, "history", "--output", "json", "--addr", s.Addr, "e2e/watch/a")
-	var tenure struct {
-		Token string `json:"token"`
-		End   string `json:"end"`
+	var ledger struct {
+		Tenures []struct {
+			Token string `json:"token"`
+			End   string `json:"end"`
+		} `json:"tenures"`
 	}
-	if err := json.Unmarshal([]byte(strings.TrimSpace(h.Stdout)), &tenure); err != nil || tenure.Token != got[0].Token || tenure.End != "TENURE_END_RELEASED" {
+	if err := json.Unmarshal([]byte(h.Stdout), &ledger); err != nil || len(ledger.Tenures) != 1 ||
+		ledger.Tenures[0].Token != got[0].Token || ledger.Tenures[0].End != "TENURE_END_RELEASED" {
 		t.Fatalf("leasehold history --output json: %q (%v)", h.Stdout, err)
 	}
 }

@@ -157,6 +157,68 @@ func (LockMode) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{1}
 }
 
+// HeldReason is why an acquire was not granted. (A lock of the other class, or of
+// another kind, is its own error: FailedPrecondition "class_conflict", "mode_conflict".)
+type HeldReason int32
+
+const (
+	HeldReason_HELD_REASON_UNSPECIFIED HeldReason = 0
+	// Held in a mode that excludes the one asked for (exclusive, or a full semaphore).
+	HeldReason_HELD_REASON_HELD HeldReason = 1
+	// Held shared while exclusive was asked for, or exclusively while shared was.
+	HeldReason_HELD_REASON_MODE_CONFLICT HeldReason = 2
+	// Nobody holds it, but it is in its lock-delay after an expiry (until
+	// delay_until_unix_ms).
+	HeldReason_HELD_REASON_LOCK_DELAY HeldReason = 3
+	// It would admit the caller, but others wait before it (queues are FIFO).
+	HeldReason_HELD_REASON_WAITERS_AHEAD HeldReason = 4
+)
+
+// Enum value maps for HeldReason.
+var (
+	HeldReason_name = map[int32]string{
+		0: "HELD_REASON_UNSPECIFIED",
+		1: "HELD_REASON_HELD",
+		2: "HELD_REASON_MODE_CONFLICT",
+		3: "HELD_REASON_LOCK_DELAY",
+		4: "HELD_REASON_WAITERS_AHEAD",
+	}
+	HeldReason_value = map[string]int32{
+		"HELD_REASON_UNSPECIFIED":   0,
+		"HELD_REASON_HELD":          1,
+		"HELD_REASON_MODE_CONFLICT": 2,
+		"HELD_REASON_LOCK_DELAY":    3,
+		"HELD_REASON_WAITERS_AHEAD": 4,
+	}
+)
+
+func (x HeldReason) Enum() *HeldReason {
+	p := new(HeldReason)
+	*p = x
+	return p
+}
+
+func (x HeldReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (HeldReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_leasehold_proto_enumTypes[2].Descriptor()
+}
+
+func (HeldReason) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_leasehold_proto_enumTypes[2]
+}
+
+func (x HeldReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use HeldReason.Descriptor instead.
+func (HeldReason) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+}
+
 // TenureEnd is how a hold ended.
 type TenureEnd int32
 
@@ -202,11 +264,11 @@ func (x TenureEnd) String() string {
 }
 
 func (TenureEnd) Descriptor() protoreflect.EnumDescriptor {
-	return file_leasehold_v1_leasehold_proto_enumTypes[2].Descriptor()
+	return file_leasehold_v1_leasehold_proto_enumTypes[3].Descriptor()
 }
 
 func (TenureEnd) Type() protoreflect.EnumType {
-	return &file_leasehold_v1_leasehold_proto_enumTypes[2]
+	return &file_leasehold_v1_leasehold_proto_enumTypes[3]
 }
 
 func (x TenureEnd) Number() protoreflect.EnumNumber {
@@ -215,7 +277,7 @@ func (x TenureEnd) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TenureEnd.Descriptor instead.
 func (TenureEnd) EnumDescriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{3}
 }
 
 // EventKind is what a Watch event reports.
@@ -280,11 +342,11 @@ func (x EventKind) String() string {
 }
 
 func (EventKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_leasehold_v1_leasehold_proto_enumTypes[3].Descriptor()
+	return file_leasehold_v1_leasehold_proto_enumTypes[4].Descriptor()
 }
 
 func (EventKind) Type() protoreflect.EnumType {
-	return &file_leasehold_v1_leasehold_proto_enumTypes[3]
+	return &file_leasehold_v1_leasehold_proto_enumTypes[4]
 }
 
 func (x EventKind) Number() protoreflect.EnumNumber {
@@ -293,7 +355,7 @@ func (x EventKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EventKind.Descriptor instead.
 func (EventKind) EnumDescriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{3}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{4}
 }
 
 // KeyStatus is where an idempotency key stands.
@@ -337,11 +399,11 @@ func (x KeyStatus) String() string {
 }
 
 func (KeyStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_leasehold_v1_leasehold_proto_enumTypes[4].Descriptor()
+	return file_leasehold_v1_leasehold_proto_enumTypes[5].Descriptor()
 }
 
 func (KeyStatus) Type() protoreflect.EnumType {
-	return &file_leasehold_v1_leasehold_proto_enumTypes[4]
+	return &file_leasehold_v1_leasehold_proto_enumTypes[5]
 }
 
 func (x KeyStatus) Number() protoreflect.EnumNumber {
@@ -350,7 +412,7 @@ func (x KeyStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use KeyStatus.Descriptor instead.
 func (KeyStatus) EnumDescriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{4}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{5}
 }
 
 // Holder describes who holds or waits for a lock, so operators can see it in listings.
@@ -443,7 +505,9 @@ type ErrorDetail struct {
 	LeaderApiAddr string `protobuf:"bytes,7,opt,name=leader_api_addr,json=leaderApiAddr,proto3" json:"leader_api_addr,omitempty"`
 	// For "lock_held": the lock that was held — for a lock set, the first of its names
 	// that was (holder_token and holder describe that lock's holder).
-	HeldLock      string `protobuf:"bytes,20,opt,name=held_lock,json=heldLock,proto3" json:"held_lock,omitempty"`
+	HeldLock string `protobuf:"bytes,20,opt,name=held_lock,json=heldLock,proto3" json:"held_lock,omitempty"`
+	// For "lock_held" (a try-once acquire, or one whose wait ran out): why, in full.
+	Explanation   *HeldExplanation `protobuf:"bytes,30,opt,name=explanation,proto3" json:"explanation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -534,6 +598,168 @@ func (x *ErrorDetail) GetHeldLock() string {
 	return ""
 }
 
+func (x *ErrorDetail) GetExplanation() *HeldExplanation {
+	if x != nil {
+		return x.Explanation
+	}
+	return nil
+}
+
+// HeldExplanation says why an acquire was not granted: who holds the lock and since
+// when, how many wait and where the caller stood, and the reason.
+type HeldExplanation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lock's holders (one for an exclusive hold), oldest first.
+	Holders []*HeldBy `protobuf:"bytes,1,rep,name=holders,proto3" json:"holders,omitempty"`
+	// How many waited in the lock's queue (the caller included, when it waited).
+	QueueLength uint32 `protobuf:"varint,2,opt,name=queue_length,json=queueLength,proto3" json:"queue_length,omitempty"`
+	// The caller's place in the queue when its wait ran out (1 = first); 0 for a
+	// try-once acquire, which never queues.
+	Position uint32     `protobuf:"varint,3,opt,name=position,proto3" json:"position,omitempty"`
+	Reason   HeldReason `protobuf:"varint,4,opt,name=reason,proto3,enum=leasehold.v1.HeldReason" json:"reason,omitempty"`
+	// For HELD_REASON_LOCK_DELAY: when the lock-delay ends (the leader's wall clock,
+	// Unix milliseconds).
+	DelayUntilUnixMs int64 `protobuf:"varint,5,opt,name=delay_until_unix_ms,json=delayUntilUnixMs,proto3" json:"delay_until_unix_ms,omitempty"`
+	// The mode the lock is held in.
+	HeldMode      LockMode `protobuf:"varint,6,opt,name=held_mode,json=heldMode,proto3,enum=leasehold.v1.LockMode" json:"held_mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeldExplanation) Reset() {
+	*x = HeldExplanation{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldExplanation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldExplanation) ProtoMessage() {}
+
+func (x *HeldExplanation) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldExplanation.ProtoReflect.Descriptor instead.
+func (*HeldExplanation) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HeldExplanation) GetHolders() []*HeldBy {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+func (x *HeldExplanation) GetQueueLength() uint32 {
+	if x != nil {
+		return x.QueueLength
+	}
+	return 0
+}
+
+func (x *HeldExplanation) GetPosition() uint32 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *HeldExplanation) GetReason() HeldReason {
+	if x != nil {
+		return x.Reason
+	}
+	return HeldReason_HELD_REASON_UNSPECIFIED
+}
+
+func (x *HeldExplanation) GetDelayUntilUnixMs() int64 {
+	if x != nil {
+		return x.DelayUntilUnixMs
+	}
+	return 0
+}
+
+func (x *HeldExplanation) GetHeldMode() LockMode {
+	if x != nil {
+		return x.HeldMode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+type HeldBy struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Token  uint64                 `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
+	Holder *Holder                `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	// When the hold was granted (the leader's wall clock, Unix milliseconds; 0 when
+	// unknown, as for efficiency locks).
+	SinceUnixMs   int64 `protobuf:"varint,3,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeldBy) Reset() {
+	*x = HeldBy{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldBy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldBy) ProtoMessage() {}
+
+func (x *HeldBy) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldBy.ProtoReflect.Descriptor instead.
+func (*HeldBy) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *HeldBy) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *HeldBy) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *HeldBy) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
 type GrantRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Lease time to live in milliseconds. 0 means the server default (10 000). Bounds: the
@@ -546,7 +772,7 @@ type GrantRequest struct {
 
 func (x *GrantRequest) Reset() {
 	*x = GrantRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[2]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -558,7 +784,7 @@ func (x *GrantRequest) String() string {
 func (*GrantRequest) ProtoMessage() {}
 
 func (x *GrantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[2]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -571,7 +797,7 @@ func (x *GrantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRequest.ProtoReflect.Descriptor instead.
 func (*GrantRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GrantRequest) GetTtlMs() int64 {
@@ -594,7 +820,7 @@ type GrantResponse struct {
 
 func (x *GrantResponse) Reset() {
 	*x = GrantResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[3]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -606,7 +832,7 @@ func (x *GrantResponse) String() string {
 func (*GrantResponse) ProtoMessage() {}
 
 func (x *GrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[3]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -619,7 +845,7 @@ func (x *GrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantResponse.ProtoReflect.Descriptor instead.
 func (*GrantResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{3}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GrantResponse) GetLeaseId() string {
@@ -646,7 +872,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +884,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +897,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{4}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *KeepAliveRequest) GetLeaseId() string {
@@ -703,7 +929,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +941,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +954,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{5}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KeepAliveResponse) GetTtlMs() int64 {
@@ -765,7 +991,7 @@ type LostLock struct {
 
 func (x *LostLock) Reset() {
 	*x = LostLock{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -777,7 +1003,7 @@ func (x *LostLock) String() string {
 func (*LostLock) ProtoMessage() {}
 
 func (x *LostLock) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -790,7 +1016,7 @@ func (x *LostLock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LostLock.ProtoReflect.Descriptor instead.
 func (*LostLock) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{6}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LostLock) GetName() string {
@@ -824,7 +1050,7 @@ type RevokeRequest struct {
 
 func (x *RevokeRequest) Reset() {
 	*x = RevokeRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +1062,7 @@ func (x *RevokeRequest) String() string {
 func (*RevokeRequest) ProtoMessage() {}
 
 func (x *RevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +1075,7 @@ func (x *RevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeRequest.ProtoReflect.Descriptor instead.
 func (*RevokeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{7}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RevokeRequest) GetLeaseId() string {
@@ -867,7 +1093,7 @@ type RevokeResponse struct {
 
 func (x *RevokeResponse) Reset() {
 	*x = RevokeResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -879,7 +1105,7 @@ func (x *RevokeResponse) String() string {
 func (*RevokeResponse) ProtoMessage() {}
 
 func (x *RevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -892,7 +1118,7 @@ func (x *RevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeResponse.ProtoReflect.Descriptor instead.
 func (*RevokeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{8}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{10}
 }
 
 type HistoryRequest struct {
@@ -905,7 +1131,7 @@ type HistoryRequest struct {
 
 func (x *HistoryRequest) Reset() {
 	*x = HistoryRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1143,7 @@ func (x *HistoryRequest) String() string {
 func (*HistoryRequest) ProtoMessage() {}
 
 func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1156,7 @@ func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryRequest.ProtoReflect.Descriptor instead.
 func (*HistoryRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{9}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HistoryRequest) GetName() string {
@@ -949,7 +1175,7 @@ type HistoryResponse struct {
 
 func (x *HistoryResponse) Reset() {
 	*x = HistoryResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -961,7 +1187,7 @@ func (x *HistoryResponse) String() string {
 func (*HistoryResponse) ProtoMessage() {}
 
 func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -974,7 +1200,7 @@ func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryResponse.ProtoReflect.Descriptor instead.
 func (*HistoryResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{10}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HistoryResponse) GetTenures() []*Tenure {
@@ -1003,7 +1229,7 @@ type Tenure struct {
 
 func (x *Tenure) Reset() {
 	*x = Tenure{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1241,7 @@ func (x *Tenure) String() string {
 func (*Tenure) ProtoMessage() {}
 
 func (x *Tenure) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1254,7 @@ func (x *Tenure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tenure.ProtoReflect.Descriptor instead.
 func (*Tenure) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{11}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Tenure) GetToken() uint64 {
@@ -1095,7 +1321,7 @@ type Revision struct {
 
 func (x *Revision) Reset() {
 	*x = Revision{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1107,7 +1333,7 @@ func (x *Revision) String() string {
 func (*Revision) ProtoMessage() {}
 
 func (x *Revision) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1120,7 +1346,7 @@ func (x *Revision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revision.ProtoReflect.Descriptor instead.
 func (*Revision) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{12}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Revision) GetIndex() uint64 {
@@ -1150,7 +1376,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +1388,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +1401,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{13}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -1204,7 +1430,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1442,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1455,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{14}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WatchResponse) GetEvents() []*WatchEvent {
@@ -1269,7 +1495,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1507,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1520,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{15}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchEvent) GetRevision() *Revision {
@@ -1420,7 +1646,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1658,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1671,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{16}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AcquireRequest) GetName() string {
@@ -1529,7 +1755,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1541,7 +1767,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1554,7 +1780,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{17}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AcquireResponse) GetToken() uint64 {
@@ -1592,7 +1818,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1604,7 +1830,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1617,7 +1843,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReleaseRequest) GetName() string {
@@ -1649,7 +1875,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +1887,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +1900,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
 }
 
 type DescribeRequest struct {
@@ -1686,7 +1912,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1698,7 +1924,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1711,7 +1937,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DescribeRequest) GetName() string {
@@ -1730,7 +1956,7 @@ type DescribeResponse struct {
 
 func (x *DescribeResponse) Reset() {
 	*x = DescribeResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +1968,7 @@ func (x *DescribeResponse) String() string {
 func (*DescribeResponse) ProtoMessage() {}
 
 func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +1981,7 @@ func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
 func (*DescribeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DescribeResponse) GetLock() *LockInfo {
@@ -1777,7 +2003,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1789,7 +2015,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1802,7 +2028,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -1830,7 +2056,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1842,7 +2068,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1855,7 +2081,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListResponse) GetLocks() []*LockInfo {
@@ -1906,7 +2132,7 @@ type LockInfo struct {
 
 func (x *LockInfo) Reset() {
 	*x = LockInfo{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +2144,7 @@ func (x *LockInfo) String() string {
 func (*LockInfo) ProtoMessage() {}
 
 func (x *LockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +2157,7 @@ func (x *LockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockInfo.ProtoReflect.Descriptor instead.
 func (*LockInfo) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LockInfo) GetName() string {
@@ -2034,7 +2260,7 @@ type LockHolder struct {
 
 func (x *LockHolder) Reset() {
 	*x = LockHolder{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2272,7 @@ func (x *LockHolder) String() string {
 func (*LockHolder) ProtoMessage() {}
 
 func (x *LockHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2285,7 @@ func (x *LockHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHolder.ProtoReflect.Descriptor instead.
 func (*LockHolder) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LockHolder) GetToken() uint64 {
@@ -2101,7 +2327,7 @@ type ForceReleaseRequest struct {
 
 func (x *ForceReleaseRequest) Reset() {
 	*x = ForceReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2113,7 +2339,7 @@ func (x *ForceReleaseRequest) String() string {
 func (*ForceReleaseRequest) ProtoMessage() {}
 
 func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2126,7 +2352,7 @@ func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ForceReleaseRequest) GetName() string {
@@ -2155,7 +2381,7 @@ type ForceReleaseResponse struct {
 
 func (x *ForceReleaseResponse) Reset() {
 	*x = ForceReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2167,7 +2393,7 @@ func (x *ForceReleaseResponse) String() string {
 func (*ForceReleaseResponse) ProtoMessage() {}
 
 func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2180,7 +2406,7 @@ func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForceReleaseResponse) GetReleasedToken() uint64 {
@@ -2207,7 +2433,7 @@ type CheckTokenRequest struct {
 
 func (x *CheckTokenRequest) Reset() {
 	*x = CheckTokenRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2219,7 +2445,7 @@ func (x *CheckTokenRequest) String() string {
 func (*CheckTokenRequest) ProtoMessage() {}
 
 func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2232,7 +2458,7 @@ func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenRequest.ProtoReflect.Descriptor instead.
 func (*CheckTokenRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CheckTokenRequest) GetName() string {
@@ -2261,7 +2487,7 @@ type CheckTokenResponse struct {
 
 func (x *CheckTokenResponse) Reset() {
 	*x = CheckTokenResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2499,7 @@ func (x *CheckTokenResponse) String() string {
 func (*CheckTokenResponse) ProtoMessage() {}
 
 func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2512,7 @@ func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenResponse.ProtoReflect.Descriptor instead.
 func (*CheckTokenResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CheckTokenResponse) GetCurrent() bool {
@@ -2319,7 +2545,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2331,7 +2557,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2344,7 +2570,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Fence) GetLock() string {
@@ -2381,7 +2607,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2393,7 +2619,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2406,7 +2632,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -2440,7 +2666,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2452,7 +2678,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2465,7 +2691,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -2518,7 +2744,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2756,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2769,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -2584,7 +2810,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2596,7 +2822,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2609,7 +2835,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PutResponse) GetVersion() uint64 {
@@ -2630,7 +2856,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +2868,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +2881,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2689,7 +2915,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2701,7 +2927,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2714,7 +2940,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -2737,7 +2963,7 @@ type KVServiceListRequest struct {
 
 func (x *KVServiceListRequest) Reset() {
 	*x = KVServiceListRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2749,7 +2975,7 @@ func (x *KVServiceListRequest) String() string {
 func (*KVServiceListRequest) ProtoMessage() {}
 
 func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2762,7 +2988,7 @@ func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListRequest.ProtoReflect.Descriptor instead.
 func (*KVServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *KVServiceListRequest) GetPrefix() string {
@@ -2796,7 +3022,7 @@ type KVServiceListResponse struct {
 
 func (x *KVServiceListResponse) Reset() {
 	*x = KVServiceListResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2808,7 +3034,7 @@ func (x *KVServiceListResponse) String() string {
 func (*KVServiceListResponse) ProtoMessage() {}
 
 func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2821,7 +3047,7 @@ func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListResponse.ProtoReflect.Descriptor instead.
 func (*KVServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *KVServiceListResponse) GetItems() []*KeyValue {
@@ -2850,7 +3076,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2862,7 +3088,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2875,7 +3101,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2920,7 +3146,7 @@ type BeginRequest struct {
 
 func (x *BeginRequest) Reset() {
 	*x = BeginRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2932,7 +3158,7 @@ func (x *BeginRequest) String() string {
 func (*BeginRequest) ProtoMessage() {}
 
 func (x *BeginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2945,7 +3171,7 @@ func (x *BeginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginRequest.ProtoReflect.Descriptor instead.
 func (*BeginRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *BeginRequest) GetKey() string {
@@ -2985,7 +3211,7 @@ type BeginResponse struct {
 
 func (x *BeginResponse) Reset() {
 	*x = BeginResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2997,7 +3223,7 @@ func (x *BeginResponse) String() string {
 func (*BeginResponse) ProtoMessage() {}
 
 func (x *BeginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3010,7 +3236,7 @@ func (x *BeginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginResponse.ProtoReflect.Descriptor instead.
 func (*BeginResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *BeginResponse) GetStatus() KeyStatus {
@@ -3054,7 +3280,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3066,7 +3292,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3079,7 +3305,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CompleteRequest) GetKey() string {
@@ -3111,7 +3337,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3123,7 +3349,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3136,7 +3362,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
 }
 
 type AbandonRequest struct {
@@ -3149,7 +3375,7 @@ type AbandonRequest struct {
 
 func (x *AbandonRequest) Reset() {
 	*x = AbandonRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3161,7 +3387,7 @@ func (x *AbandonRequest) String() string {
 func (*AbandonRequest) ProtoMessage() {}
 
 func (x *AbandonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3174,7 +3400,7 @@ func (x *AbandonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbandonRequest.ProtoReflect.Descriptor instead.
 func (*AbandonRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AbandonRequest) GetKey() string {
@@ -3199,7 +3425,7 @@ type AbandonResponse struct {
 
 func (x *AbandonResponse) Reset() {
 	*x = AbandonResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3211,7 +3437,7 @@ func (x *AbandonResponse) String() string {
 func (*AbandonResponse) ProtoMessage() {}
 
 func (x *AbandonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3224,7 +3450,7 @@ func (x *AbandonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbandonResponse.ProtoReflect.Descriptor instead.
 func (*AbandonResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
 }
 
 type IdempotencyServiceGetRequest struct {
@@ -3236,7 +3462,7 @@ type IdempotencyServiceGetRequest struct {
 
 func (x *IdempotencyServiceGetRequest) Reset() {
 	*x = IdempotencyServiceGetRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3248,7 +3474,7 @@ func (x *IdempotencyServiceGetRequest) String() string {
 func (*IdempotencyServiceGetRequest) ProtoMessage() {}
 
 func (x *IdempotencyServiceGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3261,7 +3487,7 @@ func (x *IdempotencyServiceGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyServiceGetRequest.ProtoReflect.Descriptor instead.
 func (*IdempotencyServiceGetRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *IdempotencyServiceGetRequest) GetKey() string {
@@ -3284,7 +3510,7 @@ type IdempotencyServiceGetResponse struct {
 
 func (x *IdempotencyServiceGetResponse) Reset() {
 	*x = IdempotencyServiceGetResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +3522,7 @@ func (x *IdempotencyServiceGetResponse) String() string {
 func (*IdempotencyServiceGetResponse) ProtoMessage() {}
 
 func (x *IdempotencyServiceGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +3535,7 @@ func (x *IdempotencyServiceGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyServiceGetResponse.ProtoReflect.Descriptor instead.
 func (*IdempotencyServiceGetResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *IdempotencyServiceGetResponse) GetStatus() KeyStatus {
@@ -3361,7 +3587,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3373,7 +3599,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3386,7 +3612,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Member) GetNodeId() string {
@@ -3439,7 +3665,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3451,7 +3677,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3464,7 +3690,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
 }
 
 type MembersResponse struct {
@@ -3476,7 +3702,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3488,7 +3714,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3501,7 +3727,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -3522,7 +3748,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3534,7 +3760,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3547,7 +3773,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AddMemberRequest) GetNodeId() string {
@@ -3580,7 +3806,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3592,7 +3818,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3605,7 +3831,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *AddMemberResponse) GetMembers() []*Member {
@@ -3624,7 +3850,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3636,7 +3862,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3649,7 +3875,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RemoveMemberRequest) GetNodeId() string {
@@ -3668,7 +3894,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3680,7 +3906,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3693,7 +3919,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RemoveMemberResponse) GetMembers() []*Member {
@@ -3711,7 +3937,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3723,7 +3949,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3736,7 +3962,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
 }
 
 type StatusResponse struct {
@@ -3775,7 +4001,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3787,7 +4013,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3800,7 +4026,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -3936,7 +4162,7 @@ type FastLaneError struct {
 
 func (x *FastLaneError) Reset() {
 	*x = FastLaneError{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3948,7 +4174,7 @@ func (x *FastLaneError) String() string {
 func (*FastLaneError) ProtoMessage() {}
 
 func (x *FastLaneError) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3961,7 +4187,7 @@ func (x *FastLaneError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastLaneError.ProtoReflect.Descriptor instead.
 func (*FastLaneError) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *FastLaneError) GetCode() uint32 {
@@ -4010,7 +4236,7 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06Holder\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x12\n" +
-	"\x04note\x18\x03 \x01(\tR\x04note\"\x9f\x02\n" +
+	"\x04note\x18\x03 \x01(\tR\x04note\"\xe0\x02\n" +
 	"\vErrorDetail\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12!\n" +
@@ -4019,7 +4245,19 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\rhighest_token\x18\x05 \x01(\x04R\fhighestToken\x12'\n" +
 	"\x0fcurrent_version\x18\x06 \x01(\x04R\x0ecurrentVersion\x12&\n" +
 	"\x0fleader_api_addr\x18\a \x01(\tR\rleaderApiAddr\x12\x1b\n" +
-	"\theld_lock\x18\x14 \x01(\tR\bheldLock\"%\n" +
+	"\theld_lock\x18\x14 \x01(\tR\bheldLock\x12?\n" +
+	"\vexplanation\x18\x1e \x01(\v2\x1d.leasehold.v1.HeldExplanationR\vexplanation\"\x96\x02\n" +
+	"\x0fHeldExplanation\x12.\n" +
+	"\aholders\x18\x01 \x03(\v2\x14.leasehold.v1.HeldByR\aholders\x12!\n" +
+	"\fqueue_length\x18\x02 \x01(\rR\vqueueLength\x12\x1a\n" +
+	"\bposition\x18\x03 \x01(\rR\bposition\x120\n" +
+	"\x06reason\x18\x04 \x01(\x0e2\x18.leasehold.v1.HeldReasonR\x06reason\x12-\n" +
+	"\x13delay_until_unix_ms\x18\x05 \x01(\x03R\x10delayUntilUnixMs\x123\n" +
+	"\theld_mode\x18\x06 \x01(\x0e2\x16.leasehold.v1.LockModeR\bheldMode\"p\n" +
+	"\x06HeldBy\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\x04R\x05token\x12,\n" +
+	"\x06holder\x18\x02 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12\"\n" +
+	"\rsince_unix_ms\x18\x03 \x01(\x03R\vsinceUnixMs\"%\n" +
 	"\fGrantRequest\x12\x15\n" +
 	"\x06ttl_ms\x18\x01 \x01(\x03R\x05ttlMs\"A\n" +
 	"\rGrantResponse\x12\x19\n" +
@@ -4261,7 +4499,14 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x15LOCK_MODE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13LOCK_MODE_EXCLUSIVE\x10\x01\x12\x14\n" +
 	"\x10LOCK_MODE_SHARED\x10\x02\x12\x17\n" +
-	"\x13LOCK_MODE_SEMAPHORE\x10\x03*\x8f\x01\n" +
+	"\x13LOCK_MODE_SEMAPHORE\x10\x03*\x99\x01\n" +
+	"\n" +
+	"HeldReason\x12\x1b\n" +
+	"\x17HELD_REASON_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10HELD_REASON_HELD\x10\x01\x12\x1d\n" +
+	"\x19HELD_REASON_MODE_CONFLICT\x10\x02\x12\x1a\n" +
+	"\x16HELD_REASON_LOCK_DELAY\x10\x03\x12\x1d\n" +
+	"\x19HELD_REASON_WAITERS_AHEAD\x10\x04*\x8f\x01\n" +
 	"\tTenureEnd\x12\x1a\n" +
 	"\x16TENURE_END_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13TENURE_END_RELEASED\x10\x01\x12\x16\n" +
@@ -4327,164 +4572,172 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 	return file_leasehold_v1_leasehold_proto_rawDescData
 }
 
-var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(LockClass)(0),                        // 0: leasehold.v1.LockClass
 	(LockMode)(0),                         // 1: leasehold.v1.LockMode
-	(TenureEnd)(0),                        // 2: leasehold.v1.TenureEnd
-	(EventKind)(0),                        // 3: leasehold.v1.EventKind
-	(KeyStatus)(0),                        // 4: leasehold.v1.KeyStatus
-	(*Holder)(nil),                        // 5: leasehold.v1.Holder
-	(*ErrorDetail)(nil),                   // 6: leasehold.v1.ErrorDetail
-	(*GrantRequest)(nil),                  // 7: leasehold.v1.GrantRequest
-	(*GrantResponse)(nil),                 // 8: leasehold.v1.GrantResponse
-	(*KeepAliveRequest)(nil),              // 9: leasehold.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),             // 10: leasehold.v1.KeepAliveResponse
-	(*LostLock)(nil),                      // 11: leasehold.v1.LostLock
-	(*RevokeRequest)(nil),                 // 12: leasehold.v1.RevokeRequest
-	(*RevokeResponse)(nil),                // 13: leasehold.v1.RevokeResponse
-	(*HistoryRequest)(nil),                // 14: leasehold.v1.HistoryRequest
-	(*HistoryResponse)(nil),               // 15: leasehold.v1.HistoryResponse
-	(*Tenure)(nil),                        // 16: leasehold.v1.Tenure
-	(*Revision)(nil),                      // 17: leasehold.v1.Revision
-	(*WatchRequest)(nil),                  // 18: leasehold.v1.WatchRequest
-	(*WatchResponse)(nil),                 // 19: leasehold.v1.WatchResponse
-	(*WatchEvent)(nil),                    // 20: leasehold.v1.WatchEvent
-	(*AcquireRequest)(nil),                // 21: leasehold.v1.AcquireRequest
-	(*AcquireResponse)(nil),               // 22: leasehold.v1.AcquireResponse
-	(*ReleaseRequest)(nil),                // 23: leasehold.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),               // 24: leasehold.v1.ReleaseResponse
-	(*DescribeRequest)(nil),               // 25: leasehold.v1.DescribeRequest
-	(*DescribeResponse)(nil),              // 26: leasehold.v1.DescribeResponse
-	(*ListRequest)(nil),                   // 27: leasehold.v1.ListRequest
-	(*ListResponse)(nil),                  // 28: leasehold.v1.ListResponse
-	(*LockInfo)(nil),                      // 29: leasehold.v1.LockInfo
-	(*LockHolder)(nil),                    // 30: leasehold.v1.LockHolder
-	(*ForceReleaseRequest)(nil),           // 31: leasehold.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil),          // 32: leasehold.v1.ForceReleaseResponse
-	(*CheckTokenRequest)(nil),             // 33: leasehold.v1.CheckTokenRequest
-	(*CheckTokenResponse)(nil),            // 34: leasehold.v1.CheckTokenResponse
-	(*Fence)(nil),                         // 35: leasehold.v1.Fence
-	(*GetRequest)(nil),                    // 36: leasehold.v1.GetRequest
-	(*GetResponse)(nil),                   // 37: leasehold.v1.GetResponse
-	(*PutRequest)(nil),                    // 38: leasehold.v1.PutRequest
-	(*PutResponse)(nil),                   // 39: leasehold.v1.PutResponse
-	(*DeleteRequest)(nil),                 // 40: leasehold.v1.DeleteRequest
-	(*DeleteResponse)(nil),                // 41: leasehold.v1.DeleteResponse
-	(*KVServiceListRequest)(nil),          // 42: leasehold.v1.KVServiceListRequest
-	(*KVServiceListResponse)(nil),         // 43: leasehold.v1.KVServiceListResponse
-	(*KeyValue)(nil),                      // 44: leasehold.v1.KeyValue
-	(*BeginRequest)(nil),                  // 45: leasehold.v1.BeginRequest
-	(*BeginResponse)(nil),                 // 46: leasehold.v1.BeginResponse
-	(*CompleteRequest)(nil),               // 47: leasehold.v1.CompleteRequest
-	(*CompleteResponse)(nil),              // 48: leasehold.v1.CompleteResponse
-	(*AbandonRequest)(nil),                // 49: leasehold.v1.AbandonRequest
-	(*AbandonResponse)(nil),               // 50: leasehold.v1.AbandonResponse
-	(*IdempotencyServiceGetRequest)(nil),  // 51: leasehold.v1.IdempotencyServiceGetRequest
-	(*IdempotencyServiceGetResponse)(nil), // 52: leasehold.v1.IdempotencyServiceGetResponse
-	(*Member)(nil),                        // 53: leasehold.v1.Member
-	(*MembersRequest)(nil),                // 54: leasehold.v1.MembersRequest
-	(*MembersResponse)(nil),               // 55: leasehold.v1.MembersResponse
-	(*AddMemberRequest)(nil),              // 56: leasehold.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),             // 57: leasehold.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),           // 58: leasehold.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),          // 59: leasehold.v1.RemoveMemberResponse
-	(*StatusRequest)(nil),                 // 60: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),                // 61: leasehold.v1.StatusResponse
-	(*FastLaneError)(nil),                 // 62: leasehold.v1.FastLaneError
-	(*descriptorpb.MethodOptions)(nil),    // 63: google.protobuf.MethodOptions
+	(HeldReason)(0),                       // 2: leasehold.v1.HeldReason
+	(TenureEnd)(0),                        // 3: leasehold.v1.TenureEnd
+	(EventKind)(0),                        // 4: leasehold.v1.EventKind
+	(KeyStatus)(0),                        // 5: leasehold.v1.KeyStatus
+	(*Holder)(nil),                        // 6: leasehold.v1.Holder
+	(*ErrorDetail)(nil),                   // 7: leasehold.v1.ErrorDetail
+	(*HeldExplanation)(nil),               // 8: leasehold.v1.HeldExplanation
+	(*HeldBy)(nil),                        // 9: leasehold.v1.HeldBy
+	(*GrantRequest)(nil),                  // 10: leasehold.v1.GrantRequest
+	(*GrantResponse)(nil),                 // 11: leasehold.v1.GrantResponse
+	(*KeepAliveRequest)(nil),              // 12: leasehold.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),             // 13: leasehold.v1.KeepAliveResponse
+	(*LostLock)(nil),                      // 14: leasehold.v1.LostLock
+	(*RevokeRequest)(nil),                 // 15: leasehold.v1.RevokeRequest
+	(*RevokeResponse)(nil),                // 16: leasehold.v1.RevokeResponse
+	(*HistoryRequest)(nil),                // 17: leasehold.v1.HistoryRequest
+	(*HistoryResponse)(nil),               // 18: leasehold.v1.HistoryResponse
+	(*Tenure)(nil),                        // 19: leasehold.v1.Tenure
+	(*Revision)(nil),                      // 20: leasehold.v1.Revision
+	(*WatchRequest)(nil),                  // 21: leasehold.v1.WatchRequest
+	(*WatchResponse)(nil),                 // 22: leasehold.v1.WatchResponse
+	(*WatchEvent)(nil),                    // 23: leasehold.v1.WatchEvent
+	(*AcquireRequest)(nil),                // 24: leasehold.v1.AcquireRequest
+	(*AcquireResponse)(nil),               // 25: leasehold.v1.AcquireResponse
+	(*ReleaseRequest)(nil),                // 26: leasehold.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),               // 27: leasehold.v1.ReleaseResponse
+	(*DescribeRequest)(nil),               // 28: leasehold.v1.DescribeRequest
+	(*DescribeResponse)(nil),              // 29: leasehold.v1.DescribeResponse
+	(*ListRequest)(nil),                   // 30: leasehold.v1.ListRequest
+	(*ListResponse)(nil),                  // 31: leasehold.v1.ListResponse
+	(*LockInfo)(nil),                      // 32: leasehold.v1.LockInfo
+	(*LockHolder)(nil),                    // 33: leasehold.v1.LockHolder
+	(*ForceReleaseRequest)(nil),           // 34: leasehold.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),          // 35: leasehold.v1.ForceReleaseResponse
+	(*CheckTokenRequest)(nil),             // 36: leasehold.v1.CheckTokenRequest
+	(*CheckTokenResponse)(nil),            // 37: leasehold.v1.CheckTokenResponse
+	(*Fence)(nil),                         // 38: leasehold.v1.Fence
+	(*GetRequest)(nil),                    // 39: leasehold.v1.GetRequest
+	(*GetResponse)(nil),                   // 40: leasehold.v1.GetResponse
+	(*PutRequest)(nil),                    // 41: leasehold.v1.PutRequest
+	(*PutResponse)(nil),                   // 42: leasehold.v1.PutResponse
+	(*DeleteRequest)(nil),                 // 43: leasehold.v1.DeleteRequest
+	(*DeleteResponse)(nil),                // 44: leasehold.v1.DeleteResponse
+	(*KVServiceListRequest)(nil),          // 45: leasehold.v1.KVServiceListRequest
+	(*KVServiceListResponse)(nil),         // 46: leasehold.v1.KVServiceListResponse
+	(*KeyValue)(nil),                      // 47: leasehold.v1.KeyValue
+	(*BeginRequest)(nil),                  // 48: leasehold.v1.BeginRequest
+	(*BeginResponse)(nil),                 // 49: leasehold.v1.BeginResponse
+	(*CompleteRequest)(nil),               // 50: leasehold.v1.CompleteRequest
+	(*CompleteResponse)(nil),              // 51: leasehold.v1.CompleteResponse
+	(*AbandonRequest)(nil),                // 52: leasehold.v1.AbandonRequest
+	(*AbandonResponse)(nil),               // 53: leasehold.v1.AbandonResponse
+	(*IdempotencyServiceGetRequest)(nil),  // 54: leasehold.v1.IdempotencyServiceGetRequest
+	(*IdempotencyServiceGetResponse)(nil), // 55: leasehold.v1.IdempotencyServiceGetResponse
+	(*Member)(nil),                        // 56: leasehold.v1.Member
+	(*MembersRequest)(nil),                // 57: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),               // 58: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),              // 59: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),             // 60: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),           // 61: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),          // 62: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),                 // 63: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),                // 64: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),                 // 65: leasehold.v1.FastLaneError
+	(*descriptorpb.MethodOptions)(nil),    // 66: google.protobuf.MethodOptions
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
-	5,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
-	11, // 1: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
-	16, // 2: leasehold.v1.HistoryResponse.tenures:type_name -> leasehold.v1.Tenure
-	5,  // 3: leasehold.v1.Tenure.holder:type_name -> leasehold.v1.Holder
-	1,  // 4: leasehold.v1.Tenure.mode:type_name -> leasehold.v1.LockMode
-	2,  // 5: leasehold.v1.Tenure.end:type_name -> leasehold.v1.TenureEnd
-	17, // 6: leasehold.v1.WatchRequest.start:type_name -> leasehold.v1.Revision
-	20, // 7: leasehold.v1.WatchResponse.events:type_name -> leasehold.v1.WatchEvent
-	17, // 8: leasehold.v1.WatchResponse.next:type_name -> leasehold.v1.Revision
-	17, // 9: leasehold.v1.WatchEvent.revision:type_name -> leasehold.v1.Revision
-	3,  // 10: leasehold.v1.WatchEvent.kind:type_name -> leasehold.v1.EventKind
-	0,  // 11: leasehold.v1.WatchEvent.class:type_name -> leasehold.v1.LockClass
-	5,  // 12: leasehold.v1.WatchEvent.holder:type_name -> leasehold.v1.Holder
-	1,  // 13: leasehold.v1.WatchEvent.mode:type_name -> leasehold.v1.LockMode
-	0,  // 14: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
-	5,  // 15: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
-	1,  // 16: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
-	0,  // 17: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
-	29, // 18: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
-	29, // 19: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
-	0,  // 20: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
-	5,  // 21: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
-	1,  // 22: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
-	30, // 23: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
-	5,  // 24: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
-	35, // 25: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
-	35, // 26: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
-	44, // 27: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
-	5,  // 28: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
-	4,  // 29: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
-	5,  // 30: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
-	4,  // 31: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
-	5,  // 32: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
-	53, // 33: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	53, // 34: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	53, // 35: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	6,  // 36: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	63, // 37: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	7,  // 38: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	9,  // 39: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	12, // 40: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	21, // 41: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	23, // 42: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	25, // 43: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	27, // 44: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	31, // 45: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	33, // 46: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	18, // 47: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
-	14, // 48: leasehold.v1.LockService.History:input_type -> leasehold.v1.HistoryRequest
-	36, // 49: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	38, // 50: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	40, // 51: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	42, // 52: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	45, // 53: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
-	47, // 54: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
-	49, // 55: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
-	51, // 56: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
-	60, // 57: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	54, // 58: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	56, // 59: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	58, // 60: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	8,  // 61: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	10, // 62: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	13, // 63: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	22, // 64: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	24, // 65: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	26, // 66: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	28, // 67: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	32, // 68: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	34, // 69: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	19, // 70: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
-	15, // 71: leasehold.v1.LockService.History:output_type -> leasehold.v1.HistoryResponse
-	37, // 72: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	39, // 73: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	41, // 74: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	43, // 75: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	46, // 76: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
-	48, // 77: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
-	50, // 78: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
-	52, // 79: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
-	61, // 80: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	55, // 81: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	57, // 82: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	59, // 83: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	61, // [61:84] is the sub-list for method output_type
-	38, // [38:61] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	37, // [37:38] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	6,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
+	8,  // 1: leasehold.v1.ErrorDetail.explanation:type_name -> leasehold.v1.HeldExplanation
+	9,  // 2: leasehold.v1.HeldExplanation.holders:type_name -> leasehold.v1.HeldBy
+	2,  // 3: leasehold.v1.HeldExplanation.reason:type_name -> leasehold.v1.HeldReason
+	1,  // 4: leasehold.v1.HeldExplanation.held_mode:type_name -> leasehold.v1.LockMode
+	6,  // 5: leasehold.v1.HeldBy.holder:type_name -> leasehold.v1.Holder
+	14, // 6: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
+	19, // 7: leasehold.v1.HistoryResponse.tenures:type_name -> leasehold.v1.Tenure
+	6,  // 8: leasehold.v1.Tenure.holder:type_name -> leasehold.v1.Holder
+	1,  // 9: leasehold.v1.Tenure.mode:type_name -> leasehold.v1.LockMode
+	3,  // 10: leasehold.v1.Tenure.end:type_name -> leasehold.v1.TenureEnd
+	20, // 11: leasehold.v1.WatchRequest.start:type_name -> leasehold.v1.Revision
+	23, // 12: leasehold.v1.WatchResponse.events:type_name -> leasehold.v1.WatchEvent
+	20, // 13: leasehold.v1.WatchResponse.next:type_name -> leasehold.v1.Revision
+	20, // 14: leasehold.v1.WatchEvent.revision:type_name -> leasehold.v1.Revision
+	4,  // 15: leasehold.v1.WatchEvent.kind:type_name -> leasehold.v1.EventKind
+	0,  // 16: leasehold.v1.WatchEvent.class:type_name -> leasehold.v1.LockClass
+	6,  // 17: leasehold.v1.WatchEvent.holder:type_name -> leasehold.v1.Holder
+	1,  // 18: leasehold.v1.WatchEvent.mode:type_name -> leasehold.v1.LockMode
+	0,  // 19: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
+	6,  // 20: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
+	1,  // 21: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
+	0,  // 22: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
+	32, // 23: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
+	32, // 24: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
+	0,  // 25: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
+	6,  // 26: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
+	1,  // 27: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
+	33, // 28: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
+	6,  // 29: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
+	38, // 30: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
+	38, // 31: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
+	47, // 32: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
+	6,  // 33: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
+	5,  // 34: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
+	6,  // 35: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
+	5,  // 36: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
+	6,  // 37: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
+	56, // 38: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	56, // 39: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	56, // 40: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	7,  // 41: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	66, // 42: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	10, // 43: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	12, // 44: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	15, // 45: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	24, // 46: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	26, // 47: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	28, // 48: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	30, // 49: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	34, // 50: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	36, // 51: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	21, // 52: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
+	17, // 53: leasehold.v1.LockService.History:input_type -> leasehold.v1.HistoryRequest
+	39, // 54: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	41, // 55: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	43, // 56: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	45, // 57: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	48, // 58: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
+	50, // 59: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
+	52, // 60: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
+	54, // 61: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
+	63, // 62: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	57, // 63: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	59, // 64: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	61, // 65: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	11, // 66: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	13, // 67: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	16, // 68: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	25, // 69: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	27, // 70: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	29, // 71: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	31, // 72: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	35, // 73: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	37, // 74: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	22, // 75: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
+	18, // 76: leasehold.v1.LockService.History:output_type -> leasehold.v1.HistoryResponse
+	40, // 77: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	42, // 78: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	44, // 79: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	46, // 80: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	49, // 81: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	51, // 82: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	53, // 83: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	55, // 84: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	64, // 85: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	58, // 86: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	60, // 87: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	62, // 88: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	66, // [66:89] is the sub-list for method output_type
+	43, // [43:66] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	42, // [42:43] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -4492,15 +4745,15 @@ func file_leasehold_v1_leasehold_proto_init() {
 	if File_leasehold_v1_leasehold_proto != nil {
 		return
 	}
-	file_leasehold_v1_leasehold_proto_msgTypes[33].OneofWrappers = []any{}
 	file_leasehold_v1_leasehold_proto_msgTypes[35].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[37].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   58,
+			NumEnums:      6,
+			NumMessages:   60,
 			NumExtensions: 1,
 			NumServices:   5,
 		},

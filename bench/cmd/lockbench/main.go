@@ -58,14 +58,13 @@ type flags struct {
 	scaleLeaseTTL      time.Duration
 	scaleWindow        time.Duration
 	profile            bool
-	clientPerWorker    bool
 	startTimeout       time.Duration
 	prefix             string
 }
 
 func main() {
 	var f flags
-	flag.StringVar(&f.systems, "systems", strings.Join(peers.Names, ","), "systems to compare, comma-separated; a leasehold system's name may end in +tls, +auth or +tls+auth to run it secured (TLS on the API, fast lane and raft; a bearer token on every call), e.g. leasehold-efficiency,leasehold-efficiency+tls+auth")
+	flag.StringVar(&f.systems, "systems", strings.Join(peers.Names, ","), "systems to compare, comma-separated; a leasehold system's name may end in "+peers.PerWorker+" (a client per worker instead of a Session per worker on one shared client), then in +tls, +auth or +tls+auth to run it secured (TLS on the API, fast lane and raft; a bearer token on every call), e.g. leasehold-efficiency,leasehold-efficiency-per-worker,leasehold-efficiency+tls+auth")
 	flag.StringVar(&f.scenarios, "scenarios", defaultScenarios, "comma-separated: uncontended-W, contended-W, semaphore-W-N (W workers, one semaphore of N), lockset-W-K (W workers, K locks each at once), scale-locks, scale-leases; or all (the default set plus both scale runs)")
 	flag.DurationVar(&f.duration, "duration", 10*time.Second, "measured time per scenario")
 	flag.IntVar(&f.rounds, "rounds", 1, "run every system's scenarios this many times, the systems taking turns (A B C A B C ...); the report keeps each system and scenario's round of median pairs/s and lists all of them")
@@ -91,7 +90,6 @@ func main() {
 	flag.DurationVar(&f.scaleLeaseTTL, "scale-lease-ttl", 10*time.Second, "scale-leases: lease TTL (each lease gets TTL + k ms)")
 	flag.DurationVar(&f.scaleWindow, "scale-window", 30*time.Second, "scale-leases: measured window")
 	flag.BoolVar(&f.profile, "profile", false, "run leasehold with --pprof and write its CPU profile over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND][-nNODE].cpu.pprof (every node's, in a cluster) and, for scale-leases, to OUT/NAME-scale-leases.cpu.pprof")
-	flag.BoolVar(&f.clientPerWorker, "leasehold-client-per-worker", false, "leasehold recipe: a client.Dial per worker (a connection each) instead of one shared client with a Session per worker")
 	flag.DurationVar(&f.startTimeout, "start-timeout", 90*time.Second, "how long a server may take to start")
 	fromJSON := flag.String("from-json", "", "render the report of an earlier run from its JSON file, without running anything")
 	flag.Parse()
@@ -155,7 +153,9 @@ func mainErr(f flags) int {
 	if f.note != "" {
 		rep.Notes = append(rep.Notes, f.note)
 	}
-	if load, err := strconv.ParseFloat(strings.Fields(rep.Machine.LoadBefore + " x")[0], 64); err == nil && load > 0.5 {
+	noisy := false
+	if load, ok := busy(rep.Machine.LoadBefore); ok {
+		noisy = true
 		rep.Notes = append(rep.Notes, fmt.Sprintf("**NOISY: the 1-minute load average was %.2f on %d CPUs when the run started — other work shared the machine. Do not publish these numbers.**", load, rep.Machine.NProc))
 	}
 	tmp, err := os.MkdirTemp("", "leasehold-bench-")
@@ -175,7 +175,7 @@ func mainErr(f flags) int {
 	rep.Fsync = report.MeasureFsync(tmp, f.fsyncSamples, 10*time.Second)
 	fmt.Fprintf(logw, "lockbench: fsync (4 KiB + fdatasync, %s): p50 %v p99 %v (%d samples) %s\n", rep.Fsync.FSType, rep.Fsync.P50, rep.Fsync.P99, rep.Fsync.Samples, rep.Fsync.Err)
 
-	opts := peers.Options{TTL: f.ttl, RedisRetry: f.redisRetry, LeaseholdBin: f.leaseholdBin, ZooKeeperHeap: f.zkHeap, LeaseholdPprof: f.profile, LeaseholdClientPerWorker: f.clientPerWorker}
+	opts := peers.Options{TTL: f.ttl, RedisRetry: f.redisRetry, LeaseholdBin: f.leaseholdBin, ZooKeeperHeap: f.zkHeap, LeaseholdPprof: f.profile}
 	needLeasehold := scaleLocks || scaleLeases || slices.ContainsFunc(systems, func(s string) bool { return strings.HasPrefix(s, "leasehold") })
 	if needLeasehold && opts.LeaseholdBin == "" {
 		opts.LeaseholdBin = filepath.Join(tmp, "leasehold")
@@ -199,7 +199,7 @@ func mainErr(f flags) int {
 					continue
 				}
 				sys, _ := peers.New(name, opts)
-				entry := report.System{Name: name, Setup: sys.Describe(), Baseline: strings.HasPrefix(name, "leasehold")}
+				entry := report.System{Name: name, Setup: sys.Describe(), Baseline: strings.HasPrefix(name, "leasehold"), SharedClient: sys.SharedClient()}
 				dir := filepath.Join(tmp, fmt.Sprintf("%d-%d-%s", round, i, name))
 				if err := os.MkdirAll(dir, 0o755); err != nil {
 					return fail("%v", err)
@@ -318,6 +318,9 @@ func mainErr(f flags) int {
 		}
 	}
 	rep.Machine.Finish()
+	if load, ok := busy(rep.Machine.LoadAfter); ok && !noisy {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("**NOISY: the 1-minute load average was %.2f on %d CPUs when the run ended — other work shared the machine. Do not publish these numbers.**", load, rep.Machine.NProc))
+	}
 	rep.Elapsed = time.Since(rep.Started)
 	if err := write(rep, f.out, f.prefix, logw); err != nil {
 		failed = true
@@ -327,6 +330,13 @@ func mainErr(f flags) int {
 		return 1
 	}
 	return 0
+}
+
+// busy reads a load average as the report keeps it ("0.42 0.30 0.25"): its 1-minute
+// figure, and whether it is above 0.5, a machine doing other work.
+func busy(loadavg string) (float64, bool) {
+	load, err := strconv.ParseFloat(strings.Fields(loadavg + " x")[0], 64)
+	return load, err == nil && load > 0.5
 }
 
 func roundLabel(round, rounds int) string {

@@ -43,3 +43,12 @@ func TestMedianRounds(t *testing.T) {
 		t.Fatalf("one round: %+v, note %q; want the round as it was and no note", one, note)
 	}
 }
+
+// TestBusy: a load average above 0.5 marks a run NOISY; an unreadable one does not.
+func TestBusy(t *testing.T) {
+	for in, want := range map[string]bool{"0.42 0.30 0.25": false, "0.50 1 1": false, "0.51 0 0": true, "12.71 9.02 7.35": true, "": false, "x": false} {
+		if _, got := busy(in); got != want {
+			t.Errorf("busy(%q) = %v, want %v", in, got, want)
+		}
+	}
+}

@@ -123,6 +123,10 @@ type etcdWorker struct {
 	s *concurrency.Session
 }
 
+// SharedClient is true: every worker's session is on one clientv3 client (one gRPC
+// connection per member it talks to).
+func (e *etcdSys) SharedClient() bool { return true }
+
 func (e *etcdSys) NewWorker(ctx context.Context) (Worker, error) {
 	s, err := concurrency.NewSession(e.cli, concurrency.WithTTL(max(1, int(e.o.TTL/time.Second))))
 	if err != nil {

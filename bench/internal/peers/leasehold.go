@@ -31,6 +31,7 @@ type Leasehold struct {
 	fastLane    bool
 	version     string
 	sec         security // +tls, +auth
+	perWorker   bool     // PerWorker: a client per worker, not Sessions on a shared one
 
 	mu     sync.Mutex
 	shared *client.Client // the workers' client, unless each has its own
@@ -44,7 +45,8 @@ func newLeasehold(o Options, correctness bool) *Leasehold {
 func NewLeasehold(o Options, correctness bool) *Leasehold { return newLeasehold(o, correctness) }
 
 // Name is "leasehold-efficiency", "leasehold-correctness" or "leasehold-correctness-3",
-// with the suffix of its security ("+tls+auth").
+// then PerWorker if each worker has a client of its own, then the suffix of its security
+// ("+tls+auth").
 func (l *Leasehold) Name() string {
 	name := "leasehold-efficiency"
 	switch {
@@ -53,8 +55,14 @@ func (l *Leasehold) Name() string {
 	case l.correctness:
 		name = "leasehold-correctness"
 	}
+	if l.perWorker {
+		name += PerWorker
+	}
 	return name + l.sec.suffix()
 }
+
+// SharedClient is true unless every worker has a client of its own.
+func (l *Leasehold) SharedClient() bool { return !l.perWorker }
 
 // Describe says how the node runs.
 func (l *Leasehold) Describe() string {
@@ -71,7 +79,7 @@ func (l *Leasehold) Describe() string {
 		nodes = "three leasehold nodes on loopback (separate processes; clients given all three addresses)"
 	}
 	recipe := fmt.Sprintf("one shared client.Dial, a client.Session (so a lease of TTL %v) per worker", l.o.TTL)
-	if l.o.LeaseholdClientPerWorker {
+	if l.perWorker {
 		recipe = fmt.Sprintf("client.Dial (one client, so one connection and one lease of TTL %v) per worker", l.o.TTL)
 	}
 	return fmt.Sprintf("%s, %s; recipe %s + Lock(ctx, name, %s) / Unlock — %s%s",
@@ -279,10 +287,10 @@ func (l *Leasehold) Class() client.LockOption {
 
 // NewWorker returns a separate lease holder: a Session of its own on the shared client
 // (dialled by the first worker), as the etcd recipe gives each worker a
-// concurrency.Session on one shared clientv3 client; or, with
-// LeaseholdClientPerWorker, a client of its own.
+// concurrency.Session on one shared clientv3 client; or, for a PerWorker system, a
+// client of its own.
 func (l *Leasehold) NewWorker(ctx context.Context) (Worker, error) {
-	if l.o.LeaseholdClientPerWorker {
+	if l.perWorker {
 		c, err := client.Dial(ctx, l.addr, append(l.sec.clientOptions(), client.WithTTL(l.o.TTL))...)
 		if err != nil {
 			return nil, err

@@ -4,11 +4,19 @@
 // write:
 //
 //   - Redis: SET key token NX PX ttl to acquire (retried after a short sleep while the
-//     lock is taken), a compare-and-delete Lua script to release (go-redis v9).
-//   - etcd: concurrency.NewSession (one per worker) and concurrency.NewMutex.
+//     lock is taken), a compare-and-delete Lua script to release; through go-redis v9
+//     (a connection per command in flight) or through one auto-pipelining rueidis
+//     client shared by every worker.
+//   - etcd: concurrency.NewSession (one per worker, on one shared clientv3 client) and
+//     concurrency.NewMutex.
 //   - ZooKeeper: the ephemeral-sequential recipe of zk.NewLock (one session per worker).
-//   - leasehold: client.Dial (one client, so one lease, per worker) and Lock/Unlock with
+//   - leasehold: a client.Session per worker on one shared client.Dial, or (the
+//     "-per-worker" systems) a client.Dial per worker; Lock/Unlock with
 //     client.Efficiency or client.Correctness.
+//
+// Each system says whether its workers share one client (SharedClient): a shared
+// client batches the requests of many workers into few system calls, a client per
+// worker cannot, so the report compares leasehold with the peer of the same kind.
 //
 // A System is started once, serves every scenario, and is stopped before the next
 // System starts, so two servers never compete for the CPU.
@@ -95,6 +103,11 @@ type System interface {
 	Version() string
 	// PIDs are the server processes, for RSS and CPU.
 	PIDs() []int
+	// SharedClient says whether every worker's requests go through one client that
+	// multiplexes or pipelines them (leasehold's Sessions, rueidis, etcd's clientv3),
+	// rather than a client or connection per worker (leasehold -per-worker, go-redis's
+	// pool, ZooKeeper).
+	SharedClient() bool
 	// NewWorker opens one worker's session.
 	NewWorker(ctx context.Context) (Worker, error)
 	// Stop stops the servers this System started (and only those).
@@ -116,19 +129,23 @@ type Options struct {
 	// LeaseholdPprof starts leasehold servers with --pprof, so that a run can fetch
 	// profiles from /debug/pprof/ on the API address.
 	LeaseholdPprof bool
-	// LeaseholdClientPerWorker gives every leasehold worker a client (and so a
-	// connection) of its own instead of a Session on one shared client.
-	LeaseholdClientPerWorker bool
 }
 
 // Names lists every system the harness knows, in report order.
 var Names = []string{
-	"leasehold-efficiency", "leasehold-correctness", "leasehold-correctness-3",
-	"redis-mem", "redis-aof", "etcd", "etcd-3", "zookeeper",
+	"leasehold-efficiency", "leasehold-efficiency" + PerWorker,
+	"leasehold-correctness", "leasehold-correctness" + PerWorker,
+	"leasehold-correctness-3", "leasehold-correctness-3" + PerWorker,
+	"redis-mem", "redis-mem-rueidis", "redis-aof", "redis-aof-rueidis",
+	"etcd", "etcd-3", "zookeeper",
 }
 
-// New returns the named system. A leasehold system's name may end in +tls, +auth or
-// +tls+auth to run it secured (security.go).
+// PerWorker ends the name of a leasehold system whose workers each dial a client (a
+// connection and a lease) of their own, instead of a Session on one shared client.
+const PerWorker = "-per-worker"
+
+// New returns the named system. A leasehold system's name may end in PerWorker, and
+// then in +tls, +auth or +tls+auth to run it secured (security.go).
 func New(name string, o Options) (System, error) {
 	name, sec, err := parseSecurity(name)
 	if err != nil {
@@ -145,6 +162,14 @@ func New(name string, o Options) (System, error) {
 		s.(*Leasehold).sec = sec
 		return s, nil
 	}
+	if base, ok := strings.CutSuffix(name, PerWorker); ok && strings.HasPrefix(name, "leasehold-") {
+		s, err := New(base, o)
+		if err != nil {
+			return nil, err
+		}
+		s.(*Leasehold).perWorker = true
+		return s, nil
+	}
 	switch name {
 	case "leasehold-efficiency":
 		return newLeasehold(o, false), nil
@@ -155,9 +180,13 @@ func New(name string, o Options) (System, error) {
 		l.nodes = 3
 		return l, nil
 	case "redis-mem":
-		return newRedis(o, false), nil
+		return newRedis(o, false, false), nil
 	case "redis-aof":
-		return newRedis(o, true), nil
+		return newRedis(o, true, false), nil
+	case "redis-mem-rueidis":
+		return newRedis(o, false, true), nil
+	case "redis-aof-rueidis":
+		return newRedis(o, true, true), nil
 	case "etcd":
 		return newEtcd(o, 1), nil
 	case "etcd-3":

@@ -139,6 +139,10 @@ type zkWorker struct {
 	conn *zk.Conn
 }
 
+// SharedClient is false: every worker has a ZooKeeper session, so a connection, of its
+// own.
+func (z *zkSys) SharedClient() bool { return false }
+
 func (z *zkSys) NewWorker(ctx context.Context) (Worker, error) {
 	conn, events, err := zk.Connect([]string{z.addr}, z.o.TTL, zk.WithLogger(nopLogger{}), zk.WithLogInfo(false))
 	if err != nil {

@@ -21,6 +21,16 @@ type System struct {
 	Setup    string
 	Skipped  string // why it did not run; empty when it ran
 	Baseline bool   // a leasehold system: ratios are computed against the others
+	// SharedClient: every worker's requests go through one client (peers.System).
+	SharedClient bool `json:",omitempty"`
+}
+
+// recipe names a system's kind of client for the report.
+func (s System) recipe() string {
+	if s.SharedClient {
+		return "one shared client"
+	}
+	return "a client per worker"
 }
 
 // Report is one run of the benchmark.
@@ -131,25 +141,26 @@ func (r *Report) Markdown(w io.Writer) error {
 	}
 
 	r.targets(&b)
+	r.likeForLike(&b)
 	for _, sc := range r.Scenarios {
 		r.scenario(&b, sc)
 	}
 	r.scale(&b)
 
-	p("Column notes: *acquire* is the time from the call until the lock is held (for a contended lock it includes waiting in line; Redis waits by retrying); *release* until the release is acknowledged. *server RSS* is VmRSS of the server process(es) at the end of the window; *server CPU* is the cores the server process(es) kept busy during the window, and *CPU/pair* that time divided by the pairs done; *client CPU* is the cores the benchmark process itself (all the clients) used — on a small machine clients and server share the CPUs. *ratio* columns are leasehold ÷ peer from this same run: above 1 means leasehold does more pairs per second; for latency and memory, below 1 means leasehold is lower.\n")
+	p("Column notes: *acquire* is the time from the call until the lock is held (for a contended lock it includes waiting in line; Redis waits by retrying); *release* until the release is acknowledged. *server RSS* is VmRSS of the server process(es) at the end of the window; *server CPU* is the cores the server process(es) kept busy during the window, and *server CPU/pair* that time divided by the pairs done; *client CPU* is the cores the benchmark process itself (all the clients) used, and *client CPU/pair* that time per pair — on a small machine clients and server share the CPUs, so both count. *clients*: *one shared client* means every worker's requests go through one client that batches them (leasehold Sessions on one client, rueidis' auto-pipelining, etcd's clientv3); *a client per worker* means each request has a connection to itself (leasehold -per-worker, go-redis' pool, ZooKeeper's sessions) — compare each leasehold recipe with the peer of its kind. *ratio* columns are leasehold ÷ peer from this same run: above 1 means leasehold does more pairs per second; for latency and memory, below 1 means leasehold is lower.\n")
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
 func (r *Report) systems(b *strings.Builder) {
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
-	p("### Systems\n\n| system | version | setup and recipe |\n|---|---|---|\n")
+	p("### Systems\n\n| system | version | clients | setup and recipe |\n|---|---|---|---|\n")
 	for _, s := range r.Systems {
 		if s.Skipped != "" {
-			p("| %s | — | **SKIPPED: %s** |\n", s.Name, cell(s.Skipped))
+			p("| %s | — | — | **SKIPPED: %s** |\n", s.Name, cell(s.Skipped))
 			continue
 		}
-		p("| %s | %s | %s |\n", s.Name, cell(s.Version), cell(s.Setup))
+		p("| %s | %s | %s | %s |\n", s.Name, cell(s.Version), s.recipe(), cell(s.Setup))
 	}
 	p("\n")
 }
@@ -161,8 +172,8 @@ func (r *Report) scenario(b *strings.Builder, sc run.Scenario) {
 	if sc.Shared {
 		p(" fairness (max/min per worker) |")
 	}
-	p(" server RSS | server CPU | CPU/pair | client CPU | errors |\n|---|")
-	cols := 11
+	p(" server RSS | server CPU | server CPU/pair | client CPU | client CPU/pair | errors |\n|---|")
+	cols := 12
 	if sc.Shared {
 		cols++
 	}
@@ -195,7 +206,7 @@ func (r *Report) scenario(b *strings.Builder, sc run.Scenario) {
 		if x.Errors > 0 {
 			errs += ": " + cell(trunc(x.FirstError, 80))
 		}
-		p(" %s | %.2f | %s | %.2f | %s |\n", mib(x.ServerRSS), x.ServerCPU, dur(x.CPUPerPair), x.BenchCPU, errs)
+		p(" %s | %.2f | %s | %.2f | %s | %s |\n", mib(x.ServerRSS), x.ServerCPU, dur(x.CPUPerPair), x.BenchCPU, dur(x.ClientCPUPerPair), errs)
 	}
 	p("\n")
 
@@ -213,7 +224,7 @@ func (r *Report) scenario(b *strings.Builder, sc run.Scenario) {
 	if len(bases) == 0 || len(others) == 0 {
 		return
 	}
-	p("Ratios, leasehold ÷ peer:\n\n| peer |")
+	p("Ratios, leasehold ÷ peer, each leasehold recipe against the peers whose workers use the same kind of client (— : the other kind, compared in the like-for-like tables only where it says so):\n\n| peer |")
 	for _, bs := range bases {
 		short := strings.TrimPrefix(bs.Name, "leasehold-")
 		p(" %s pairs/s | %s acquire p99 | %s server RSS |", short, short, short)
@@ -221,8 +232,12 @@ func (r *Report) scenario(b *strings.Builder, sc run.Scenario) {
 	p("\n|---|%s\n", strings.Repeat("---:|", 3*len(bases)))
 	for _, o := range others {
 		y, _ := r.result(o.Name, sc.Name)
-		p("| %s |", o.Name)
+		p("| %s (%s) |", o.Name, o.recipe())
 		for _, bs := range bases {
+			if bs.SharedClient != o.SharedClient {
+				p(" — | — | — |")
+				continue
+			}
 			x, _ := r.result(bs.Name, sc.Name)
 			p(" %s | %s | %s |", ratio(run.Ratio(x.PairsPerSec, y.PairsPerSec)),
 				ratio(run.Ratio(float64(x.AcqP99), float64(y.AcqP99))),

@@ -11,13 +11,18 @@ import (
 
 // palette gives each system a fixed colour, so charts of different runs read alike.
 var palette = map[string]string{
-	"leasehold-efficiency":  "#1b7837",
-	"leasehold-correctness": "#7fbf7b",
-	"redis-mem":             "#d6604d",
-	"redis-aof":             "#b2182b",
-	"etcd":                  "#4393c3",
-	"etcd-3":                "#2166ac",
-	"zookeeper":             "#8073ac",
+	"leasehold-efficiency":             "#1b7837",
+	"leasehold-efficiency-per-worker":  "#5aae61",
+	"leasehold-correctness":            "#7fbf7b",
+	"leasehold-correctness-per-worker": "#a6dba0",
+	"leasehold-correctness-3":          "#00441b",
+	"redis-mem":                        "#d6604d",
+	"redis-mem-rueidis":                "#f4a582",
+	"redis-aof":                        "#b2182b",
+	"redis-aof-rueidis":                "#67001f",
+	"etcd":                             "#4393c3",
+	"etcd-3":                           "#2166ac",
+	"zookeeper":                        "#8073ac",
 }
 
 // SVG draws two grouped bar charts, one group per scenario and one bar per system, on

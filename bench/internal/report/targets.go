@@ -5,28 +5,36 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/leasehold/leasehold/bench/internal/run"
 )
 
-// A target is one of the performance targets leasehold is held to (docs/PERFORMANCE.md):
-// a leasehold system against a peer, or against the disk, in one scenario.
+// A target is one of the performance targets leasehold is held to (issue #16,
+// docs/PERFORMANCE.md): a leasehold system against a peer — or against another
+// leasehold system — in one scenario.
 type target struct {
 	what     string // the target in words
 	system   string // the leasehold system
-	peer     string // the system it is compared with; "" for a target against the disk
+	peer     string // the system it is compared with
 	scenario string
 	// score compares one round: the ratio that the target bounds, and whether that
 	// round meets it.
-	score func(lh, peer run.Result, fsync time.Duration) (ratio float64, met bool)
+	score func(lh, peer run.Result) (ratio float64, met bool)
 }
 
 // atLeast is the target "pairs/s ≥ min × the peer's", with fairness ≤ 1.1 when fair.
-func atLeast(min float64, fair bool) func(lh, peer run.Result, _ time.Duration) (float64, bool) {
-	return func(lh, peer run.Result, _ time.Duration) (float64, bool) {
+func atLeast(min float64, fair bool) func(lh, peer run.Result) (float64, bool) {
+	return func(lh, peer run.Result) (float64, bool) {
 		v := lh.PairsPerSec / peer.PairsPerSec
 		return v, v >= min && (!fair || fairness(lh) <= 1.1)
+	}
+}
+
+// p50AtMost is the target "acquire p50 ≤ max × the peer's".
+func p50AtMost(max float64) func(lh, peer run.Result) (float64, bool) {
+	return func(lh, peer run.Result) (float64, bool) {
+		v := float64(lh.AcqP50) / float64(peer.AcqP50)
+		return v, v <= max
 	}
 }
 
@@ -39,23 +47,47 @@ func fairness(x run.Result) float64 {
 	return float64(x.MaxPerWorker) / float64(x.MinPerWorker)
 }
 
-var targets = []target{
-	{"efficiency ≥ 1.0× Redis in memory, pairs/s at 64 workers", "leasehold-efficiency", "redis-mem", "uncontended-64", atLeast(1, false)},
-	{"efficiency acquire p50 at 1 worker ≤ Redis in memory's (ratio of p50s)", "leasehold-efficiency", "redis-mem", "uncontended-1",
-		func(lh, peer run.Result, _ time.Duration) (float64, bool) {
-			v := float64(lh.AcqP50) / float64(peer.AcqP50)
-			return v, v <= 1
+// targets are issue #16's, each judged for both recipes: a client per worker against
+// the peer with a client per worker, one shared client against the pipelining peer.
+var targets = func() []target {
+	type recipe struct{ suffix, how, peer, peerName string }
+	var ts []target
+	for _, class := range []struct {
+		name, system string
+		workers      []int
+		recipes      []recipe
+	}{
+		{"efficiency", "leasehold-efficiency", []int{1, 16, 64}, []recipe{
+			{"-per-worker", "a client per worker", "redis-mem", "Redis in memory (go-redis)"},
+			{"", "one shared client", "redis-mem-rueidis", "Redis in memory (rueidis)"},
 		}},
-	{"efficiency hand-offs on one lock ≥ 1.0× Redis in memory, fairness ≤ 1.1", "leasehold-efficiency", "redis-mem", "contended-16", atLeast(1, true)},
-	{"correctness ≥ 1.0× Redis with fsync, pairs/s at 64 workers", "leasehold-correctness", "redis-aof", "uncontended-64", atLeast(1, false)},
-	{"correctness acquire p50 at 1 worker ≤ fsync p50 + 100 µs (ratio to that bound)", "leasehold-correctness", "", "uncontended-1",
-		func(lh, _ run.Result, fsync time.Duration) (float64, bool) {
-			v := float64(lh.AcqP50) / float64(fsync+100*time.Microsecond)
-			return v, v <= 1
+		{"correctness", "leasehold-correctness", []int{16, 64}, []recipe{
+			{"-per-worker", "a client per worker", "redis-aof", "Redis-AOF (go-redis)"},
+			{"", "one shared client", "redis-aof-rueidis", "Redis-AOF (rueidis)"},
 		}},
-	{"correctness hand-offs on one lock ≥ 1.0× Redis with fsync, fairness ≤ 1.1", "leasehold-correctness", "redis-aof", "contended-16", atLeast(1, true)},
-	{"correctness, 3 nodes ≥ 5× etcd's 3-node Mutex, pairs/s at 64 workers", "leasehold-correctness-3", "etcd-3", "uncontended-64", atLeast(5, false)},
-}
+	} {
+		for _, rc := range class.recipes {
+			sys := class.system + rc.suffix
+			for _, w := range class.workers {
+				workers := fmt.Sprintf("%d workers", w)
+				if w == 1 {
+					workers = "1 worker"
+				}
+				ts = append(ts, target{fmt.Sprintf("%s, %s ≥ 1.0× %s, pairs/s at %s", class.name, rc.how, rc.peerName, workers),
+					sys, rc.peer, fmt.Sprintf("uncontended-%d", w), atLeast(1, false)})
+			}
+			ts = append(ts,
+				target{fmt.Sprintf("%s, %s: acquire p50 at 1 worker ≤ %s's (ratio of p50s)", class.name, rc.how, rc.peerName),
+					sys, rc.peer, "uncontended-1", p50AtMost(1)},
+				target{fmt.Sprintf("%s, %s: hand-offs on one lock (16 workers) ≥ 1.0× %s, fairness ≤ 1.1", class.name, rc.how, rc.peerName),
+					sys, rc.peer, "contended-16", atLeast(1, true)})
+		}
+	}
+	return append(ts,
+		target{"correctness, 3 nodes ≥ 10× etcd's 3 members, pairs/s at 64 workers", "leasehold-correctness-3", "etcd-3", "uncontended-64", atLeast(10, false)},
+		target{"correctness, 3 nodes: acquire p50 at 1 worker ≤ 2× one node's (ratio of p50s)", "leasehold-correctness-3", "leasehold-correctness", "uncontended-1", p50AtMost(2)},
+	)
+}()
 
 // targets writes the table of targets the run can judge. With several rounds, each
 // round is judged on its own — leasehold against the peer as measured in that same
@@ -68,9 +100,6 @@ func (r *Report) targets(b *strings.Builder) {
 	}
 	var rows []string
 	for _, t := range targets {
-		if t.peer == "" && r.Fsync.P50 == 0 {
-			continue // judged against the disk, which was not measured
-		}
 		var ratios []float64
 		var met int
 		for _, round := range rounds {
@@ -78,13 +107,11 @@ func (r *Report) targets(b *strings.Builder) {
 			if !ok {
 				continue
 			}
-			var peer run.Result
-			if t.peer != "" {
-				if peer, ok = find(round, t.peer, t.scenario); !ok {
-					continue
-				}
+			peer, ok := find(round, t.peer, t.scenario)
+			if !ok {
+				continue
 			}
-			v, m := t.score(lh, peer, r.Fsync.P50)
+			v, m := t.score(lh, peer)
 			ratios = append(ratios, v)
 			if m {
 				met++
@@ -111,7 +138,7 @@ func (r *Report) targets(b *strings.Builder) {
 		return
 	}
 	b.WriteString("### Against the targets\n\n")
-	b.WriteString("Each round judged on its own: leasehold ÷ the peer measured in the same round (for the latency target, leasehold's p50 ÷ the fsync probe's p50 + 100 µs).\n\n")
+	b.WriteString("Each round judged on its own: leasehold ÷ the peer measured in the same round (for a latency target, the ratio of the acquire p50s). Each recipe is judged against the peer with the same kind of client: a client per worker against go-redis, one shared client against rueidis.\n\n")
 	b.WriteString("| target | median ratio | ratio per round | verdict |\n|---|---:|---|---|\n")
 	for _, row := range rows {
 		b.WriteString(row)

@@ -139,6 +139,9 @@ type Result struct {
 	ServerCPU    float64       // cores busy in the server processes during the window
 	CPUPerPair   time.Duration // server CPU time per pair
 	BenchCPU     float64       // cores busy in this benchmark process (the clients)
+	// ClientCPUPerPair is this benchmark process's CPU time (the clients') per pair:
+	// on a small machine the clients and the server share the CPUs, so both count.
+	ClientCPUPerPair time.Duration `json:",omitempty"`
 
 	Errors     int
 	FirstError string
@@ -326,6 +329,9 @@ func Run(ctx context.Context, sys peers.System, sc Scenario, cfg Config) Result 
 		}
 	}
 	res.BenchCPU = (self1 - self0).Seconds() / res.Window.Seconds()
+	if res.Pairs > 0 {
+		res.ClientCPUPerPair = (self1 - self0) / time.Duration(res.Pairs)
+	}
 	res.Errors = int(errCount.Load())
 	if s, ok := firstErr.Load().(string); ok {
 		res.FirstError = s
