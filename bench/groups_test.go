@@ -160,6 +160,35 @@ type lockState struct {
 	last uint64
 }
 
+// granted records a grant of the lock under token, and fails if the token is not larger
+// than the lock's last one (G1 per lock: the grants of one lock are serial, each
+// acquire called after the release of the one before it returned).
+func (st *lockState) granted(token uint64) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if token <= st.last {
+		return fmt.Errorf("token %d after %d; G1 wants it larger", token, st.last)
+	}
+	st.last = token
+	return nil
+}
+
+// TestLockStateCatchesABackwardToken: the simulation's check fails on a token that does
+// not grow, equal or smaller.
+func TestLockStateCatchesABackwardToken(t *testing.T) {
+	var st lockState
+	for _, tok := range []uint64{1, 2, 7} {
+		if err := st.granted(tok); err != nil {
+			t.Fatalf("token %d: %v", tok, err)
+		}
+	}
+	for _, tok := range []uint64{7, 3} {
+		if st.granted(tok) == nil {
+			t.Errorf("token %d after 7 passed the check", tok)
+		}
+	}
+}
+
 func simulate(t *testing.T, groups, nodes, workers, locks int, window time.Duration) simResult {
 	res := simResult{groups: groups, nodes: nodes, workers: workers, window: window, loadBefore: loadAvg()}
 	clusters := make([]*clustertest.Cluster, groups)
@@ -222,14 +251,10 @@ func simulate(t *testing.T, groups, nodes, workers, locks int, window time.Durat
 					continue
 				}
 				d := time.Since(t0)
-				st := &state[i]
-				st.mu.Lock()
-				if acq.GetToken() <= st.last {
-					t.Errorf("%s (group %d): token %d after %d; G1 wants it larger", names[i], g, acq.GetToken(), st.last)
+				if err := state[i].granted(acq.GetToken()); err != nil {
+					t.Errorf("%s (group %d): %v", names[i], g, err)
 					failed.Store(true)
 				}
-				st.last = acq.GetToken()
-				st.mu.Unlock()
 				tokensMu.Lock()
 				if prev, ok := tokenOf[acq.GetToken()]; !ok {
 					tokenOf[acq.GetToken()] = g
