@@ -3,6 +3,8 @@ package client
 import (
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -70,15 +72,88 @@ var (
 )
 
 // HeldError is returned by Lock when the lock is held by someone else. It matches
-// ErrNotAcquired.
+// ErrNotAcquired. It explains the answer as the leader saw the lock when the attempt
+// ended (a try-once, or a wait that ran out): Holders, the queue, where the caller
+// stood, and Reason. Servers that predate explained answers fill only Name,
+// HolderToken and Holder.
 type HeldError struct {
 	Name        string
 	HolderToken uint64
 	Holder      Holder
+	// Holders are the lock's holders, oldest first, each with its token and since when
+	// it holds the lock (zero when unknown).
+	Holders []HeldBy
+	// QueueLength is how many waited; Position the caller's place when its wait ran
+	// out (1 = first), 0 for TryOnce.
+	QueueLength, Position int
+	// Reason is why: "held", "mode_conflict" (held shared while exclusive was asked, or
+	// the other way), "lock_delay" (until DelayUntil), "waiters_ahead" (free, but others
+	// queued first); "" from an older server.
+	Reason     string
+	DelayUntil time.Time
+}
+
+// HeldBy is one holder of a lock in a HeldError.
+type HeldBy struct {
+	Token  uint64
+	Holder Holder
+	Since  time.Time
 }
 
 func (e *HeldError) Error() string {
-	return fmt.Sprintf("client: lock %q not acquired: held%s under token %d", e.Name, e.Holder.describe(), e.HolderToken)
+	msg := fmt.Sprintf("client: lock %q not acquired: held%s under token %d", e.Name, e.Holder.describe(), e.HolderToken)
+	if len(e.Holders) > 0 && !e.Holders[0].Since.IsZero() {
+		msg += " since " + e.Holders[0].Since.UTC().Format(time.RFC3339)
+	}
+	if n := len(e.Holders); n > 1 {
+		msg += fmt.Sprintf(" (and %d more holders)", n-1)
+	}
+	switch e.Reason {
+	case "mode_conflict":
+		msg += "; held in the other mode"
+	case "lock_delay":
+		msg = fmt.Sprintf("client: lock %q not acquired: in its lock-delay until %s", e.Name, e.DelayUntil.UTC().Format(time.RFC3339Nano))
+	case "waiters_ahead":
+		msg = fmt.Sprintf("client: lock %q not acquired: others were queued first", e.Name)
+	}
+	if e.QueueLength > 0 {
+		msg += fmt.Sprintf("; %d waiting", e.QueueLength)
+		if e.Position > 0 {
+			msg += fmt.Sprintf(", this caller was number %d", e.Position)
+		}
+	}
+	return msg
+}
+
+// heldError builds a HeldError from a lock_held ErrorDetail.
+func heldError(name string, d *leaseholdv1.ErrorDetail) *HeldError {
+	holder := func(h *leaseholdv1.Holder) Holder {
+		return Holder{Host: h.GetHost(), PID: h.GetPid(), Note: h.GetNote()}
+	}
+	e := &HeldError{Name: name, HolderToken: d.GetHolderToken(), Holder: holder(d.GetHolder())}
+	if d.GetHeldLock() != "" {
+		e.Name = d.GetHeldLock()
+	}
+	x := d.GetExplanation()
+	if x == nil {
+		return e
+	}
+	for _, h := range x.GetHolders() {
+		hb := HeldBy{Token: h.GetToken(), Holder: holder(h.GetHolder())}
+		if ms := h.GetSinceUnixMs(); ms != 0 {
+			hb.Since = time.UnixMilli(ms)
+		}
+		e.Holders = append(e.Holders, hb)
+	}
+	e.QueueLength, e.Position = int(x.GetQueueLength()), int(x.GetPosition())
+	e.Reason = strings.ToLower(strings.TrimPrefix(x.GetReason().String(), "HELD_REASON_"))
+	if x.GetReason() == leaseholdv1.HeldReason_HELD_REASON_UNSPECIFIED {
+		e.Reason = ""
+	}
+	if ms := x.GetDelayUntilUnixMs(); ms != 0 {
+		e.DelayUntil = time.UnixMilli(ms)
+	}
+	return e
 }
 
 // Is makes HeldError match ErrNotAcquired.

@@ -2,9 +2,11 @@ package client_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/leasehold/leasehold/internal/testnode"
 )
@@ -18,15 +20,17 @@ import (
 // the buffer the answer lay in (found by the race detector in the nemesis suite).
 func TestFastLaneConcurrentAnswers(t *testing.T) {
 	node := testnode.Start(t)
-	ctx, c := dial(t, node.Addr())
-	const workers, rounds = 64, 300
+	_, c := dial(t, node.Addr())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const workers, rounds = 64, 80
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
 			for r := range rounds {
 				key := fmt.Sprintf("concurrent/%d", w)
-				want := bytes.Repeat([]byte{byte('a' + w%26)}, 12<<10+r-r%50)
-				if r%50 == 0 {
+				want := bytes.Repeat([]byte{byte('a' + w%26)}, 12<<10+r-r%20)
+				if r%20 == 0 {
 					if _, err := c.Put(ctx, key, want); err != nil {
 						t.Errorf("put %s: %v", key, err)
 						return
@@ -34,7 +38,7 @@ func TestFastLaneConcurrentAnswers(t *testing.T) {
 				}
 				got, err := c.Get(ctx, key)
 				if err != nil || !bytes.Equal(got.Data, want) {
-					t.Errorf("get %s: %q, %v; want %q", key, got.Data, err, want)
+					t.Errorf("get %s: %d bytes, %v; want the %d bytes written", key, len(got.Data), err, len(want))
 					return
 				}
 			}

@@ -203,11 +203,7 @@ func (c *Client) acquire(ctx context.Context, s *lease, req *leaseholdv1.Acquire
 		code, d := detail(err)
 		switch {
 		case code == connect.CodeDeadlineExceeded && d.GetReason() == reason.LockHeld:
-			held := name
-			if d.GetHeldLock() != "" {
-				held = d.GetHeldLock()
-			}
-			return nil, &HeldError{Name: held, HolderToken: d.GetHolderToken(), Holder: Holder{Host: d.GetHolder().GetHost(), PID: d.GetHolder().GetPid(), Note: d.GetHolder().GetNote()}}
+			return nil, heldError(name, d)
 		case d.GetReason() == reason.ClassConflict:
 			return nil, fmt.Errorf("%w: %w", ErrClassConflict, err)
 		case d.GetReason() == reason.ModeConflict:

@@ -63,19 +63,35 @@ func (o *options) defaultHTTPClient() *http.Client {
 }
 
 // connectOptions are the options of the client's Connect clients: the bearer token on
-// every request, when there is one.
+// every request (streams too), when there is one.
 func (o *options) connectOptions() []connect.ClientOption {
 	opts := []connect.ClientOption{connect.WithSendCompression("identity")}
 	if o.token != "" {
-		bearer := "Bearer " + o.token
-		opts = append(opts, connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-				req.Header().Set("Authorization", bearer)
-				return next(ctx, req)
-			}
-		})))
+		opts = append(opts, connect.WithInterceptors(bearer("Bearer "+o.token)))
 	}
 	return opts
+}
+
+// bearer sets the Authorization header of every unary call and stream.
+type bearer string
+
+func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		req.Header().Set("Authorization", string(b))
+		return next(ctx, req)
+	}
+}
+
+func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		conn.RequestHeader().Set("Authorization", string(b))
+		return conn
+	}
+}
+
+func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
 }
 
 // dialFastConn opens a connection to the fast lane at addr, over TLS (handshake made)

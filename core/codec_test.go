@@ -30,6 +30,8 @@ func sampleCommands() []Command {
 		{Op: OpAcquire, Lease: leaseA, Name: "readers", Class: Correctness, Mode: Shared, Wait: true},
 		{Op: OpAcquire, Lease: leaseB, Name: "pool", Class: Correctness, Mode: Semaphore, Limit: 8},
 		{Op: OpAcquire, Lease: leaseC, Names: []string{"a", "b/c", "z"}, Class: Correctness, Mode: Shared, Wait: true, DelayMillis: 100},
+		{Op: OpRelease, Lease: leaseA, Name: "orders/42", Token: 9, WallMillis: 1_796_000_000_000},
+		{Op: OpExpire, Lease: leaseB, WallMillis: -1},
 		{Op: OpGroupCreate, Name: "orders", Count: 64, DrainMillis: 10_000},
 		{Op: OpGroupJoin, Name: "orders", Member: "worker-1", Lease: leaseA, Weight: 3},
 		{Op: OpGroupLeave, Name: "orders", Member: "worker-1", Lease: leaseA},

@@ -51,6 +51,12 @@ const (
 	numLockFields
 )
 
+// The fields of Watch and the ledger. They take bits 32 to 39.
+const (
+	fWallMillis = 32 + iota // varint: the proposer's wall clock, Unix ms
+	numWatchFields
+)
+
 // The fields of groups (groups.go). They take bits 56 to 59.
 const (
 	fMember      = 56 + iota // string
@@ -61,7 +67,8 @@ const (
 )
 
 // knownFields has the bits of every field.
-const knownFields = (1<<(fClusterID+1) - 1) | (1<<numLockFields-1)&^(1<<fMode-1) | (1<<numFields-1)&^(1<<fMember-1)
+const knownFields = (1<<(fClusterID+1) - 1) | (1<<numLockFields-1)&^(1<<fMode-1) |
+	(1<<numWatchFields-1)&^(1<<fWallMillis-1) | (1<<numFields-1)&^(1<<fMember-1)
 
 const commandV2 = 2
 
@@ -97,6 +104,7 @@ func appendCommand(b []byte, c Command) []byte {
 	set(fMode, c.Mode != 0)
 	set(fLimit, c.Limit != 0)
 	set(fNames, len(c.Names) != 0)
+	set(fWallMillis, c.WallMillis != 0)
 	set(fMember, c.Member != "")
 	set(fPartition, c.Partition != 0)
 	set(fWeight, c.Weight != 0)
@@ -159,6 +167,8 @@ func appendCommand(b []byte, c Command) []byte {
 			for _, n := range c.Names {
 				str(n)
 			}
+		case fWallMillis:
+			b = binary.AppendVarint(b, c.WallMillis)
 		case fMember:
 			str(c.Member)
 		case fPartition:
@@ -174,7 +184,7 @@ func appendCommand(b []byte, c Command) []byte {
 
 // commandSize is an upper bound of c's encoded size, to allocate once.
 func commandSize(c Command) int {
-	n := 2 + 3 + 16 + 5*binary.MaxVarintLen64 + 1 + 7*binary.MaxVarintLen64
+	n := 2 + 3 + 16 + 5*binary.MaxVarintLen64 + 1 + 8*binary.MaxVarintLen64
 	n += len(c.Name) + len(c.Holder.Host) + len(c.Holder.Note) + len(c.Reason) + len(c.Key) + len(c.Value) + len(c.Node) + len(c.Addr) + len(c.FastLane) + len(c.ClusterID)
 	if c.Mode != 0 || c.Limit != 0 || len(c.Names) != 0 {
 		n += 1 + 1 + binary.MaxVarintLen32 + binary.MaxVarintLen64 // mask growth, mode, limit, count
@@ -274,6 +284,9 @@ func decodeCommandV2(b []byte) (Command, error) {
 				}
 				c.Names = append(c.Names, d.str("names"))
 			}
+		case fWallMillis:
+			c.WallMillis = d.varint("wall")
+			d.nonZero("wall", c.WallMillis != 0)
 		case fMember:
 			c.Member = d.str("member")
 		case fPartition:

@@ -329,6 +329,8 @@ type Locks struct {
 	// allocate its index (and its held slice) anew for every grant. Memory only: it
 	// changes nothing anyone can observe.
 	spare []*leaseLocks
+	// rec, if set, is called with every event of a change (events.go).
+	rec func(Event)
 }
 
 // maxSpareLeases bounds Locks.spare.
@@ -553,10 +555,11 @@ func (t *Locks) Release(lease LeaseID, name string, token uint64, seq Sequence) 
 	var r Result
 	ll := t.leases[lease]
 	if set := ll.sets[token]; set != nil {
-		t.dropSet(ll, lease, token, set)
+		t.dropSet(ll, lease, token, set, EventReleased, "")
 		t.grantEach(set, seq, &r)
 		return r
 	}
+	t.emitHold(EventReleased, l, lease, "")
 	t.dropHold(l, ll, lease)
 	t.grantNext(l, seq, &r)
 	return r
@@ -579,8 +582,13 @@ func (t *Locks) CancelWait(lease LeaseID, name string, seq Sequence) Result {
 		return Result{Err: fmt.Errorf("%w: %q", ErrNotWaiting, name)}
 	}
 	var r Result
-	if s := l.more.waiters[i].set; s != nil {
+	w := l.more.waiters[i]
+	t.emitWaitEnded(l, w)
+	if s := w.set; s != nil {
 		for _, m := range s.locks {
+			if m != l {
+				t.emitWaitEnded(m, w)
+			}
 			t.unqueue(m, m.waiterIndex(lease))
 			t.removeWait(lease, m)
 		}
@@ -620,12 +628,13 @@ func (t *Locks) ForceRelease(name, reason string, seq Sequence, r *Result) {
 		ll := t.leases[g.lease]
 		set := ll.sets[g.token]
 		if set == nil {
+			t.emitHold(EventForceReleased, l, g.lease, reason)
 			t.dropHold(l, ll, g.lease)
 			t.addLost(g.lease, LostLock{Name: name, Token: g.token, Reason: reason})
 			r.Effects = append(r.Effects, Effect{Kind: EffectRevokedHold, Lease: g.lease, Name: name, Token: g.token, Note: reason})
 			continue
 		}
-		t.dropSet(ll, g.lease, g.token, set)
+		t.dropSet(ll, g.lease, g.token, set, EventForceReleased, reason)
 		for _, m := range set {
 			t.addLost(g.lease, LostLock{Name: m.name, Token: g.token, Reason: reason})
 			r.Effects = append(r.Effects, Effect{Kind: EffectRevokedHold, Lease: g.lease, Name: m.name, Token: g.token, Note: reason})
@@ -673,24 +682,41 @@ func (t *Locks) DropLease(lease LeaseID, expired bool, seq Sequence, r *Result) 
 	}
 	// The lease's places in queues go first, all of them, so that nothing granted below
 	// (a lock set's grant moves the queues of all its locks) can be granted to it.
+	var left map[*lock]waiter // the places, for their events (in name order, below)
+	if t.rec != nil && len(ll.waits) > 0 {
+		left = make(map[*lock]waiter, len(ll.waits))
+	}
 	for l := range ll.waits {
-		t.unqueue(l, l.waiterIndex(lease))
+		i := l.waiterIndex(lease)
+		if left != nil {
+			left[l] = l.more.waiters[i]
+		}
+		t.unqueue(l, i)
 		mine = append(mine, l)
 	}
 	slices.SortFunc(mine, compareLockNames)
 	// The lease's index goes as a whole: it has no places left, so nothing is granted
 	// to it below.
 	delete(t.leases, lease)
+	ended := EventRevoked
+	if expired {
+		ended = EventExpired
+	}
 	for _, l := range mine {
 		var delay int64
 		switch i := l.sharedIndex(lease); {
 		case l.heldBy(lease):
+			t.emitHold(ended, l, lease, "")
 			delay = l.terms.delay
 			l.lease, l.token, l.terms, l.pos = LeaseID{}, 0, nil, 0
 		case i >= 0:
+			t.emitHold(ended, l, lease, "")
 			delay = l.more.holds[i].terms.delay
 			l.more.holds = slices.Delete(l.more.holds, i, i+1)
 		default:
+			if left != nil {
+				t.emitWaitEnded(l, left[l])
+			}
 			r.Effects = append(r.Effects, Effect{Kind: EffectWaitEnded, Lease: lease, Name: l.name})
 			t.grantNext(l, seq, r)
 			continue
@@ -719,6 +745,9 @@ func (t *Locks) enqueue(l *lock, w waiter) {
 	m.waiters = append(m.waiters, w)
 	t.waiting++
 	t.addWait(w.lease, l)
+	if t.rec != nil {
+		t.rec(Event{Kind: EventQueued, Name: l.name, Class: l.class, Limit: uint32(l.limit), Holder: w.holder, Mode: w.mode, Position: len(m.waiters)})
+	}
 }
 
 // unqueue takes place i out of l's queue; the caller updates the lease's index.
@@ -751,6 +780,9 @@ func (t *Locks) lease(lease LeaseID) *leaseLocks {
 
 // grant makes lease a holder of l in mode, which l admits.
 func (t *Locks) grant(l *lock, lease LeaseID, token uint64, holder Holder, delay int64, mode Mode) {
+	if t.rec != nil {
+		t.rec(Event{Kind: EventAcquired, Name: l.name, Class: l.class, Limit: uint32(l.limit), Token: token, Holder: holder, Mode: mode})
+	}
 	ll := t.lease(lease)
 	if ll.terms == nil || ll.terms.holder != holder || ll.terms.delay != delay {
 		ll.terms = &holdTerms{holder: holder, delay: delay}

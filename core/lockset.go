@@ -156,13 +156,15 @@ func (t *Locks) addSet(lease LeaseID, tok uint64, locks []*lock) {
 	ll.sets[tok] = locks
 }
 
-// dropSet frees every hold of the set that lease (index ll) holds under tok.
-func (t *Locks) dropSet(ll *leaseLocks, lease LeaseID, tok uint64, set []*lock) {
+// dropSet frees every hold of the set that lease (index ll) holds under tok, recording
+// an event of kind (with note) for each.
+func (t *Locks) dropSet(ll *leaseLocks, lease LeaseID, tok uint64, set []*lock, kind EventKind, note string) {
 	delete(ll.sets, tok) // first: the index may be forgotten with the last hold
 	if len(ll.sets) == 0 {
 		ll.sets = nil
 	}
 	for _, l := range set {
+		t.emitHold(kind, l, lease, note)
 		t.dropHold(l, ll, lease)
 	}
 }

@@ -95,7 +95,8 @@ func TestLostLocks(t *testing.T) {
 // same body.
 func TestSnapshotVersion1Restores(t *testing.T) {
 	for i, s := range randomStates(t, 20) {
-		clear(s.locks.lost) // a version-1 writer had none
+		clear(s.locks.lost) // a version-1 writer had neither lost locks nor a ledger
+		s.ledger = newLedger(s.limits)
 		b := mustSnapshot(t, s)
 		v1 := append([]byte{snapshotV1}, b[1:]...)
 		r, err := RestoreState(v1, Limits{})

@@ -30,6 +30,12 @@ import (
 // first. ReadSnapshot reads both versions; a version-1 snapshot has no lost locks.
 // Since groups, a version-2 snapshot has one more field after "lost", "groups" when not
 // empty: groups in name order (groupRecord); snapshots written before have no groups.
+//
+// Since the ledger, a version-2 snapshot may end with "ledger" (after "groups", when not
+// empty): the
+// ended tenures oldest first (Tenure), then the start of every hold still open (a
+// Tenure with no "how"), in name and token order. Snapshots written before it have
+// none: the ledger starts empty, and holds open then end with an unknown start.
 const (
 	snapshotV1 = 1
 	snapshotV2 = 2
@@ -37,7 +43,7 @@ const (
 
 // snapshotFields are the keys of a version-2 snapshot, in the order they are written;
 // a version-1 snapshot has those before "lost".
-var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "groups"}
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "groups", "ledger"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
@@ -72,6 +78,7 @@ type SnapshotView struct {
 	keys       []keyRecord // in progress (unsorted), then done oldest first
 	inProgress int         // how many of keys are in progress
 	groups     []groupRecord
+	ledger     []Tenure // ledger.records()
 }
 
 // SnapshotView copies what a snapshot of s needs. It is meant to run where applies must
@@ -95,6 +102,7 @@ func (s *State) SnapshotView() *SnapshotView {
 	}
 	v.keys, v.inProgress = s.keys.records()
 	v.groups = s.groups.records()
+	v.ledger = s.ledger.records()
 	for _, l := range s.leases {
 		v.leases = append(v.leases, *l)
 	}
@@ -172,6 +180,10 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	if len(v.groups) > 0 {
 		e.raw(`,"groups":`)
 		writeArray(e, v.groups)
+	}
+	if len(v.ledger) > 0 {
+		e.raw(`,"ledger":`)
+		writeArray(e, v.ledger)
 	}
 	e.raw("}\n")
 	err := e.flush()
@@ -401,6 +413,8 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 			err = eachElement(dec, s.restoreLost)
 		case "groups":
 			err = eachElement(dec, s.restoreGroup)
+		case "ledger":
+			err = eachElement(dec, s.restoreTenure)
 		}
 		if err != nil {
 			return nil, err

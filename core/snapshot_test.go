@@ -29,9 +29,11 @@ func oneShotSnapshot(t testing.TB, s *State) []byte {
 		ClusterID  string       `json:"clusterId,omitempty"`
 		Keys       []keyRecord  `json:"idempotency,omitempty"`
 		Lost       []lostRecord `json:"lost,omitempty"`
+		Ledger     []Tenure     `json:"ledger,omitempty"`
 	}
 	snap := oneShot{Seq: s.seq, Leases: []*Lease{}, Locks: []*Lock{}, KVRev: s.kv.rev, Members: s.Members(), ClusterID: s.clusterID}
 	snap.Keys, _ = s.keys.records()
+	snap.Ledger = s.ledger.records()
 	slices.SortStableFunc(snap.Keys, func(a, b keyRecord) int { // in progress by key, then done as they were
 		if a.Done || b.Done {
 			return boolCompare(a.Done, b.Done)

@@ -31,13 +31,18 @@ type State struct {
 	clusterID  string                 // "" until OpSetClusterID
 	keys       keyStore               // idempotency keys (idempotency.go)
 	groups     groupStore             // groups and partitions (groups.go)
+	ledger     ledger                 // recent tenures (ledger.go)
+	// now is the command being applied's WallMillis (the ledger's times); rec is
+	// Record's fn.
+	now int64
+	rec func(Event)
 }
 
 // NewState returns an empty state with the given limits. Every replica must use the same
 // limits, or their states diverge.
 func NewState(limits Limits) *State {
 	limits = limits.withDefaults()
-	return &State{
+	s := &State{
 		leases:     make(map[LeaseID]*Lease),
 		locks:      NewLocks(limits),
 		limits:     limits,
@@ -46,6 +51,17 @@ func NewState(limits Limits) *State {
 		members:    make(map[string]memberAddrs),
 		keys:       newKeyStore(),
 		groups:     newGroupStore(),
+		ledger:     newLedger(limits),
+	}
+	s.locks.Record(s.record)
+	return s
+}
+
+// record takes every event of the lock table: into the ledger, then to Record's fn.
+func (s *State) record(e Event) {
+	s.ledger.note(e, s.now)
+	if s.rec != nil {
+		s.rec(e)
 	}
 }
 
@@ -79,6 +95,10 @@ func (s *State) Leases(fn func(*Lease)) {
 // NumLeases returns the number of live leases.
 func (s *State) NumLeases() int { return len(s.leases) }
 
+// Record makes Apply call fn with every lock event of the commands it applies, in
+// order, as it applies them (see Locks.Record). nil stops recording.
+func (s *State) Record(fn func(Event)) { s.rec = fn }
+
 // Locks returns the correctness lock table for reading. Callers must not mutate it.
 func (s *State) Locks() *Locks { return s.locks }
 
@@ -89,6 +109,7 @@ func (s *State) Apply(c Command) Result {
 	if err := c.validate(); err != nil {
 		return Result{Err: err}
 	}
+	s.now = c.WallMillis
 	switch c.Op {
 	case OpGrant:
 		if s.leases[c.Lease] != nil {

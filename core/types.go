@@ -183,6 +183,11 @@ type Command struct {
 	Mode  Mode     `json:"mode,omitempty"`
 	Limit uint32   `json:"limit,omitempty"`
 	Names []string `json:"names,omitempty"`
+	// WallMillis is the proposer's wall clock when it proposed the command (Unix
+	// milliseconds; the replication layer sets it on the commands that can start or end
+	// a hold). Display only: the ledger's times. Nothing in the state machine depends on
+	// it.
+	WallMillis int64 `json:"wall,omitempty"`
 	// Groups (groups.go): the member, the partition, the member's weight, the group's
 	// drain deadline. A group's partition count is Count, an epoch is Token.
 	Member      string `json:"member,omitempty"`
@@ -270,6 +275,10 @@ type Limits struct {
 	// the total size of the kept results (at least MaxResultLen).
 	IdempotencyKeys  int `json:"idempotencyKeys,omitempty"`
 	IdempotencyBytes int `json:"idempotencyBytes,omitempty"`
+	// LedgerPerLock and LedgerTotal bound the ledger (State.History): the tenures kept
+	// per lock and in all (DefaultLedgerPerLock, DefaultLedgerTotal).
+	LedgerPerLock int `json:"ledgerPerLock,omitempty"`
+	LedgerTotal   int `json:"ledgerTotal,omitempty"`
 	// MaxGroups bounds the number of groups, MaxGroupMembers the members of one group.
 	MaxGroups       int `json:"maxGroups,omitempty"`
 	MaxGroupMembers int `json:"maxGroupMembers,omitempty"`
@@ -302,5 +311,11 @@ func (l Limits) withDefaults() Limits {
 		l.MaxGroupMembers = DefaultLimits.MaxGroupMembers
 	}
 	l.IdempotencyBytes = max(l.IdempotencyBytes, MaxResultLen) // the newest result always fits
+	if l.LedgerPerLock <= 0 {
+		l.LedgerPerLock = DefaultLedgerPerLock
+	}
+	if l.LedgerTotal <= 0 {
+		l.LedgerTotal = DefaultLedgerTotal
+	}
 	return l
 }

@@ -41,6 +41,7 @@ func (l *Leader) Acquire(ctx context.Context, a AcquireArgs) (Grant, error) {
 	} else {
 		g, err = l.acquireCorrectness(ctx, a)
 	}
+	err = l.explained(a, err)
 	l.waited(a.Class, start, err)
 	return g, err
 }
@@ -69,6 +70,7 @@ func (l *Leader) AcquireThen(ctx context.Context, a AcquireArgs, then func(Grant
 	if a.Class == core.Efficiency {
 		go func() {
 			g, err := l.acquireEfficiency(ctx, a)
+			err = l.explained(a, err)
 			l.waited(a.Class, start, err)
 			then(g, err)
 		}()
@@ -76,18 +78,21 @@ func (l *Leader) AcquireThen(ctx context.Context, a AcquireArgs, then func(Grant
 	}
 	ch, err := l.beginCorrectness(a)
 	if err != nil {
+		err = l.explained(a, err)
 		l.waited(a.Class, start, err)
 		then(Grant{}, err)
 		return
 	}
 	l.log.ApplyThen(acquireCommand(a), func(res core.Result, err error) {
 		if g, err, done := l.endCorrectness(a, ch, res, err); done {
+			err = l.explained(a, err)
 			l.waited(a.Class, start, err)
 			then(g, err)
 			return
 		}
 		go func() {
 			g, err := l.await(ctx, a, ch, res)
+			err = l.explained(a, err)
 			l.waited(a.Class, start, err)
 			then(g, err)
 		}()

@@ -45,6 +45,8 @@ type LockHeldError struct {
 	HolderToken uint64
 	Holder      core.Holder
 	Waited      bool
+	// Explain says why, in full (holders, queue, reason); nil if not known.
+	Explain *Explanation
 }
 
 func (e *LockHeldError) Error() string {

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/watch"
 )
 
 // Log is the replicated log the leader proposes to. replication.Node implements it.
@@ -72,6 +73,9 @@ type Config struct {
 	OnPromote func(ctx context.Context)
 	// Observer, if set, receives what the leader measures, for metrics (observe.go).
 	Observer Observer
+	// Events, if set, receives the events of the efficiency locks while this node
+	// leads, with its epoch, and an EventEpoch when it starts to (watch.go).
+	Events *watch.Hub
 }
 
 // DefaultConfig returns the configuration that a zero Config stands for.

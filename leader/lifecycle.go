@@ -48,6 +48,7 @@ func (l *Leader) Promote(ctx context.Context) error {
 	l.kick = make(chan struct{}, 1)
 	l.eff = core.NewLocks(l.cfg.Limits)
 	l.effSeq = block{}
+	l.recordLocked()
 	now := time.Now()
 	var delayed []*core.Lock
 	type drain struct {

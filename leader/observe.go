@@ -150,6 +150,15 @@ func (hs *holds) add(h heldSince) {
 	hs.more[h.token] = h
 }
 
+// get returns the hold of token.
+func (hs *holds) get(token uint64) (heldSince, bool) {
+	if hs.first.token == token && token != 0 {
+		return hs.first, true
+	}
+	h, ok := hs.more[token]
+	return h, ok
+}
+
 // take removes and returns the hold of token.
 func (hs *holds) take(token uint64) (heldSince, bool) {
 	if hs.first.token == token {

@@ -117,12 +117,13 @@ func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queu
 		g.Token = o.token
 		return g, o.err
 	case <-timeout:
+		why := l.explain(a, heldName(a, queued)) // while the caller still has its place
 		tok, err := l.cancelWait(context.WithoutCancel(ctx), a, ch)
 		if err != nil || tok != 0 {
 			g.Token = tok
 			return g, err
 		}
-		return g, &LockHeldError{Name: heldName(a, queued), HolderToken: queued.HolderToken, Holder: queued.Holder, Waited: true}
+		return g, &LockHeldError{Name: heldName(a, queued), HolderToken: queued.HolderToken, Holder: queued.Holder, Waited: true, Explain: why}
 	case <-ctx.Done():
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()

@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/watch"
 )
 
 // fsm adapts core.State to raft.FSM. Raft calls Apply, Snapshot and Restore from one
@@ -19,6 +20,9 @@ type fsm struct {
 	applied uint64 // index of the last applied entry
 	limits  core.Limits
 	observe func([]core.Effect)
+	// events, if set, gets each command entry's lock events (recorded into pending).
+	events  *watch.Hub
+	pending []core.Event
 	log     *slog.Logger
 	// clusterID is the state's cluster ID as last seen; when it changes, saveClusterID
 	// (if set) keeps it outside the state too (see presetClusterID).
@@ -66,6 +70,11 @@ func (f *fsm) applyAll(index uint64, cmds [][]byte, res []core.Result) {
 		res[i] = f.state.Apply(cmd)
 	}
 	f.applied = index
+	if f.events != nil {
+		f.events.Entry(index, f.pending)
+		clear(f.pending) // the hub keeps copies; the strings go with them
+		f.pending = f.pending[:0]
+	}
 	named := f.namedLocked()
 	f.mu.Unlock()
 	f.save(named)
@@ -94,11 +103,23 @@ func (f *fsm) Restore(r io.ReadCloser) error {
 		return fmt.Errorf("replication: restore snapshot: %w", err)
 	}
 	f.mu.Lock()
-	f.state = s
+	f.setState(s)
+	if f.events != nil {
+		f.events.Reset()
+	}
 	named := f.namedLocked()
 	f.mu.Unlock()
 	f.save(named)
 	return nil
+}
+
+// setState makes s the state, recording its lock events for the hub; f.mu is held (or
+// f is not in use yet).
+func (f *fsm) setState(s *core.State) {
+	f.state = s
+	if f.events != nil {
+		s.Record(func(e core.Event) { f.pending = append(f.pending, e) })
+	}
 }
 
 // namedLocked returns the state's cluster ID if it is new since the last call, else "".

@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/watch"
 )
 
 // Errors returned by Node.
@@ -78,6 +79,10 @@ type Config struct {
 	// Observe, if set, is called with the effects of every applied command, in log
 	// order, from raft's apply goroutine. It must not block and must not call Apply.
 	Observe func([]core.Effect)
+	// Events, if set, receives the lock events of every applied command entry (G10),
+	// stamped with the entry's index, while the entry is applied: a reader of the state
+	// never sees a change before its event is in the hub. A restored snapshot resets it.
+	Events *watch.Hub
 	// LeaderChange, if set, receives true when this node becomes leader and false when
 	// it stops being leader. Raft blocks until the value is received.
 	LeaderChange chan<- bool
@@ -220,7 +225,8 @@ func Open(cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
-	n.fsm = &fsm{state: core.NewState(cfg.Limits), limits: cfg.Limits, observe: cfg.Observe, log: cfg.Logger}
+	n.fsm = &fsm{limits: cfg.Limits, observe: cfg.Observe, events: cfg.Events, log: cfg.Logger}
+	n.fsm.setState(core.NewState(cfg.Limits))
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
@@ -336,7 +342,7 @@ func tcpTransport(cfg Config, hlog hclog.Logger) (raft.Transport, error) {
 // Commands proposed before the last entry sent is written share the next log entry
 // (batch.go); each still gets its own result.
 func (n *Node) Apply(ctx context.Context, cmd core.Command) (core.Result, error) {
-	b, err := core.EncodeCommand(cmd)
+	b, err := core.EncodeCommand(stamped(cmd))
 	if err != nil {
 		return core.Result{}, err
 	}
@@ -359,12 +365,24 @@ func (n *Node) Apply(ctx context.Context, cmd core.Command) (core.Result, error)
 // results, or on the caller's when cmd does not encode; it must not block, since the
 // results of the commands committed after cmd wait for it.
 func (n *Node) ApplyThen(cmd core.Command, then func(core.Result, error)) {
-	b, err := core.EncodeCommand(cmd)
+	b, err := core.EncodeCommand(stamped(cmd))
 	if err != nil {
 		then(core.Result{}, err)
 		return
 	}
 	n.batcher.propose(proposal{data: b, then: func(o outcome) { then(o.result()) }})
+}
+
+// stamped sets the wall clock on a command that can start or end a hold, for the
+// ledger's times (display only: the state machine depends on nothing but the log).
+func stamped(cmd core.Command) core.Command {
+	switch cmd.Op {
+	case core.OpAcquire, core.OpRelease, core.OpCancelWait, core.OpRevoke, core.OpExpire, core.OpForceRelease, core.OpEndDelay:
+		if cmd.WallMillis == 0 {
+			cmd.WallMillis = time.Now().UnixMilli()
+		}
+	}
+	return cmd
 }
 
 // result is the outcome as Apply returns it, with raft's error mapped.

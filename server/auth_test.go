@@ -47,6 +47,8 @@ var aclNeeds = map[string]struct {
 	"/leasehold.v1.LockService/List":            {auth.Read, true},
 	"/leasehold.v1.LockService/ForceRelease":    {auth.Admin, false},
 	"/leasehold.v1.LockService/CheckToken":      {auth.Read, true},
+	"/leasehold.v1.LockService/Watch":           {auth.Read, true},
+	"/leasehold.v1.LockService/History":         {auth.Read, true},
 	"/leasehold.v1.KVService/Get":               {auth.Read, true},
 	"/leasehold.v1.KVService/Put":               {auth.KVWrite, true},
 	"/leasehold.v1.KVService/Delete":            {auth.KVWrite, true},

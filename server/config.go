@@ -15,6 +15,7 @@ import (
 
 	"github.com/leasehold/leasehold/internal/auth"
 	"github.com/leasehold/leasehold/internal/tlsconf"
+	"github.com/leasehold/leasehold/watch"
 )
 
 // Config bounds what clients may ask for. The zero value is a valid configuration: each
@@ -30,6 +31,11 @@ type Config struct {
 	MaxLockDelay time.Duration
 	// MaxRequestBytes bounds an encoded request. Default 64 KiB.
 	MaxRequestBytes int
+	// WatchRetention is how many lock events each node keeps for Watch (G10): a stream
+	// may start or resume at any revision of the last WatchRetention events, and one
+	// that asks for an older revision fails FailedPrecondition "compacted". Default
+	// 100,000 (watch.DefaultRetention), about 18 MB (docs/OPERATIONS.md).
+	WatchRetention int
 
 	// Slow and idle clients (G6). The API port's HTTP server (service) and the fast lane
 	// apply these; zero takes the default.
@@ -92,6 +98,7 @@ func DefaultConfig() Config {
 		MaxWait:           time.Hour,
 		MaxLockDelay:      time.Minute,
 		MaxRequestBytes:   64 << 10,
+		WatchRetention:    watch.DefaultRetention,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
@@ -126,6 +133,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxConnsPerClient == 0 {
 		c.MaxConnsPerClient = d.MaxConnsPerClient
 	}
+	if c.WatchRetention == 0 {
+		c.WatchRetention = d.WatchRetention
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -147,6 +157,8 @@ func (c Config) Validate() error {
 		return errors.New("server: maximum wait and lock-delay must not be negative")
 	case c.MaxRequestBytes < 1024:
 		return errors.New("server: request size limit must be at least 1 KiB")
+	case c.WatchRetention < 1:
+		return errors.New("server: watch retention must be at least 1 event")
 	case c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0:
 		return errors.New("server: connection timeouts must not be negative")
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/leasehold/leasehold/internal/reason"
 	"github.com/leasehold/leasehold/leader"
 	"github.com/leasehold/leasehold/replication"
+	"github.com/leasehold/leasehold/watch"
 )
 
 // errorCodes is the one table that maps errors to RPC codes and stable reasons. Entries
@@ -54,6 +55,7 @@ var errorCodes = []struct {
 	{errLastVoter, connect.CodeFailedPrecondition, reason.LastVoter},
 	{errNotCaughtUp, connect.CodeUnavailable, reason.NotCaughtUp},
 	{errWrongCluster, connect.CodeFailedPrecondition, reason.WrongCluster},
+	{watch.ErrCompacted, connect.CodeFailedPrecondition, reason.Compacted},
 	{errNoClusterID, connect.CodeUnavailable, reason.NoClusterID},
 	{ErrShuttingDown, connect.CodeUnavailable, reason.ShuttingDown},
 	{auth.ErrUnauthenticated, connect.CodeUnauthenticated, reason.Unauthenticated},
@@ -123,6 +125,7 @@ func Classify(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
 		detail.HolderToken = lh.HolderToken
 		detail.Holder = holderToProto(lh.Holder)
 		detail.HeldLock = lh.Name
+		detail.Explanation = explanationToProto(lh.Explain)
 	}
 	if st := new(core.StaleTokenError); errors.As(err, &st) {
 		detail.HighestToken = st.Highest
@@ -176,3 +179,25 @@ type limitError struct {
 }
 
 func (e *limitError) Error() string { return e.field + ": " + e.msg }
+
+// explanationToProto is an explained answer as ErrorDetail carries it (nil: none).
+func explanationToProto(e *leader.Explanation) *leaseholdv1.HeldExplanation {
+	if e == nil {
+		return nil
+	}
+	out := &leaseholdv1.HeldExplanation{
+		QueueLength: uint32(e.QueueLength), Position: uint32(e.Position),
+		Reason: leaseholdv1.HeldReason(e.Reason), HeldMode: modeToProto(e.HeldMode),
+	}
+	if !e.DelayUntil.IsZero() {
+		out.DelayUntilUnixMs = e.DelayUntil.UnixMilli()
+	}
+	for _, h := range e.Holders {
+		hb := &leaseholdv1.HeldBy{Token: h.Token, Holder: holderToProto(h.Holder)}
+		if !h.Since.IsZero() {
+			hb.SinceUnixMs = h.Since.UnixMilli()
+		}
+		out.Holders = append(out.Holders, hb)
+	}
+	return out
+}

@@ -41,6 +41,8 @@ func methodTable() []*method {
 		unary(leaseholdv1connect.LockServiceListProcedure, (*Server).List, needsOn(permRead, (*leaseholdv1.ListRequest).GetPrefix)),
 		unary(leaseholdv1connect.LockServiceForceReleaseProcedure, (*Server).ForceRelease, needs(permAdmin)),
 		unary(leaseholdv1connect.LockServiceCheckTokenProcedure, (*Server).CheckToken, needsOn(permRead, (*leaseholdv1.CheckTokenRequest).GetName)),
+		serverStream(leaseholdv1connect.LockServiceWatchProcedure, (*Server).Watch, needsOn(permRead, (*leaseholdv1.WatchRequest).GetPrefix)),
+		unary(leaseholdv1connect.LockServiceHistoryProcedure, (*Server).History, needsOn(permRead, (*leaseholdv1.HistoryRequest).GetName)),
 		// KVService
 		unary(leaseholdv1connect.KVServiceGetProcedure, (*Server).Get,
 			needsOn(permRead, (*leaseholdv1.GetRequest).GetKey), servedHereWhen((*leaseholdv1.GetRequest).GetStale)),

@@ -346,7 +346,8 @@ func (s *Server) List(_ context.Context, req *leaseholdv1.ListRequest) (*leaseho
 }
 
 // ForceRelease serves LockService.ForceRelease: an operator's release of a lock,
-// whoever holds it, that consumes a fence token.
+// whoever holds it, that consumes a fence token. The reason is recorded (ledger, Watch,
+// the holder's lost lock) with the identity that asked, when auth is on.
 func (s *Server) ForceRelease(ctx context.Context, req *leaseholdv1.ForceReleaseRequest) (*leaseholdv1.ForceReleaseResponse, error) {
 	if err := core.ValidateName("name", req.GetName()); err != nil {
 		return nil, err
@@ -354,11 +355,26 @@ func (s *Server) ForceRelease(ctx context.Context, req *leaseholdv1.ForceRelease
 	if r := req.GetReason(); len(r) > core.MaxReasonLen || !utf8.ValidString(r) {
 		return nil, core.Invalid("reason", "must be valid UTF-8 of at most %d bytes", core.MaxReasonLen)
 	}
-	released, fence, err := s.leader.ForceRelease(ctx, req.GetName(), req.GetReason())
+	released, fence, err := s.leader.ForceRelease(ctx, req.GetName(), recordedReason(principalOf(ctx), req.GetReason()))
 	if err != nil {
 		return nil, err
 	}
 	return &leaseholdv1.ForceReleaseResponse{ReleasedToken: released, FenceToken: fence}, nil
+}
+
+// recordedReason is a force release's reason as the ledger, the Watch event and the
+// holder's lost lock record it: with the identity that asked, when auth knows it
+// ("by admin alice: stuck job"), cut to MaxReasonLen.
+func recordedReason(c *principal, reason string) string {
+	if c == nil || c.who == nil {
+		return reason
+	}
+	r := "by " + c.who.String() + ": " + reason
+	for len(r) > core.MaxReasonLen {
+		_, size := utf8.DecodeLastRuneInString(r)
+		r = r[:len(r)-size]
+	}
+	return r
 }
 
 // CheckToken serves LockService.CheckToken: whether a token is the current holder's,

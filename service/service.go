@@ -23,6 +23,7 @@ import (
 	"github.com/leasehold/leasehold/metrics"
 	"github.com/leasehold/leasehold/replication"
 	"github.com/leasehold/leasehold/server"
+	"github.com/leasehold/leasehold/watch"
 )
 
 // Config configures a node. Raft.DataDir is required; every other zero field stands for
@@ -219,11 +220,12 @@ func Start(cfg Config) (*Node, error) {
 	rc.Logger = cfg.Logger
 	cfg.Server.TLS, rc.PeerTLS = cfg.TLS, cfg.peerTLS()
 	rc.Observe = func(e []core.Effect) { n.Leader.OnEffects(e) }
+	rc.Events = watch.NewHub(cfg.Server.WatchRetention)
 	rc.LeaderChange = changes
 	m := metrics.New()
 	rc.ObserveCommit, rc.ObserveSync, cfg.Server.Registry = m.Commit, m.Fsync, m.Registry()
 	self := core.Member{ID: rc.NodeID, APIAddr: cfg.AdvertiseAddr, FastLaneAddr: cfg.Server.FastLaneAddr}
-	n.Leader = leader.New(nil, leader.Config{Limits: rc.Limits, Logger: cfg.Logger, Observer: m, OnPromote: func(ctx context.Context) {
+	n.Leader = leader.New(nil, leader.Config{Limits: rc.Limits, Logger: cfg.Logger, Observer: m, Events: rc.Events, OnPromote: func(ctx context.Context) {
 		n.onPromote(ctx, self, cfg.StaticPeers, cfg.Logger)
 	}})
 	n.Raft, err = replication.Open(rc)
@@ -413,8 +415,8 @@ func (n *Node) Close(ctx context.Context) error {
 	} else {
 		close(drained)
 	}
+	n.Server.EndStreams() // streams would keep Shutdown waiting: their callers resume elsewhere (first: a Watch would end not_leader with the Demote)
 	n.Leader.Demote()     // fail waiting acquires (Unavailable: clients retry after the restart)
-	n.Server.EndStreams() // streams would keep Shutdown waiting: their callers resume elsewhere
 	herr := n.http.Shutdown(ctx)
 	if errors.Is(herr, context.DeadlineExceeded) || errors.Is(herr, context.Canceled) {
 		herr = n.http.Close()

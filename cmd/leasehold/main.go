@@ -4,6 +4,8 @@
 //	leasehold lock NAME... -- CMD... run CMD while holding lock NAME (several: a lock set)
 //	leasehold once KEY -- CMD...     run CMD at most once per KEY
 //	leasehold locks [PREFIX]         list locks
+//	leasehold watch [PREFIX]         stream lock events as they happen
+//	leasehold history NAME           a lock's last tenures
 //	leasehold kv get|put|del|ls      the fenced key-value store
 //	leasehold group create|join|status  partitions assigned to live members, with epochs
 //	leasehold status                 show the node's status
@@ -119,6 +121,8 @@ elsewhere; 76 lock or key lost while CMD ran (CMD's process group was killed).`,
 		newLockCmd(),
 		newOnceCmd(),
 		newLocksCmd(),
+		newWatchCmd(),
+		newHistoryCmd(),
 		newUnlockCmd(),
 		newKVCmd(),
 		newStatusCmd(),

@@ -49,6 +49,9 @@ func newServerCmd() *cobra.Command {
 	fs.Uint64Var(&f.tokenGap, "token-gap", 1<<32, "with --recover: continue the token sequence this far above the node's last token, so tokens the lost nodes issued are never issued again")
 	fs.IntVar(&f.idemKeys, "idempotency-keys", 0, "done idempotency keys kept (their retention, counted), also the most in progress; 0 means 100000; the same on every node")
 	fs.IntVar(&f.idemBytes, "idempotency-bytes", 0, "bytes of idempotency results kept at most; 0 means 64 MiB; the same on every node")
+	fs.IntVar(&f.ledgerPerLock, "ledger-per-lock", 0, "tenures the ledger (leasehold history) keeps per lock; 0 means 16; the same on every node")
+	fs.IntVar(&f.ledgerTotal, "ledger-total", 0, "tenures the ledger keeps in all, the oldest dropped first; 0 means 100000; the same on every node")
+	fs.IntVar(&f.watchRetention, "watch-retention", 0, "lock events each node keeps for watch (a stream may start or resume this far back); 0 means 100000, about 18 MB")
 	fs.Var(&f.peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR] (repeat for each node, including this one)")
 	fs.Var(peerList{&f.peers}, "peers", "static cluster members as one list: ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR];ID,...;...")
 	f.security = registerServerSecurity(fs)
@@ -80,8 +83,10 @@ type serverFlags struct {
 	tokenGap      uint64
 	idemKeys      int
 	idemBytes     int
-	peers         peerFlags
-	security      serverSecurity
+	// ledgerPerLock, ledgerTotal and watchRetention bound the ledger and Watch's history.
+	ledgerPerLock, ledgerTotal, watchRetention int
+	peers                                      peerFlags
+	security                                   serverSecurity
 }
 
 // runServer runs a node as the flags say and returns the exit code.
@@ -98,7 +103,7 @@ func runServer(f serverFlags) int {
 	cfg := service.Config{
 		Addr:              f.addr,
 		Raft:              replication.Config{NodeID: f.nodeID, DataDir: f.dataDir, RaftAddr: f.raftAddr, RaftAdvertise: f.raftAdvertise, Bootstrap: f.bootstrap && f.join == "", LogStore: f.logStore},
-		Server:            server.Config{DefaultTTL: f.defTTL, MinTTL: f.minTTL, MaxTTL: f.maxTTL, Version: version, NodeID: f.nodeID, Logger: log},
+		Server:            server.Config{DefaultTTL: f.defTTL, MinTTL: f.minTTL, MaxTTL: f.maxTTL, Version: version, NodeID: f.nodeID, Logger: log, WatchRetention: f.watchRetention},
 		Logger:            log,
 		AdvertiseAddr:     f.advertise,
 		Join:              f.join,
@@ -106,7 +111,7 @@ func runServer(f serverFlags) int {
 		FastLaneAdvertise: f.fastAdvertise,
 		Pprof:             f.enablePprof,
 	}
-	cfg.Raft.Limits = core.Limits{IdempotencyKeys: f.idemKeys, IdempotencyBytes: f.idemBytes}
+	cfg.Raft.Limits = core.Limits{IdempotencyKeys: f.idemKeys, IdempotencyBytes: f.idemBytes, LedgerPerLock: f.ledgerPerLock, LedgerTotal: f.ledgerTotal}
 	if len(f.peers) > 0 {
 		if f.join != "" {
 			fmt.Fprintln(os.Stderr, "leasehold server: --peer and --join exclude each other")

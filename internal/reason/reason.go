@@ -32,6 +32,7 @@ const (
 	MemberCheck     = "member_check"  // the node to add does not answer as itself
 	LastVoter       = "last_voter"
 	WrongCluster    = "wrong_cluster"
+	Compacted       = "compacted"  // a Watch start below the retained history (the message names the oldest revision)
 	NotMember       = "not_member" // the lease is not the group member's
 	NotOwner        = "not_owner"  // the lease does not own the partition at that epoch
 

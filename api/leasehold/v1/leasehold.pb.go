@@ -157,6 +157,207 @@ func (LockMode) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{1}
 }
 
+// HeldReason is why an acquire was not granted. (A lock of the other class, or of
+// another kind, is its own error: FailedPrecondition "class_conflict", "mode_conflict".)
+type HeldReason int32
+
+const (
+	HeldReason_HELD_REASON_UNSPECIFIED HeldReason = 0
+	// Held in a mode that excludes the one asked for (exclusive, or a full semaphore).
+	HeldReason_HELD_REASON_HELD HeldReason = 1
+	// Held shared while exclusive was asked for, or exclusively while shared was.
+	HeldReason_HELD_REASON_MODE_CONFLICT HeldReason = 2
+	// Nobody holds it, but it is in its lock-delay after an expiry (until
+	// delay_until_unix_ms).
+	HeldReason_HELD_REASON_LOCK_DELAY HeldReason = 3
+	// It would admit the caller, but others wait before it (queues are FIFO).
+	HeldReason_HELD_REASON_WAITERS_AHEAD HeldReason = 4
+)
+
+// Enum value maps for HeldReason.
+var (
+	HeldReason_name = map[int32]string{
+		0: "HELD_REASON_UNSPECIFIED",
+		1: "HELD_REASON_HELD",
+		2: "HELD_REASON_MODE_CONFLICT",
+		3: "HELD_REASON_LOCK_DELAY",
+		4: "HELD_REASON_WAITERS_AHEAD",
+	}
+	HeldReason_value = map[string]int32{
+		"HELD_REASON_UNSPECIFIED":   0,
+		"HELD_REASON_HELD":          1,
+		"HELD_REASON_MODE_CONFLICT": 2,
+		"HELD_REASON_LOCK_DELAY":    3,
+		"HELD_REASON_WAITERS_AHEAD": 4,
+	}
+)
+
+func (x HeldReason) Enum() *HeldReason {
+	p := new(HeldReason)
+	*p = x
+	return p
+}
+
+func (x HeldReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (HeldReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_leasehold_proto_enumTypes[2].Descriptor()
+}
+
+func (HeldReason) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_leasehold_proto_enumTypes[2]
+}
+
+func (x HeldReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use HeldReason.Descriptor instead.
+func (HeldReason) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+}
+
+// TenureEnd is how a hold ended.
+type TenureEnd int32
+
+const (
+	// Still held.
+	TenureEnd_TENURE_END_UNSPECIFIED TenureEnd = 0
+	// Its holder released it.
+	TenureEnd_TENURE_END_RELEASED TenureEnd = 1
+	// Its lease expired.
+	TenureEnd_TENURE_END_EXPIRED TenureEnd = 2
+	// Its lease was revoked (LeaseService.Revoke: its client closed, or gave it up).
+	TenureEnd_TENURE_END_REVOKED TenureEnd = 3
+	// An operator force-released it; `reason` says who and why.
+	TenureEnd_TENURE_END_FORCE_RELEASED TenureEnd = 4
+)
+
+// Enum value maps for TenureEnd.
+var (
+	TenureEnd_name = map[int32]string{
+		0: "TENURE_END_UNSPECIFIED",
+		1: "TENURE_END_RELEASED",
+		2: "TENURE_END_EXPIRED",
+		3: "TENURE_END_REVOKED",
+		4: "TENURE_END_FORCE_RELEASED",
+	}
+	TenureEnd_value = map[string]int32{
+		"TENURE_END_UNSPECIFIED":    0,
+		"TENURE_END_RELEASED":       1,
+		"TENURE_END_EXPIRED":        2,
+		"TENURE_END_REVOKED":        3,
+		"TENURE_END_FORCE_RELEASED": 4,
+	}
+)
+
+func (x TenureEnd) Enum() *TenureEnd {
+	p := new(TenureEnd)
+	*p = x
+	return p
+}
+
+func (x TenureEnd) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TenureEnd) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_leasehold_proto_enumTypes[3].Descriptor()
+}
+
+func (TenureEnd) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_leasehold_proto_enumTypes[3]
+}
+
+func (x TenureEnd) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TenureEnd.Descriptor instead.
+func (TenureEnd) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{3}
+}
+
+// EventKind is what a Watch event reports.
+type EventKind int32
+
+const (
+	EventKind_EVENT_KIND_UNSPECIFIED EventKind = 0
+	// The holder was granted the lock with `token` (a lock set: one event per name, one
+	// token).
+	EventKind_EVENT_KIND_ACQUIRED EventKind = 1
+	// The holder released it.
+	EventKind_EVENT_KIND_RELEASED EventKind = 2
+	// The hold ended because its lease expired.
+	EventKind_EVENT_KIND_EXPIRED EventKind = 3
+	// The hold ended because its lease was revoked (LeaseService.Revoke).
+	EventKind_EVENT_KIND_REVOKED EventKind = 4
+	// An operator took the lock away; `reason` says who and why.
+	EventKind_EVENT_KIND_FORCE_RELEASED EventKind = 5
+	// The holder took place `position` (1 = first) in the lock's queue.
+	EventKind_EVENT_KIND_QUEUED EventKind = 6
+	// A waiter left the queue without a grant (it gave up, or its lease ended).
+	EventKind_EVENT_KIND_WAIT_ENDED EventKind = 7
+	// A new leader serves efficiency locks, in epoch `epoch`, from an empty table: every
+	// efficiency lock of an earlier epoch is gone.
+	EventKind_EVENT_KIND_EPOCH EventKind = 8
+)
+
+// Enum value maps for EventKind.
+var (
+	EventKind_name = map[int32]string{
+		0: "EVENT_KIND_UNSPECIFIED",
+		1: "EVENT_KIND_ACQUIRED",
+		2: "EVENT_KIND_RELEASED",
+		3: "EVENT_KIND_EXPIRED",
+		4: "EVENT_KIND_REVOKED",
+		5: "EVENT_KIND_FORCE_RELEASED",
+		6: "EVENT_KIND_QUEUED",
+		7: "EVENT_KIND_WAIT_ENDED",
+		8: "EVENT_KIND_EPOCH",
+	}
+	EventKind_value = map[string]int32{
+		"EVENT_KIND_UNSPECIFIED":    0,
+		"EVENT_KIND_ACQUIRED":       1,
+		"EVENT_KIND_RELEASED":       2,
+		"EVENT_KIND_EXPIRED":        3,
+		"EVENT_KIND_REVOKED":        4,
+		"EVENT_KIND_FORCE_RELEASED": 5,
+		"EVENT_KIND_QUEUED":         6,
+		"EVENT_KIND_WAIT_ENDED":     7,
+		"EVENT_KIND_EPOCH":          8,
+	}
+)
+
+func (x EventKind) Enum() *EventKind {
+	p := new(EventKind)
+	*p = x
+	return p
+}
+
+func (x EventKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EventKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_v1_leasehold_proto_enumTypes[4].Descriptor()
+}
+
+func (EventKind) Type() protoreflect.EnumType {
+	return &file_leasehold_v1_leasehold_proto_enumTypes[4]
+}
+
+func (x EventKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EventKind.Descriptor instead.
+func (EventKind) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{4}
+}
+
 // KeyStatus is where an idempotency key stands.
 type KeyStatus int32
 
@@ -198,11 +399,11 @@ func (x KeyStatus) String() string {
 }
 
 func (KeyStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_leasehold_v1_leasehold_proto_enumTypes[2].Descriptor()
+	return file_leasehold_v1_leasehold_proto_enumTypes[5].Descriptor()
 }
 
 func (KeyStatus) Type() protoreflect.EnumType {
-	return &file_leasehold_v1_leasehold_proto_enumTypes[2]
+	return &file_leasehold_v1_leasehold_proto_enumTypes[5]
 }
 
 func (x KeyStatus) Number() protoreflect.EnumNumber {
@@ -211,7 +412,7 @@ func (x KeyStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use KeyStatus.Descriptor instead.
 func (KeyStatus) EnumDescriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{5}
 }
 
 // Holder describes who holds or waits for a lock, so operators can see it in listings.
@@ -304,7 +505,9 @@ type ErrorDetail struct {
 	LeaderApiAddr string `protobuf:"bytes,7,opt,name=leader_api_addr,json=leaderApiAddr,proto3" json:"leader_api_addr,omitempty"`
 	// For "lock_held": the lock that was held — for a lock set, the first of its names
 	// that was (holder_token and holder describe that lock's holder).
-	HeldLock      string `protobuf:"bytes,20,opt,name=held_lock,json=heldLock,proto3" json:"held_lock,omitempty"`
+	HeldLock string `protobuf:"bytes,20,opt,name=held_lock,json=heldLock,proto3" json:"held_lock,omitempty"`
+	// For "lock_held" (a try-once acquire, or one whose wait ran out): why, in full.
+	Explanation   *HeldExplanation `protobuf:"bytes,30,opt,name=explanation,proto3" json:"explanation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -395,6 +598,168 @@ func (x *ErrorDetail) GetHeldLock() string {
 	return ""
 }
 
+func (x *ErrorDetail) GetExplanation() *HeldExplanation {
+	if x != nil {
+		return x.Explanation
+	}
+	return nil
+}
+
+// HeldExplanation says why an acquire was not granted: who holds the lock and since
+// when, how many wait and where the caller stood, and the reason.
+type HeldExplanation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lock's holders (one for an exclusive hold), oldest first.
+	Holders []*HeldBy `protobuf:"bytes,1,rep,name=holders,proto3" json:"holders,omitempty"`
+	// How many waited in the lock's queue (the caller included, when it waited).
+	QueueLength uint32 `protobuf:"varint,2,opt,name=queue_length,json=queueLength,proto3" json:"queue_length,omitempty"`
+	// The caller's place in the queue when its wait ran out (1 = first); 0 for a
+	// try-once acquire, which never queues.
+	Position uint32     `protobuf:"varint,3,opt,name=position,proto3" json:"position,omitempty"`
+	Reason   HeldReason `protobuf:"varint,4,opt,name=reason,proto3,enum=leasehold.v1.HeldReason" json:"reason,omitempty"`
+	// For HELD_REASON_LOCK_DELAY: when the lock-delay ends (the leader's wall clock,
+	// Unix milliseconds).
+	DelayUntilUnixMs int64 `protobuf:"varint,5,opt,name=delay_until_unix_ms,json=delayUntilUnixMs,proto3" json:"delay_until_unix_ms,omitempty"`
+	// The mode the lock is held in.
+	HeldMode      LockMode `protobuf:"varint,6,opt,name=held_mode,json=heldMode,proto3,enum=leasehold.v1.LockMode" json:"held_mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeldExplanation) Reset() {
+	*x = HeldExplanation{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldExplanation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldExplanation) ProtoMessage() {}
+
+func (x *HeldExplanation) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldExplanation.ProtoReflect.Descriptor instead.
+func (*HeldExplanation) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HeldExplanation) GetHolders() []*HeldBy {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+func (x *HeldExplanation) GetQueueLength() uint32 {
+	if x != nil {
+		return x.QueueLength
+	}
+	return 0
+}
+
+func (x *HeldExplanation) GetPosition() uint32 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *HeldExplanation) GetReason() HeldReason {
+	if x != nil {
+		return x.Reason
+	}
+	return HeldReason_HELD_REASON_UNSPECIFIED
+}
+
+func (x *HeldExplanation) GetDelayUntilUnixMs() int64 {
+	if x != nil {
+		return x.DelayUntilUnixMs
+	}
+	return 0
+}
+
+func (x *HeldExplanation) GetHeldMode() LockMode {
+	if x != nil {
+		return x.HeldMode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+type HeldBy struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Token  uint64                 `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
+	Holder *Holder                `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	// When the hold was granted (the leader's wall clock, Unix milliseconds; 0 when
+	// unknown: an efficiency hold granted before this leader served).
+	SinceUnixMs   int64 `protobuf:"varint,3,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeldBy) Reset() {
+	*x = HeldBy{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldBy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldBy) ProtoMessage() {}
+
+func (x *HeldBy) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldBy.ProtoReflect.Descriptor instead.
+func (*HeldBy) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *HeldBy) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *HeldBy) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *HeldBy) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
 type GrantRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Lease time to live in milliseconds. 0 means the server default (10 000). Bounds: the
@@ -407,7 +772,7 @@ type GrantRequest struct {
 
 func (x *GrantRequest) Reset() {
 	*x = GrantRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[2]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -419,7 +784,7 @@ func (x *GrantRequest) String() string {
 func (*GrantRequest) ProtoMessage() {}
 
 func (x *GrantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[2]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -432,7 +797,7 @@ func (x *GrantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRequest.ProtoReflect.Descriptor instead.
 func (*GrantRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GrantRequest) GetTtlMs() int64 {
@@ -455,7 +820,7 @@ type GrantResponse struct {
 
 func (x *GrantResponse) Reset() {
 	*x = GrantResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[3]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -467,7 +832,7 @@ func (x *GrantResponse) String() string {
 func (*GrantResponse) ProtoMessage() {}
 
 func (x *GrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[3]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -480,7 +845,7 @@ func (x *GrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantResponse.ProtoReflect.Descriptor instead.
 func (*GrantResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{3}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GrantResponse) GetLeaseId() string {
@@ -507,7 +872,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +884,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +897,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{4}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *KeepAliveRequest) GetLeaseId() string {
@@ -564,7 +929,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +941,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +954,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{5}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KeepAliveResponse) GetTtlMs() int64 {
@@ -626,7 +991,7 @@ type LostLock struct {
 
 func (x *LostLock) Reset() {
 	*x = LostLock{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +1003,7 @@ func (x *LostLock) String() string {
 func (*LostLock) ProtoMessage() {}
 
 func (x *LostLock) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +1016,7 @@ func (x *LostLock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LostLock.ProtoReflect.Descriptor instead.
 func (*LostLock) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{6}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LostLock) GetName() string {
@@ -685,7 +1050,7 @@ type RevokeRequest struct {
 
 func (x *RevokeRequest) Reset() {
 	*x = RevokeRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -697,7 +1062,7 @@ func (x *RevokeRequest) String() string {
 func (*RevokeRequest) ProtoMessage() {}
 
 func (x *RevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -710,7 +1075,7 @@ func (x *RevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeRequest.ProtoReflect.Descriptor instead.
 func (*RevokeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{7}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RevokeRequest) GetLeaseId() string {
@@ -728,7 +1093,7 @@ type RevokeResponse struct {
 
 func (x *RevokeResponse) Reset() {
 	*x = RevokeResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +1105,7 @@ func (x *RevokeResponse) String() string {
 func (*RevokeResponse) ProtoMessage() {}
 
 func (x *RevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +1118,486 @@ func (x *RevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeResponse.ProtoReflect.Descriptor instead.
 func (*RevokeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{8}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{10}
+}
+
+type HistoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lock's name (same rules as AcquireRequest.name).
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HistoryRequest) Reset() {
+	*x = HistoryRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HistoryRequest) ProtoMessage() {}
+
+func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HistoryRequest.ProtoReflect.Descriptor instead.
+func (*HistoryRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *HistoryRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type HistoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenures       []*Tenure              `protobuf:"bytes,1,rep,name=tenures,proto3" json:"tenures,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HistoryResponse) Reset() {
+	*x = HistoryResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HistoryResponse) ProtoMessage() {}
+
+func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HistoryResponse.ProtoReflect.Descriptor instead.
+func (*HistoryResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *HistoryResponse) GetTenures() []*Tenure {
+	if x != nil {
+		return x.Tenures
+	}
+	return nil
+}
+
+// Tenure is one hold of a lock, as the ledger keeps it.
+type Tenure struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Token  uint64                 `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
+	Holder *Holder                `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	Mode   LockMode               `protobuf:"varint,3,opt,name=mode,proto3,enum=leasehold.v1.LockMode" json:"mode,omitempty"`
+	// When the grant and the end were proposed, Unix milliseconds (0: unknown, e.g. a hold
+	// granted before an upgrade or restored from an older snapshot).
+	StartUnixMs int64     `protobuf:"varint,4,opt,name=start_unix_ms,json=startUnixMs,proto3" json:"start_unix_ms,omitempty"`
+	EndUnixMs   int64     `protobuf:"varint,5,opt,name=end_unix_ms,json=endUnixMs,proto3" json:"end_unix_ms,omitempty"`
+	End         TenureEnd `protobuf:"varint,6,opt,name=end,proto3,enum=leasehold.v1.TenureEnd" json:"end,omitempty"`
+	// A force release's reason, with the identity that asked.
+	Reason        string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tenure) Reset() {
+	*x = Tenure{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tenure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tenure) ProtoMessage() {}
+
+func (x *Tenure) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tenure.ProtoReflect.Descriptor instead.
+func (*Tenure) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Tenure) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *Tenure) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *Tenure) GetMode() LockMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+func (x *Tenure) GetStartUnixMs() int64 {
+	if x != nil {
+		return x.StartUnixMs
+	}
+	return 0
+}
+
+func (x *Tenure) GetEndUnixMs() int64 {
+	if x != nil {
+		return x.EndUnixMs
+	}
+	return 0
+}
+
+func (x *Tenure) GetEnd() TenureEnd {
+	if x != nil {
+		return x.End
+	}
+	return TenureEnd_TENURE_END_UNSPECIFIED
+}
+
+func (x *Tenure) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Revision orders Watch events: the index of the log entry whose apply caused the event
+// and the event's offset among that entry's events. An efficiency lock's event, which
+// never enters the log, takes the revision after the last event its leader published
+// (the index of the last applied entry, the next offset), and carries the leader's
+// epoch.
+type Revision struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Offset        uint32                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Revision) Reset() {
+	*x = Revision{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Revision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Revision) ProtoMessage() {}
+
+func (x *Revision) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Revision.ProtoReflect.Descriptor instead.
+func (*Revision) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Revision) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *Revision) GetOffset() uint32 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only locks whose name starts with prefix ("" for all). EVENT_KIND_EPOCH events,
+	// which name no lock, come under every prefix.
+	Prefix string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// Where to start (inclusive). Unset: at the next event.
+	Start         *Revision `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *WatchRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetStart() *Revision {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+type WatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The events, in revision order (none in a first answer with nothing to replay).
+	Events []*WatchEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// The revision to resume from after these events.
+	Next          *Revision `protobuf:"bytes,2,opt,name=next,proto3" json:"next,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *WatchResponse) GetEvents() []*WatchEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetNext() *Revision {
+	if x != nil {
+		return x.Next
+	}
+	return nil
+}
+
+type WatchEvent struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Revision *Revision              `protobuf:"bytes,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Kind     EventKind              `protobuf:"varint,2,opt,name=kind,proto3,enum=leasehold.v1.EventKind" json:"kind,omitempty"`
+	Name     string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Class    LockClass              `protobuf:"varint,4,opt,name=class,proto3,enum=leasehold.v1.LockClass" json:"class,omitempty"`
+	Token    uint64                 `protobuf:"varint,5,opt,name=token,proto3" json:"token,omitempty"`
+	Holder   *Holder                `protobuf:"bytes,6,opt,name=holder,proto3" json:"holder,omitempty"`
+	Mode     LockMode               `protobuf:"varint,7,opt,name=mode,proto3,enum=leasehold.v1.LockMode" json:"mode,omitempty"`
+	// A semaphore's limit.
+	Limit uint32 `protobuf:"varint,8,opt,name=limit,proto3" json:"limit,omitempty"`
+	// A queued waiter's place.
+	Position uint32 `protobuf:"varint,9,opt,name=position,proto3" json:"position,omitempty"`
+	// A force release's reason, with who asked.
+	Reason string `protobuf:"bytes,10,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The leader's efficiency epoch, on efficiency events.
+	Epoch         string `protobuf:"bytes,11,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEvent) Reset() {
+	*x = WatchEvent{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEvent) ProtoMessage() {}
+
+func (x *WatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
+func (*WatchEvent) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *WatchEvent) GetRevision() *Revision {
+	if x != nil {
+		return x.Revision
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetKind() EventKind {
+	if x != nil {
+		return x.Kind
+	}
+	return EventKind_EVENT_KIND_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetClass() LockClass {
+	if x != nil {
+		return x.Class
+	}
+	return LockClass_LOCK_CLASS_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *WatchEvent) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetMode() LockMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+func (x *WatchEvent) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *WatchEvent) GetPosition() uint32 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *WatchEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
 }
 
 type AcquireRequest struct {
@@ -802,7 +1646,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +1658,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +1671,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{9}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AcquireRequest) GetName() string {
@@ -911,7 +1755,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1767,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1780,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{10}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AcquireResponse) GetToken() uint64 {
@@ -974,7 +1818,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1830,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1843,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{11}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReleaseRequest) GetName() string {
@@ -1031,7 +1875,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1887,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1900,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{12}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
 }
 
 type DescribeRequest struct {
@@ -1068,7 +1912,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1924,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1937,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{13}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DescribeRequest) GetName() string {
@@ -1112,7 +1956,7 @@ type DescribeResponse struct {
 
 func (x *DescribeResponse) Reset() {
 	*x = DescribeResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1968,7 @@ func (x *DescribeResponse) String() string {
 func (*DescribeResponse) ProtoMessage() {}
 
 func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1981,7 @@ func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
 func (*DescribeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{14}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DescribeResponse) GetLock() *LockInfo {
@@ -1159,7 +2003,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +2015,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +2028,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{15}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -1212,7 +2056,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +2068,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +2081,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{16}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListResponse) GetLocks() []*LockInfo {
@@ -1288,7 +2132,7 @@ type LockInfo struct {
 
 func (x *LockInfo) Reset() {
 	*x = LockInfo{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +2144,7 @@ func (x *LockInfo) String() string {
 func (*LockInfo) ProtoMessage() {}
 
 func (x *LockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +2157,7 @@ func (x *LockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockInfo.ProtoReflect.Descriptor instead.
 func (*LockInfo) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{17}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LockInfo) GetName() string {
@@ -1416,7 +2260,7 @@ type LockHolder struct {
 
 func (x *LockHolder) Reset() {
 	*x = LockHolder{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1428,7 +2272,7 @@ func (x *LockHolder) String() string {
 func (*LockHolder) ProtoMessage() {}
 
 func (x *LockHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1441,7 +2285,7 @@ func (x *LockHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHolder.ProtoReflect.Descriptor instead.
 func (*LockHolder) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LockHolder) GetToken() uint64 {
@@ -1483,7 +2327,7 @@ type ForceReleaseRequest struct {
 
 func (x *ForceReleaseRequest) Reset() {
 	*x = ForceReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1495,7 +2339,7 @@ func (x *ForceReleaseRequest) String() string {
 func (*ForceReleaseRequest) ProtoMessage() {}
 
 func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1508,7 +2352,7 @@ func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ForceReleaseRequest) GetName() string {
@@ -1537,7 +2381,7 @@ type ForceReleaseResponse struct {
 
 func (x *ForceReleaseResponse) Reset() {
 	*x = ForceReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +2393,7 @@ func (x *ForceReleaseResponse) String() string {
 func (*ForceReleaseResponse) ProtoMessage() {}
 
 func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +2406,7 @@ func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForceReleaseResponse) GetReleasedToken() uint64 {
@@ -1589,7 +2433,7 @@ type CheckTokenRequest struct {
 
 func (x *CheckTokenRequest) Reset() {
 	*x = CheckTokenRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +2445,7 @@ func (x *CheckTokenRequest) String() string {
 func (*CheckTokenRequest) ProtoMessage() {}
 
 func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +2458,7 @@ func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenRequest.ProtoReflect.Descriptor instead.
 func (*CheckTokenRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CheckTokenRequest) GetName() string {
@@ -1643,7 +2487,7 @@ type CheckTokenResponse struct {
 
 func (x *CheckTokenResponse) Reset() {
 	*x = CheckTokenResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +2499,7 @@ func (x *CheckTokenResponse) String() string {
 func (*CheckTokenResponse) ProtoMessage() {}
 
 func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +2512,7 @@ func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenResponse.ProtoReflect.Descriptor instead.
 func (*CheckTokenResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CheckTokenResponse) GetCurrent() bool {
@@ -1701,7 +2545,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +2557,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +2570,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Fence) GetLock() string {
@@ -1763,7 +2607,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1775,7 +2619,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1788,7 +2632,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -1822,7 +2666,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +2678,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +2691,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1900,7 +2744,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1912,7 +2756,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1925,7 +2769,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -1966,7 +2810,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2822,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2835,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PutResponse) GetVersion() uint64 {
@@ -2012,7 +2856,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2868,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2881,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2071,7 +2915,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2083,7 +2927,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2096,7 +2940,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -2119,7 +2963,7 @@ type KVServiceListRequest struct {
 
 func (x *KVServiceListRequest) Reset() {
 	*x = KVServiceListRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2975,7 @@ func (x *KVServiceListRequest) String() string {
 func (*KVServiceListRequest) ProtoMessage() {}
 
 func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2988,7 @@ func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListRequest.ProtoReflect.Descriptor instead.
 func (*KVServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *KVServiceListRequest) GetPrefix() string {
@@ -2178,7 +3022,7 @@ type KVServiceListResponse struct {
 
 func (x *KVServiceListResponse) Reset() {
 	*x = KVServiceListResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2190,7 +3034,7 @@ func (x *KVServiceListResponse) String() string {
 func (*KVServiceListResponse) ProtoMessage() {}
 
 func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2203,7 +3047,7 @@ func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListResponse.ProtoReflect.Descriptor instead.
 func (*KVServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *KVServiceListResponse) GetItems() []*KeyValue {
@@ -2232,7 +3076,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2244,7 +3088,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2257,7 +3101,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -2302,7 +3146,7 @@ type BeginRequest struct {
 
 func (x *BeginRequest) Reset() {
 	*x = BeginRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +3158,7 @@ func (x *BeginRequest) String() string {
 func (*BeginRequest) ProtoMessage() {}
 
 func (x *BeginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +3171,7 @@ func (x *BeginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginRequest.ProtoReflect.Descriptor instead.
 func (*BeginRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *BeginRequest) GetKey() string {
@@ -2367,7 +3211,7 @@ type BeginResponse struct {
 
 func (x *BeginResponse) Reset() {
 	*x = BeginResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2379,7 +3223,7 @@ func (x *BeginResponse) String() string {
 func (*BeginResponse) ProtoMessage() {}
 
 func (x *BeginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2392,7 +3236,7 @@ func (x *BeginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginResponse.ProtoReflect.Descriptor instead.
 func (*BeginResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *BeginResponse) GetStatus() KeyStatus {
@@ -2436,7 +3280,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2448,7 +3292,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2461,7 +3305,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CompleteRequest) GetKey() string {
@@ -2493,7 +3337,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2505,7 +3349,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2518,7 +3362,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
 }
 
 type AbandonRequest struct {
@@ -2531,7 +3375,7 @@ type AbandonRequest struct {
 
 func (x *AbandonRequest) Reset() {
 	*x = AbandonRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2543,7 +3387,7 @@ func (x *AbandonRequest) String() string {
 func (*AbandonRequest) ProtoMessage() {}
 
 func (x *AbandonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2556,7 +3400,7 @@ func (x *AbandonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbandonRequest.ProtoReflect.Descriptor instead.
 func (*AbandonRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AbandonRequest) GetKey() string {
@@ -2581,7 +3425,7 @@ type AbandonResponse struct {
 
 func (x *AbandonResponse) Reset() {
 	*x = AbandonResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2593,7 +3437,7 @@ func (x *AbandonResponse) String() string {
 func (*AbandonResponse) ProtoMessage() {}
 
 func (x *AbandonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2606,7 +3450,7 @@ func (x *AbandonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbandonResponse.ProtoReflect.Descriptor instead.
 func (*AbandonResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
 }
 
 type IdempotencyServiceGetRequest struct {
@@ -2618,7 +3462,7 @@ type IdempotencyServiceGetRequest struct {
 
 func (x *IdempotencyServiceGetRequest) Reset() {
 	*x = IdempotencyServiceGetRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2630,7 +3474,7 @@ func (x *IdempotencyServiceGetRequest) String() string {
 func (*IdempotencyServiceGetRequest) ProtoMessage() {}
 
 func (x *IdempotencyServiceGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2643,7 +3487,7 @@ func (x *IdempotencyServiceGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyServiceGetRequest.ProtoReflect.Descriptor instead.
 func (*IdempotencyServiceGetRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *IdempotencyServiceGetRequest) GetKey() string {
@@ -2666,7 +3510,7 @@ type IdempotencyServiceGetResponse struct {
 
 func (x *IdempotencyServiceGetResponse) Reset() {
 	*x = IdempotencyServiceGetResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2678,7 +3522,7 @@ func (x *IdempotencyServiceGetResponse) String() string {
 func (*IdempotencyServiceGetResponse) ProtoMessage() {}
 
 func (x *IdempotencyServiceGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2691,7 +3535,7 @@ func (x *IdempotencyServiceGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyServiceGetResponse.ProtoReflect.Descriptor instead.
 func (*IdempotencyServiceGetResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *IdempotencyServiceGetResponse) GetStatus() KeyStatus {
@@ -2738,7 +3582,7 @@ type GroupServiceCreateRequest struct {
 
 func (x *GroupServiceCreateRequest) Reset() {
 	*x = GroupServiceCreateRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2750,7 +3594,7 @@ func (x *GroupServiceCreateRequest) String() string {
 func (*GroupServiceCreateRequest) ProtoMessage() {}
 
 func (x *GroupServiceCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2763,7 +3607,7 @@ func (x *GroupServiceCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceCreateRequest.ProtoReflect.Descriptor instead.
 func (*GroupServiceCreateRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GroupServiceCreateRequest) GetGroup() string {
@@ -2795,7 +3639,7 @@ type GroupServiceCreateResponse struct {
 
 func (x *GroupServiceCreateResponse) Reset() {
 	*x = GroupServiceCreateResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2807,7 +3651,7 @@ func (x *GroupServiceCreateResponse) String() string {
 func (*GroupServiceCreateResponse) ProtoMessage() {}
 
 func (x *GroupServiceCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2820,7 +3664,7 @@ func (x *GroupServiceCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceCreateResponse.ProtoReflect.Descriptor instead.
 func (*GroupServiceCreateResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
 }
 
 type JoinRequest struct {
@@ -2839,7 +3683,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2851,7 +3695,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2864,7 +3708,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *JoinRequest) GetGroup() string {
@@ -2904,7 +3748,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2916,7 +3760,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2929,7 +3773,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *JoinResponse) GetAssignments() []*Assignment {
@@ -2953,7 +3797,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2965,7 +3809,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2978,7 +3822,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Assignment) GetPartition() uint32 {
@@ -3013,7 +3857,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3025,7 +3869,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3038,7 +3882,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *LeaveRequest) GetGroup() string {
@@ -3070,7 +3914,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3082,7 +3926,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3095,7 +3939,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
 }
 
 type GroupServiceReleaseRequest struct {
@@ -3111,7 +3955,7 @@ type GroupServiceReleaseRequest struct {
 
 func (x *GroupServiceReleaseRequest) Reset() {
 	*x = GroupServiceReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3123,7 +3967,7 @@ func (x *GroupServiceReleaseRequest) String() string {
 func (*GroupServiceReleaseRequest) ProtoMessage() {}
 
 func (x *GroupServiceReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3136,7 +3980,7 @@ func (x *GroupServiceReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceReleaseRequest.ProtoReflect.Descriptor instead.
 func (*GroupServiceReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GroupServiceReleaseRequest) GetGroup() string {
@@ -3175,7 +4019,7 @@ type GroupServiceReleaseResponse struct {
 
 func (x *GroupServiceReleaseResponse) Reset() {
 	*x = GroupServiceReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3187,7 +4031,7 @@ func (x *GroupServiceReleaseResponse) String() string {
 func (*GroupServiceReleaseResponse) ProtoMessage() {}
 
 func (x *GroupServiceReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3200,7 +4044,7 @@ func (x *GroupServiceReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceReleaseResponse.ProtoReflect.Descriptor instead.
 func (*GroupServiceReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
 }
 
 type GroupServiceStatusRequest struct {
@@ -3212,7 +4056,7 @@ type GroupServiceStatusRequest struct {
 
 func (x *GroupServiceStatusRequest) Reset() {
 	*x = GroupServiceStatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3224,7 +4068,7 @@ func (x *GroupServiceStatusRequest) String() string {
 func (*GroupServiceStatusRequest) ProtoMessage() {}
 
 func (x *GroupServiceStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3237,7 +4081,7 @@ func (x *GroupServiceStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceStatusRequest.ProtoReflect.Descriptor instead.
 func (*GroupServiceStatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GroupServiceStatusRequest) GetGroup() string {
@@ -3260,7 +4104,7 @@ type GroupServiceStatusResponse struct {
 
 func (x *GroupServiceStatusResponse) Reset() {
 	*x = GroupServiceStatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3272,7 +4116,7 @@ func (x *GroupServiceStatusResponse) String() string {
 func (*GroupServiceStatusResponse) ProtoMessage() {}
 
 func (x *GroupServiceStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3285,7 +4129,7 @@ func (x *GroupServiceStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceStatusResponse.ProtoReflect.Descriptor instead.
 func (*GroupServiceStatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GroupServiceStatusResponse) GetGroup() string {
@@ -3328,7 +4172,7 @@ type GroupMember struct {
 
 func (x *GroupMember) Reset() {
 	*x = GroupMember{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3340,7 +4184,7 @@ func (x *GroupMember) String() string {
 func (*GroupMember) ProtoMessage() {}
 
 func (x *GroupMember) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3353,7 +4197,7 @@ func (x *GroupMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
 func (*GroupMember) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GroupMember) GetName() string {
@@ -3391,7 +4235,7 @@ type PartitionOwner struct {
 
 func (x *PartitionOwner) Reset() {
 	*x = PartitionOwner{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3403,7 +4247,7 @@ func (x *PartitionOwner) String() string {
 func (*PartitionOwner) ProtoMessage() {}
 
 func (x *PartitionOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3416,7 +4260,7 @@ func (x *PartitionOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionOwner.ProtoReflect.Descriptor instead.
 func (*PartitionOwner) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *PartitionOwner) GetPartition() uint32 {
@@ -3458,7 +4302,7 @@ type AssignmentsRequest struct {
 
 func (x *AssignmentsRequest) Reset() {
 	*x = AssignmentsRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3470,7 +4314,7 @@ func (x *AssignmentsRequest) String() string {
 func (*AssignmentsRequest) ProtoMessage() {}
 
 func (x *AssignmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3483,7 +4327,7 @@ func (x *AssignmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentsRequest.ProtoReflect.Descriptor instead.
 func (*AssignmentsRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *AssignmentsRequest) GetGroup() string {
@@ -3519,7 +4363,7 @@ type AssignmentsResponse struct {
 
 func (x *AssignmentsResponse) Reset() {
 	*x = AssignmentsResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3531,7 +4375,7 @@ func (x *AssignmentsResponse) String() string {
 func (*AssignmentsResponse) ProtoMessage() {}
 
 func (x *AssignmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3544,7 +4388,7 @@ func (x *AssignmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentsResponse.ProtoReflect.Descriptor instead.
 func (*AssignmentsResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *AssignmentsResponse) GetAssignments() []*Assignment {
@@ -3582,7 +4426,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3594,7 +4438,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3607,7 +4451,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *Member) GetNodeId() string {
@@ -3660,7 +4504,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3672,7 +4516,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3685,7 +4529,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{66}
 }
 
 type MembersResponse struct {
@@ -3697,7 +4541,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3709,7 +4553,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3722,7 +4566,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -3743,7 +4587,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3755,7 +4599,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3768,7 +4612,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{59}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *AddMemberRequest) GetNodeId() string {
@@ -3801,7 +4645,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3813,7 +4657,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3826,7 +4670,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{60}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *AddMemberResponse) GetMembers() []*Member {
@@ -3845,7 +4689,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3857,7 +4701,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3870,7 +4714,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{61}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *RemoveMemberRequest) GetNodeId() string {
@@ -3889,7 +4733,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3901,7 +4745,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3914,7 +4758,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{62}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RemoveMemberResponse) GetMembers() []*Member {
@@ -3932,7 +4776,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3944,7 +4788,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3957,7 +4801,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{63}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{72}
 }
 
 type StatusResponse struct {
@@ -3996,7 +4840,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4008,7 +4852,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4021,7 +4865,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{64}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -4157,7 +5001,7 @@ type FastLaneError struct {
 
 func (x *FastLaneError) Reset() {
 	*x = FastLaneError{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4169,7 +5013,7 @@ func (x *FastLaneError) String() string {
 func (*FastLaneError) ProtoMessage() {}
 
 func (x *FastLaneError) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4182,7 +5026,7 @@ func (x *FastLaneError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastLaneError.ProtoReflect.Descriptor instead.
 func (*FastLaneError) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{65}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *FastLaneError) GetCode() uint32 {
@@ -4231,7 +5075,7 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06Holder\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x12\n" +
-	"\x04note\x18\x03 \x01(\tR\x04note\"\x9f\x02\n" +
+	"\x04note\x18\x03 \x01(\tR\x04note\"\xe0\x02\n" +
 	"\vErrorDetail\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12!\n" +
@@ -4240,7 +5084,19 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\rhighest_token\x18\x05 \x01(\x04R\fhighestToken\x12'\n" +
 	"\x0fcurrent_version\x18\x06 \x01(\x04R\x0ecurrentVersion\x12&\n" +
 	"\x0fleader_api_addr\x18\a \x01(\tR\rleaderApiAddr\x12\x1b\n" +
-	"\theld_lock\x18\x14 \x01(\tR\bheldLock\"%\n" +
+	"\theld_lock\x18\x14 \x01(\tR\bheldLock\x12?\n" +
+	"\vexplanation\x18\x1e \x01(\v2\x1d.leasehold.v1.HeldExplanationR\vexplanation\"\x96\x02\n" +
+	"\x0fHeldExplanation\x12.\n" +
+	"\aholders\x18\x01 \x03(\v2\x14.leasehold.v1.HeldByR\aholders\x12!\n" +
+	"\fqueue_length\x18\x02 \x01(\rR\vqueueLength\x12\x1a\n" +
+	"\bposition\x18\x03 \x01(\rR\bposition\x120\n" +
+	"\x06reason\x18\x04 \x01(\x0e2\x18.leasehold.v1.HeldReasonR\x06reason\x12-\n" +
+	"\x13delay_until_unix_ms\x18\x05 \x01(\x03R\x10delayUntilUnixMs\x123\n" +
+	"\theld_mode\x18\x06 \x01(\x0e2\x16.leasehold.v1.LockModeR\bheldMode\"p\n" +
+	"\x06HeldBy\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\x04R\x05token\x12,\n" +
+	"\x06holder\x18\x02 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12\"\n" +
+	"\rsince_unix_ms\x18\x03 \x01(\x03R\vsinceUnixMs\"%\n" +
 	"\fGrantRequest\x12\x15\n" +
 	"\x06ttl_ms\x18\x01 \x01(\x03R\x05ttlMs\"A\n" +
 	"\rGrantResponse\x12\x19\n" +
@@ -4258,7 +5114,42 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"*\n" +
 	"\rRevokeRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\x10\n" +
-	"\x0eRevokeResponse\"\xb1\x02\n" +
+	"\x0eRevokeResponse\"$\n" +
+	"\x0eHistoryRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"A\n" +
+	"\x0fHistoryResponse\x12.\n" +
+	"\atenures\x18\x01 \x03(\v2\x14.leasehold.v1.TenureR\atenures\"\xff\x01\n" +
+	"\x06Tenure\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\x04R\x05token\x12,\n" +
+	"\x06holder\x18\x02 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12*\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x16.leasehold.v1.LockModeR\x04mode\x12\"\n" +
+	"\rstart_unix_ms\x18\x04 \x01(\x03R\vstartUnixMs\x12\x1e\n" +
+	"\vend_unix_ms\x18\x05 \x01(\x03R\tendUnixMs\x12)\n" +
+	"\x03end\x18\x06 \x01(\x0e2\x17.leasehold.v1.TenureEndR\x03end\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\"8\n" +
+	"\bRevision\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\rR\x06offset\"T\n" +
+	"\fWatchRequest\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12,\n" +
+	"\x05start\x18\x02 \x01(\v2\x16.leasehold.v1.RevisionR\x05start\"m\n" +
+	"\rWatchResponse\x120\n" +
+	"\x06events\x18\x01 \x03(\v2\x18.leasehold.v1.WatchEventR\x06events\x12*\n" +
+	"\x04next\x18\x02 \x01(\v2\x16.leasehold.v1.RevisionR\x04next\"\x80\x03\n" +
+	"\n" +
+	"WatchEvent\x122\n" +
+	"\brevision\x18\x01 \x01(\v2\x16.leasehold.v1.RevisionR\brevision\x12+\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x17.leasehold.v1.EventKindR\x04kind\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12-\n" +
+	"\x05class\x18\x04 \x01(\x0e2\x17.leasehold.v1.LockClassR\x05class\x12\x14\n" +
+	"\x05token\x18\x05 \x01(\x04R\x05token\x12,\n" +
+	"\x06holder\x18\x06 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12*\n" +
+	"\x04mode\x18\a \x01(\x0e2\x16.leasehold.v1.LockModeR\x04mode\x12\x14\n" +
+	"\x05limit\x18\b \x01(\rR\x05limit\x12\x1a\n" +
+	"\bposition\x18\t \x01(\rR\bposition\x12\x16\n" +
+	"\x06reason\x18\n" +
+	" \x01(\tR\x06reason\x12\x14\n" +
+	"\x05epoch\x18\v \x01(\tR\x05epoch\"\xb1\x02\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
 	"\x05class\x18\x02 \x01(\x0e2\x17.leasehold.v1.LockClassR\x05class\x12\x19\n" +
@@ -4502,7 +5393,30 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x15LOCK_MODE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13LOCK_MODE_EXCLUSIVE\x10\x01\x12\x14\n" +
 	"\x10LOCK_MODE_SHARED\x10\x02\x12\x17\n" +
-	"\x13LOCK_MODE_SEMAPHORE\x10\x03*l\n" +
+	"\x13LOCK_MODE_SEMAPHORE\x10\x03*\x99\x01\n" +
+	"\n" +
+	"HeldReason\x12\x1b\n" +
+	"\x17HELD_REASON_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10HELD_REASON_HELD\x10\x01\x12\x1d\n" +
+	"\x19HELD_REASON_MODE_CONFLICT\x10\x02\x12\x1a\n" +
+	"\x16HELD_REASON_LOCK_DELAY\x10\x03\x12\x1d\n" +
+	"\x19HELD_REASON_WAITERS_AHEAD\x10\x04*\x8f\x01\n" +
+	"\tTenureEnd\x12\x1a\n" +
+	"\x16TENURE_END_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13TENURE_END_RELEASED\x10\x01\x12\x16\n" +
+	"\x12TENURE_END_EXPIRED\x10\x02\x12\x16\n" +
+	"\x12TENURE_END_REVOKED\x10\x03\x12\x1d\n" +
+	"\x19TENURE_END_FORCE_RELEASED\x10\x04*\xf0\x01\n" +
+	"\tEventKind\x12\x1a\n" +
+	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13EVENT_KIND_ACQUIRED\x10\x01\x12\x17\n" +
+	"\x13EVENT_KIND_RELEASED\x10\x02\x12\x16\n" +
+	"\x12EVENT_KIND_EXPIRED\x10\x03\x12\x16\n" +
+	"\x12EVENT_KIND_REVOKED\x10\x04\x12\x1d\n" +
+	"\x19EVENT_KIND_FORCE_RELEASED\x10\x05\x12\x15\n" +
+	"\x11EVENT_KIND_QUEUED\x10\x06\x12\x19\n" +
+	"\x15EVENT_KIND_WAIT_ENDED\x10\a\x12\x14\n" +
+	"\x10EVENT_KIND_EPOCH\x10\b*l\n" +
 	"\tKeyStatus\x12\x1a\n" +
 	"\x16KEY_STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eKEY_STATUS_NEW\x10\x01\x12\x1a\n" +
@@ -4511,7 +5425,7 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\fLeaseService\x12F\n" +
 	"\x05Grant\x12\x1a.leasehold.v1.GrantRequest\x1a\x1b.leasehold.v1.GrantResponse\"\x04\xb0\xe3\x18\x01\x12R\n" +
 	"\tKeepAlive\x12\x1e.leasehold.v1.KeepAliveRequest\x1a\x1f.leasehold.v1.KeepAliveResponse\"\x04\xb0\xe3\x18\x02\x12I\n" +
-	"\x06Revoke\x12\x1b.leasehold.v1.RevokeRequest\x1a\x1c.leasehold.v1.RevokeResponse\"\x04\xb0\xe3\x18\x032\xe1\x03\n" +
+	"\x06Revoke\x12\x1b.leasehold.v1.RevokeRequest\x1a\x1c.leasehold.v1.RevokeResponse\"\x04\xb0\xe3\x18\x032\xed\x04\n" +
 	"\vLockService\x12L\n" +
 	"\aAcquire\x12\x1c.leasehold.v1.AcquireRequest\x1a\x1d.leasehold.v1.AcquireResponse\"\x04\xb0\xe3\x18\x04\x12L\n" +
 	"\aRelease\x12\x1c.leasehold.v1.ReleaseRequest\x1a\x1d.leasehold.v1.ReleaseResponse\"\x04\xb0\xe3\x18\x05\x12I\n" +
@@ -4519,7 +5433,9 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x04List\x12\x19.leasehold.v1.ListRequest\x1a\x1a.leasehold.v1.ListResponse\x12U\n" +
 	"\fForceRelease\x12!.leasehold.v1.ForceReleaseRequest\x1a\".leasehold.v1.ForceReleaseResponse\x12U\n" +
 	"\n" +
-	"CheckToken\x12\x1f.leasehold.v1.CheckTokenRequest\x1a .leasehold.v1.CheckTokenResponse\"\x04\xb0\xe3\x18\x062\xab\x02\n" +
+	"CheckToken\x12\x1f.leasehold.v1.CheckTokenRequest\x1a .leasehold.v1.CheckTokenResponse\"\x04\xb0\xe3\x18\x06\x12B\n" +
+	"\x05Watch\x12\x1a.leasehold.v1.WatchRequest\x1a\x1b.leasehold.v1.WatchResponse0\x01\x12F\n" +
+	"\aHistory\x12\x1c.leasehold.v1.HistoryRequest\x1a\x1d.leasehold.v1.HistoryResponse2\xab\x02\n" +
 	"\tKVService\x12@\n" +
 	"\x03Get\x12\x18.leasehold.v1.GetRequest\x1a\x19.leasehold.v1.GetResponse\"\x04\xb0\xe3\x18\b\x12@\n" +
 	"\x03Put\x12\x18.leasehold.v1.PutRequest\x1a\x19.leasehold.v1.PutResponse\"\x04\xb0\xe3\x18\a\x12I\n" +
@@ -4557,170 +5473,203 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 	return file_leasehold_v1_leasehold_proto_rawDescData
 }
 
-var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
+var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 75)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(LockClass)(0),                        // 0: leasehold.v1.LockClass
 	(LockMode)(0),                         // 1: leasehold.v1.LockMode
-	(KeyStatus)(0),                        // 2: leasehold.v1.KeyStatus
-	(*Holder)(nil),                        // 3: leasehold.v1.Holder
-	(*ErrorDetail)(nil),                   // 4: leasehold.v1.ErrorDetail
-	(*GrantRequest)(nil),                  // 5: leasehold.v1.GrantRequest
-	(*GrantResponse)(nil),                 // 6: leasehold.v1.GrantResponse
-	(*KeepAliveRequest)(nil),              // 7: leasehold.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),             // 8: leasehold.v1.KeepAliveResponse
-	(*LostLock)(nil),                      // 9: leasehold.v1.LostLock
-	(*RevokeRequest)(nil),                 // 10: leasehold.v1.RevokeRequest
-	(*RevokeResponse)(nil),                // 11: leasehold.v1.RevokeResponse
-	(*AcquireRequest)(nil),                // 12: leasehold.v1.AcquireRequest
-	(*AcquireResponse)(nil),               // 13: leasehold.v1.AcquireResponse
-	(*ReleaseRequest)(nil),                // 14: leasehold.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),               // 15: leasehold.v1.ReleaseResponse
-	(*DescribeRequest)(nil),               // 16: leasehold.v1.DescribeRequest
-	(*DescribeResponse)(nil),              // 17: leasehold.v1.DescribeResponse
-	(*ListRequest)(nil),                   // 18: leasehold.v1.ListRequest
-	(*ListResponse)(nil),                  // 19: leasehold.v1.ListResponse
-	(*LockInfo)(nil),                      // 20: leasehold.v1.LockInfo
-	(*LockHolder)(nil),                    // 21: leasehold.v1.LockHolder
-	(*ForceReleaseRequest)(nil),           // 22: leasehold.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil),          // 23: leasehold.v1.ForceReleaseResponse
-	(*CheckTokenRequest)(nil),             // 24: leasehold.v1.CheckTokenRequest
-	(*CheckTokenResponse)(nil),            // 25: leasehold.v1.CheckTokenResponse
-	(*Fence)(nil),                         // 26: leasehold.v1.Fence
-	(*GetRequest)(nil),                    // 27: leasehold.v1.GetRequest
-	(*GetResponse)(nil),                   // 28: leasehold.v1.GetResponse
-	(*PutRequest)(nil),                    // 29: leasehold.v1.PutRequest
-	(*PutResponse)(nil),                   // 30: leasehold.v1.PutResponse
-	(*DeleteRequest)(nil),                 // 31: leasehold.v1.DeleteRequest
-	(*DeleteResponse)(nil),                // 32: leasehold.v1.DeleteResponse
-	(*KVServiceListRequest)(nil),          // 33: leasehold.v1.KVServiceListRequest
-	(*KVServiceListResponse)(nil),         // 34: leasehold.v1.KVServiceListResponse
-	(*KeyValue)(nil),                      // 35: leasehold.v1.KeyValue
-	(*BeginRequest)(nil),                  // 36: leasehold.v1.BeginRequest
-	(*BeginResponse)(nil),                 // 37: leasehold.v1.BeginResponse
-	(*CompleteRequest)(nil),               // 38: leasehold.v1.CompleteRequest
-	(*CompleteResponse)(nil),              // 39: leasehold.v1.CompleteResponse
-	(*AbandonRequest)(nil),                // 40: leasehold.v1.AbandonRequest
-	(*AbandonResponse)(nil),               // 41: leasehold.v1.AbandonResponse
-	(*IdempotencyServiceGetRequest)(nil),  // 42: leasehold.v1.IdempotencyServiceGetRequest
-	(*IdempotencyServiceGetResponse)(nil), // 43: leasehold.v1.IdempotencyServiceGetResponse
-	(*GroupServiceCreateRequest)(nil),     // 44: leasehold.v1.GroupServiceCreateRequest
-	(*GroupServiceCreateResponse)(nil),    // 45: leasehold.v1.GroupServiceCreateResponse
-	(*JoinRequest)(nil),                   // 46: leasehold.v1.JoinRequest
-	(*JoinResponse)(nil),                  // 47: leasehold.v1.JoinResponse
-	(*Assignment)(nil),                    // 48: leasehold.v1.Assignment
-	(*LeaveRequest)(nil),                  // 49: leasehold.v1.LeaveRequest
-	(*LeaveResponse)(nil),                 // 50: leasehold.v1.LeaveResponse
-	(*GroupServiceReleaseRequest)(nil),    // 51: leasehold.v1.GroupServiceReleaseRequest
-	(*GroupServiceReleaseResponse)(nil),   // 52: leasehold.v1.GroupServiceReleaseResponse
-	(*GroupServiceStatusRequest)(nil),     // 53: leasehold.v1.GroupServiceStatusRequest
-	(*GroupServiceStatusResponse)(nil),    // 54: leasehold.v1.GroupServiceStatusResponse
-	(*GroupMember)(nil),                   // 55: leasehold.v1.GroupMember
-	(*PartitionOwner)(nil),                // 56: leasehold.v1.PartitionOwner
-	(*AssignmentsRequest)(nil),            // 57: leasehold.v1.AssignmentsRequest
-	(*AssignmentsResponse)(nil),           // 58: leasehold.v1.AssignmentsResponse
-	(*Member)(nil),                        // 59: leasehold.v1.Member
-	(*MembersRequest)(nil),                // 60: leasehold.v1.MembersRequest
-	(*MembersResponse)(nil),               // 61: leasehold.v1.MembersResponse
-	(*AddMemberRequest)(nil),              // 62: leasehold.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),             // 63: leasehold.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),           // 64: leasehold.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),          // 65: leasehold.v1.RemoveMemberResponse
-	(*StatusRequest)(nil),                 // 66: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),                // 67: leasehold.v1.StatusResponse
-	(*FastLaneError)(nil),                 // 68: leasehold.v1.FastLaneError
-	(*descriptorpb.MethodOptions)(nil),    // 69: google.protobuf.MethodOptions
+	(HeldReason)(0),                       // 2: leasehold.v1.HeldReason
+	(TenureEnd)(0),                        // 3: leasehold.v1.TenureEnd
+	(EventKind)(0),                        // 4: leasehold.v1.EventKind
+	(KeyStatus)(0),                        // 5: leasehold.v1.KeyStatus
+	(*Holder)(nil),                        // 6: leasehold.v1.Holder
+	(*ErrorDetail)(nil),                   // 7: leasehold.v1.ErrorDetail
+	(*HeldExplanation)(nil),               // 8: leasehold.v1.HeldExplanation
+	(*HeldBy)(nil),                        // 9: leasehold.v1.HeldBy
+	(*GrantRequest)(nil),                  // 10: leasehold.v1.GrantRequest
+	(*GrantResponse)(nil),                 // 11: leasehold.v1.GrantResponse
+	(*KeepAliveRequest)(nil),              // 12: leasehold.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),             // 13: leasehold.v1.KeepAliveResponse
+	(*LostLock)(nil),                      // 14: leasehold.v1.LostLock
+	(*RevokeRequest)(nil),                 // 15: leasehold.v1.RevokeRequest
+	(*RevokeResponse)(nil),                // 16: leasehold.v1.RevokeResponse
+	(*HistoryRequest)(nil),                // 17: leasehold.v1.HistoryRequest
+	(*HistoryResponse)(nil),               // 18: leasehold.v1.HistoryResponse
+	(*Tenure)(nil),                        // 19: leasehold.v1.Tenure
+	(*Revision)(nil),                      // 20: leasehold.v1.Revision
+	(*WatchRequest)(nil),                  // 21: leasehold.v1.WatchRequest
+	(*WatchResponse)(nil),                 // 22: leasehold.v1.WatchResponse
+	(*WatchEvent)(nil),                    // 23: leasehold.v1.WatchEvent
+	(*AcquireRequest)(nil),                // 24: leasehold.v1.AcquireRequest
+	(*AcquireResponse)(nil),               // 25: leasehold.v1.AcquireResponse
+	(*ReleaseRequest)(nil),                // 26: leasehold.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),               // 27: leasehold.v1.ReleaseResponse
+	(*DescribeRequest)(nil),               // 28: leasehold.v1.DescribeRequest
+	(*DescribeResponse)(nil),              // 29: leasehold.v1.DescribeResponse
+	(*ListRequest)(nil),                   // 30: leasehold.v1.ListRequest
+	(*ListResponse)(nil),                  // 31: leasehold.v1.ListResponse
+	(*LockInfo)(nil),                      // 32: leasehold.v1.LockInfo
+	(*LockHolder)(nil),                    // 33: leasehold.v1.LockHolder
+	(*ForceReleaseRequest)(nil),           // 34: leasehold.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),          // 35: leasehold.v1.ForceReleaseResponse
+	(*CheckTokenRequest)(nil),             // 36: leasehold.v1.CheckTokenRequest
+	(*CheckTokenResponse)(nil),            // 37: leasehold.v1.CheckTokenResponse
+	(*Fence)(nil),                         // 38: leasehold.v1.Fence
+	(*GetRequest)(nil),                    // 39: leasehold.v1.GetRequest
+	(*GetResponse)(nil),                   // 40: leasehold.v1.GetResponse
+	(*PutRequest)(nil),                    // 41: leasehold.v1.PutRequest
+	(*PutResponse)(nil),                   // 42: leasehold.v1.PutResponse
+	(*DeleteRequest)(nil),                 // 43: leasehold.v1.DeleteRequest
+	(*DeleteResponse)(nil),                // 44: leasehold.v1.DeleteResponse
+	(*KVServiceListRequest)(nil),          // 45: leasehold.v1.KVServiceListRequest
+	(*KVServiceListResponse)(nil),         // 46: leasehold.v1.KVServiceListResponse
+	(*KeyValue)(nil),                      // 47: leasehold.v1.KeyValue
+	(*BeginRequest)(nil),                  // 48: leasehold.v1.BeginRequest
+	(*BeginResponse)(nil),                 // 49: leasehold.v1.BeginResponse
+	(*CompleteRequest)(nil),               // 50: leasehold.v1.CompleteRequest
+	(*CompleteResponse)(nil),              // 51: leasehold.v1.CompleteResponse
+	(*AbandonRequest)(nil),                // 52: leasehold.v1.AbandonRequest
+	(*AbandonResponse)(nil),               // 53: leasehold.v1.AbandonResponse
+	(*IdempotencyServiceGetRequest)(nil),  // 54: leasehold.v1.IdempotencyServiceGetRequest
+	(*IdempotencyServiceGetResponse)(nil), // 55: leasehold.v1.IdempotencyServiceGetResponse
+	(*GroupServiceCreateRequest)(nil),     // 56: leasehold.v1.GroupServiceCreateRequest
+	(*GroupServiceCreateResponse)(nil),    // 57: leasehold.v1.GroupServiceCreateResponse
+	(*JoinRequest)(nil),                   // 58: leasehold.v1.JoinRequest
+	(*JoinResponse)(nil),                  // 59: leasehold.v1.JoinResponse
+	(*Assignment)(nil),                    // 60: leasehold.v1.Assignment
+	(*LeaveRequest)(nil),                  // 61: leasehold.v1.LeaveRequest
+	(*LeaveResponse)(nil),                 // 62: leasehold.v1.LeaveResponse
+	(*GroupServiceReleaseRequest)(nil),    // 63: leasehold.v1.GroupServiceReleaseRequest
+	(*GroupServiceReleaseResponse)(nil),   // 64: leasehold.v1.GroupServiceReleaseResponse
+	(*GroupServiceStatusRequest)(nil),     // 65: leasehold.v1.GroupServiceStatusRequest
+	(*GroupServiceStatusResponse)(nil),    // 66: leasehold.v1.GroupServiceStatusResponse
+	(*GroupMember)(nil),                   // 67: leasehold.v1.GroupMember
+	(*PartitionOwner)(nil),                // 68: leasehold.v1.PartitionOwner
+	(*AssignmentsRequest)(nil),            // 69: leasehold.v1.AssignmentsRequest
+	(*AssignmentsResponse)(nil),           // 70: leasehold.v1.AssignmentsResponse
+	(*Member)(nil),                        // 71: leasehold.v1.Member
+	(*MembersRequest)(nil),                // 72: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),               // 73: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),              // 74: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),             // 75: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),           // 76: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),          // 77: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),                 // 78: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),                // 79: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),                 // 80: leasehold.v1.FastLaneError
+	(*descriptorpb.MethodOptions)(nil),    // 81: google.protobuf.MethodOptions
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
-	3,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
-	9,  // 1: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
-	0,  // 2: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
-	3,  // 3: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
-	1,  // 4: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
-	0,  // 5: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
-	20, // 6: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
-	20, // 7: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
-	0,  // 8: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
-	3,  // 9: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
-	1,  // 10: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
-	21, // 11: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
-	3,  // 12: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
-	26, // 13: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
-	26, // 14: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
-	35, // 15: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
-	3,  // 16: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
-	2,  // 17: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
-	3,  // 18: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
-	2,  // 19: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
-	3,  // 20: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
-	48, // 21: leasehold.v1.JoinResponse.assignments:type_name -> leasehold.v1.Assignment
-	55, // 22: leasehold.v1.GroupServiceStatusResponse.members:type_name -> leasehold.v1.GroupMember
-	56, // 23: leasehold.v1.GroupServiceStatusResponse.partitions:type_name -> leasehold.v1.PartitionOwner
-	48, // 24: leasehold.v1.AssignmentsResponse.assignments:type_name -> leasehold.v1.Assignment
-	59, // 25: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	59, // 26: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	59, // 27: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	4,  // 28: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	69, // 29: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	5,  // 30: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	7,  // 31: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	10, // 32: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	12, // 33: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	14, // 34: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	16, // 35: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	18, // 36: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	22, // 37: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	24, // 38: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	27, // 39: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	29, // 40: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	31, // 41: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	33, // 42: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	36, // 43: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
-	38, // 44: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
-	40, // 45: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
-	42, // 46: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
-	44, // 47: leasehold.v1.GroupService.Create:input_type -> leasehold.v1.GroupServiceCreateRequest
-	46, // 48: leasehold.v1.GroupService.Join:input_type -> leasehold.v1.JoinRequest
-	49, // 49: leasehold.v1.GroupService.Leave:input_type -> leasehold.v1.LeaveRequest
-	51, // 50: leasehold.v1.GroupService.Release:input_type -> leasehold.v1.GroupServiceReleaseRequest
-	53, // 51: leasehold.v1.GroupService.Status:input_type -> leasehold.v1.GroupServiceStatusRequest
-	57, // 52: leasehold.v1.GroupService.Assignments:input_type -> leasehold.v1.AssignmentsRequest
-	66, // 53: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	60, // 54: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	62, // 55: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	64, // 56: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	6,  // 57: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	8,  // 58: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	11, // 59: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	13, // 60: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	15, // 61: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	17, // 62: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	19, // 63: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	23, // 64: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	25, // 65: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	28, // 66: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	30, // 67: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	32, // 68: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	34, // 69: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	37, // 70: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
-	39, // 71: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
-	41, // 72: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
-	43, // 73: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
-	45, // 74: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
-	47, // 75: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
-	50, // 76: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
-	52, // 77: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
-	54, // 78: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
-	58, // 79: leasehold.v1.GroupService.Assignments:output_type -> leasehold.v1.AssignmentsResponse
-	67, // 80: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	61, // 81: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	63, // 82: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	65, // 83: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	57, // [57:84] is the sub-list for method output_type
-	30, // [30:57] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	29, // [29:30] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	6,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
+	8,  // 1: leasehold.v1.ErrorDetail.explanation:type_name -> leasehold.v1.HeldExplanation
+	9,  // 2: leasehold.v1.HeldExplanation.holders:type_name -> leasehold.v1.HeldBy
+	2,  // 3: leasehold.v1.HeldExplanation.reason:type_name -> leasehold.v1.HeldReason
+	1,  // 4: leasehold.v1.HeldExplanation.held_mode:type_name -> leasehold.v1.LockMode
+	6,  // 5: leasehold.v1.HeldBy.holder:type_name -> leasehold.v1.Holder
+	14, // 6: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
+	19, // 7: leasehold.v1.HistoryResponse.tenures:type_name -> leasehold.v1.Tenure
+	6,  // 8: leasehold.v1.Tenure.holder:type_name -> leasehold.v1.Holder
+	1,  // 9: leasehold.v1.Tenure.mode:type_name -> leasehold.v1.LockMode
+	3,  // 10: leasehold.v1.Tenure.end:type_name -> leasehold.v1.TenureEnd
+	20, // 11: leasehold.v1.WatchRequest.start:type_name -> leasehold.v1.Revision
+	23, // 12: leasehold.v1.WatchResponse.events:type_name -> leasehold.v1.WatchEvent
+	20, // 13: leasehold.v1.WatchResponse.next:type_name -> leasehold.v1.Revision
+	20, // 14: leasehold.v1.WatchEvent.revision:type_name -> leasehold.v1.Revision
+	4,  // 15: leasehold.v1.WatchEvent.kind:type_name -> leasehold.v1.EventKind
+	0,  // 16: leasehold.v1.WatchEvent.class:type_name -> leasehold.v1.LockClass
+	6,  // 17: leasehold.v1.WatchEvent.holder:type_name -> leasehold.v1.Holder
+	1,  // 18: leasehold.v1.WatchEvent.mode:type_name -> leasehold.v1.LockMode
+	0,  // 19: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
+	6,  // 20: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
+	1,  // 21: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
+	0,  // 22: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
+	32, // 23: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
+	32, // 24: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
+	0,  // 25: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
+	6,  // 26: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
+	1,  // 27: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
+	33, // 28: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
+	6,  // 29: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
+	38, // 30: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
+	38, // 31: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
+	47, // 32: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
+	6,  // 33: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
+	5,  // 34: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
+	6,  // 35: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
+	5,  // 36: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
+	6,  // 37: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
+	60, // 38: leasehold.v1.JoinResponse.assignments:type_name -> leasehold.v1.Assignment
+	67, // 39: leasehold.v1.GroupServiceStatusResponse.members:type_name -> leasehold.v1.GroupMember
+	68, // 40: leasehold.v1.GroupServiceStatusResponse.partitions:type_name -> leasehold.v1.PartitionOwner
+	60, // 41: leasehold.v1.AssignmentsResponse.assignments:type_name -> leasehold.v1.Assignment
+	71, // 42: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	71, // 43: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	71, // 44: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	7,  // 45: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	81, // 46: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	10, // 47: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	12, // 48: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	15, // 49: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	24, // 50: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	26, // 51: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	28, // 52: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	30, // 53: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	34, // 54: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	36, // 55: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	21, // 56: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
+	17, // 57: leasehold.v1.LockService.History:input_type -> leasehold.v1.HistoryRequest
+	39, // 58: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	41, // 59: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	43, // 60: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	45, // 61: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	48, // 62: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
+	50, // 63: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
+	52, // 64: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
+	54, // 65: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
+	56, // 66: leasehold.v1.GroupService.Create:input_type -> leasehold.v1.GroupServiceCreateRequest
+	58, // 67: leasehold.v1.GroupService.Join:input_type -> leasehold.v1.JoinRequest
+	61, // 68: leasehold.v1.GroupService.Leave:input_type -> leasehold.v1.LeaveRequest
+	63, // 69: leasehold.v1.GroupService.Release:input_type -> leasehold.v1.GroupServiceReleaseRequest
+	65, // 70: leasehold.v1.GroupService.Status:input_type -> leasehold.v1.GroupServiceStatusRequest
+	69, // 71: leasehold.v1.GroupService.Assignments:input_type -> leasehold.v1.AssignmentsRequest
+	78, // 72: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	72, // 73: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	74, // 74: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	76, // 75: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	11, // 76: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	13, // 77: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	16, // 78: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	25, // 79: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	27, // 80: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	29, // 81: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	31, // 82: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	35, // 83: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	37, // 84: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	22, // 85: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
+	18, // 86: leasehold.v1.LockService.History:output_type -> leasehold.v1.HistoryResponse
+	40, // 87: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	42, // 88: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	44, // 89: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	46, // 90: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	49, // 91: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	51, // 92: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	53, // 93: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	55, // 94: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	57, // 95: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
+	59, // 96: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
+	62, // 97: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
+	64, // 98: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
+	66, // 99: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
+	70, // 100: leasehold.v1.GroupService.Assignments:output_type -> leasehold.v1.AssignmentsResponse
+	79, // 101: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	73, // 102: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	75, // 103: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	77, // 104: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	76, // [76:105] is the sub-list for method output_type
+	47, // [47:76] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	46, // [46:47] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -4728,15 +5677,15 @@ func file_leasehold_v1_leasehold_proto_init() {
 	if File_leasehold_v1_leasehold_proto != nil {
 		return
 	}
-	file_leasehold_v1_leasehold_proto_msgTypes[26].OneofWrappers = []any{}
-	file_leasehold_v1_leasehold_proto_msgTypes[28].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[35].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[37].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   66,
+			NumEnums:      6,
+			NumMessages:   75,
 			NumExtensions: 1,
 			NumServices:   6,
 		},

@@ -80,6 +80,10 @@ const (
 	LockServiceForceReleaseProcedure = "/leasehold.v1.LockService/ForceRelease"
 	// LockServiceCheckTokenProcedure is the fully-qualified name of the LockService's CheckToken RPC.
 	LockServiceCheckTokenProcedure = "/leasehold.v1.LockService/CheckToken"
+	// LockServiceWatchProcedure is the fully-qualified name of the LockService's Watch RPC.
+	LockServiceWatchProcedure = "/leasehold.v1.LockService/Watch"
+	// LockServiceHistoryProcedure is the fully-qualified name of the LockService's History RPC.
+	LockServiceHistoryProcedure = "/leasehold.v1.LockService/History"
 	// KVServiceGetProcedure is the fully-qualified name of the KVService's Get RPC.
 	KVServiceGetProcedure = "/leasehold.v1.KVService/Get"
 	// KVServicePutProcedure is the fully-qualified name of the KVService's Put RPC.
@@ -302,6 +306,23 @@ type LockServiceClient interface {
 	// can ask before they commit. The answer is true only at the moment the
 	// server checked: the holder can lose the lock right after.
 	CheckToken(context.Context, *v1.CheckTokenRequest) (*v1.CheckTokenResponse, error)
+	// Watch streams the events of the locks under `prefix`, in revision order, each once,
+	// as the changes that cause them are applied (G10). It starts at `start` (any
+	// revision of the node's retained history; below it: FailedPrecondition "compacted",
+	// naming the oldest revision held) or, without one, at the next event. The first
+	// answer comes at once — with the retained events from `start`, or with none, only
+	// `next`: where the stream stands. Every answer's `next`
+	// is the revision to resume from after it; a stream that ends (the leader changed, the
+	// connection broke) resumes with start = the last `next` it got, on any node, and
+	// misses nothing and repeats nothing. Served by the leader (others relay it); it ends
+	// Unavailable when that node stops leading. Connect only (no fast lane).
+	Watch(context.Context, *v1.WatchRequest) (*connect.ServerStreamForClient[v1.WatchResponse], error)
+	// History shows the ledger of a correctness lock: its last tenures (a bounded number
+	// per lock and in all, the oldest dropped first), oldest first, then its holds still
+	// open. Replicated: it survives leader changes and snapshot restores. Times are the
+	// leader's wall clock when it proposed the grant and the end, for display only.
+	// Efficiency locks have no ledger (their holds never enter the log).
+	History(context.Context, *v1.HistoryRequest) (*v1.HistoryResponse, error)
 }
 
 // NewLockServiceClient constructs a client for the leasehold.v1.LockService service. By default, it
@@ -351,6 +372,18 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(lockServiceMethods.ByName("CheckToken")),
 			connect.WithClientOptions(opts...),
 		),
+		watch: connect.NewClient[v1.WatchRequest, v1.WatchResponse](
+			httpClient,
+			baseURL+LockServiceWatchProcedure,
+			connect.WithSchema(lockServiceMethods.ByName("Watch")),
+			connect.WithClientOptions(opts...),
+		),
+		history: connect.NewClient[v1.HistoryRequest, v1.HistoryResponse](
+			httpClient,
+			baseURL+LockServiceHistoryProcedure,
+			connect.WithSchema(lockServiceMethods.ByName("History")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -362,6 +395,8 @@ type lockServiceClient struct {
 	list         *connect.Client[v1.ListRequest, v1.ListResponse]
 	forceRelease *connect.Client[v1.ForceReleaseRequest, v1.ForceReleaseResponse]
 	checkToken   *connect.Client[v1.CheckTokenRequest, v1.CheckTokenResponse]
+	watch        *connect.Client[v1.WatchRequest, v1.WatchResponse]
+	history      *connect.Client[v1.HistoryRequest, v1.HistoryResponse]
 }
 
 // Acquire calls leasehold.v1.LockService.Acquire.
@@ -418,6 +453,20 @@ func (c *lockServiceClient) CheckToken(ctx context.Context, req *v1.CheckTokenRe
 	return nil, err
 }
 
+// Watch calls leasehold.v1.LockService.Watch.
+func (c *lockServiceClient) Watch(ctx context.Context, req *v1.WatchRequest) (*connect.ServerStreamForClient[v1.WatchResponse], error) {
+	return c.watch.CallServerStream(ctx, connect.NewRequest(req))
+}
+
+// History calls leasehold.v1.LockService.History.
+func (c *lockServiceClient) History(ctx context.Context, req *v1.HistoryRequest) (*v1.HistoryResponse, error) {
+	response, err := c.history.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // LockServiceHandler is an implementation of the leasehold.v1.LockService service.
 type LockServiceHandler interface {
 	// Acquire takes the lock `name` for the lease in `mode`, or queues the lease FIFO
@@ -448,6 +497,23 @@ type LockServiceHandler interface {
 	// can ask before they commit. The answer is true only at the moment the
 	// server checked: the holder can lose the lock right after.
 	CheckToken(context.Context, *v1.CheckTokenRequest) (*v1.CheckTokenResponse, error)
+	// Watch streams the events of the locks under `prefix`, in revision order, each once,
+	// as the changes that cause them are applied (G10). It starts at `start` (any
+	// revision of the node's retained history; below it: FailedPrecondition "compacted",
+	// naming the oldest revision held) or, without one, at the next event. The first
+	// answer comes at once — with the retained events from `start`, or with none, only
+	// `next`: where the stream stands. Every answer's `next`
+	// is the revision to resume from after it; a stream that ends (the leader changed, the
+	// connection broke) resumes with start = the last `next` it got, on any node, and
+	// misses nothing and repeats nothing. Served by the leader (others relay it); it ends
+	// Unavailable when that node stops leading. Connect only (no fast lane).
+	Watch(context.Context, *v1.WatchRequest, *connect.ServerStream[v1.WatchResponse]) error
+	// History shows the ledger of a correctness lock: its last tenures (a bounded number
+	// per lock and in all, the oldest dropped first), oldest first, then its holds still
+	// open. Replicated: it survives leader changes and snapshot restores. Times are the
+	// leader's wall clock when it proposed the grant and the end, for display only.
+	// Efficiency locks have no ledger (their holds never enter the log).
+	History(context.Context, *v1.HistoryRequest) (*v1.HistoryResponse, error)
 }
 
 // NewLockServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -493,6 +559,18 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(lockServiceMethods.ByName("CheckToken")),
 		connect.WithHandlerOptions(opts...),
 	)
+	lockServiceWatchHandler := connect.NewServerStreamHandlerSimple(
+		LockServiceWatchProcedure,
+		svc.Watch,
+		connect.WithSchema(lockServiceMethods.ByName("Watch")),
+		connect.WithHandlerOptions(opts...),
+	)
+	lockServiceHistoryHandler := connect.NewUnaryHandlerSimple(
+		LockServiceHistoryProcedure,
+		svc.History,
+		connect.WithSchema(lockServiceMethods.ByName("History")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.v1.LockService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LockServiceAcquireProcedure:
@@ -507,6 +585,10 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 			lockServiceForceReleaseHandler.ServeHTTP(w, r)
 		case LockServiceCheckTokenProcedure:
 			lockServiceCheckTokenHandler.ServeHTTP(w, r)
+		case LockServiceWatchProcedure:
+			lockServiceWatchHandler.ServeHTTP(w, r)
+		case LockServiceHistoryProcedure:
+			lockServiceHistoryHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -538,6 +620,14 @@ func (UnimplementedLockServiceHandler) ForceRelease(context.Context, *v1.ForceRe
 
 func (UnimplementedLockServiceHandler) CheckToken(context.Context, *v1.CheckTokenRequest) (*v1.CheckTokenResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.LockService.CheckToken is not implemented"))
+}
+
+func (UnimplementedLockServiceHandler) Watch(context.Context, *v1.WatchRequest, *connect.ServerStream[v1.WatchResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.LockService.Watch is not implemented"))
+}
+
+func (UnimplementedLockServiceHandler) History(context.Context, *v1.HistoryRequest) (*v1.HistoryResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.LockService.History is not implemented"))
 }
 
 // KVServiceClient is a client for the leasehold.v1.KVService service.

@@ -1,0 +1,45 @@
+package leader
+
+import (
+	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/watch"
+)
+
+// recordLocked opens a new epoch's history of efficiency events: the epoch's start
+// (every efficiency lock of an earlier leader is gone), then every change of the new
+// table, stamped with the epoch. The correctness locks' events come from the apply
+// path (replication), not from here.
+//
+// The epoch's start is published with its first event, not at once: every efficiency
+// event needs a token, and the epoch's first tokens come from an OpReserve of this
+// leader's term, applied (and published) before the tokens are handed out. So every
+// event of the epoch, its start included, takes a revision above every revision an
+// earlier leader could have given (those are at most its last applied index, below
+// this term's entries): a watcher resuming here from an earlier leader's revision
+// skips none of them.
+func (l *Leader) recordLocked() {
+	hub, epoch := l.cfg.Events, l.epoch
+	if hub == nil {
+		return
+	}
+	started := false
+	l.eff.Record(func(e core.Event) {
+		if !started {
+			started = true
+			hub.Publish(core.Event{Kind: core.EventEpoch, Class: core.Efficiency}, epoch)
+		}
+		hub.Publish(e, epoch)
+	})
+}
+
+// Serving returns a channel closed when this node stops serving as leader, and false
+// when it does not serve now. A Watch stream ends with it: the efficiency events of a
+// new leader come from that leader.
+func (l *Leader) Serving() (<-chan struct{}, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.stop, l.active
+}
+
+// Events returns the hub the leader publishes to (nil if none).
+func (l *Leader) Events() *watch.Hub { return l.cfg.Events }
