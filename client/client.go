@@ -12,7 +12,13 @@
 // process's monotonic clock. The server cannot expire the lease before that moment
 // (it counts the TTL from when it *received* the keepalive), so the holder hears first
 // (guarantee G4b). context.Cause tells why: ErrLeaseExpired, ErrLeaseRevoked,
-// ErrLeaseDeadline, ErrReleasedByOperator, ErrStateLost, or ErrUnlocked.
+// ErrLeaseDeadline, ErrReleasedByOperator, ErrStateLost, ErrDisconnected (a lock taken
+// with ReleaseOnDisconnect whose connection broke, G7), ErrUnlocked, or
+// ErrUnlockUnconfirmed (Unlock returned before a server confirmed it; the release goes
+// on in the background).
+//
+// Client.Elect runs a function while the client leads an election (G8), fenced by the
+// leadership's epoch; Client.Leader and Client.Observe tell who leads.
 //
 // All locks a Client takes hang on its leases; a Session (Client.NewSession) is a lock
 // holder with leases of its own on the same connections, for workers of one process that
@@ -61,6 +67,7 @@ type options struct {
 	tls        *tls.Config // security.go
 	token      string
 	clusterID  string
+	lazy       bool
 }
 
 // WithTTL sets the default lease TTL for locks that do not ask for their own
@@ -79,6 +86,13 @@ func WithHTTPClient(h connect.HTTPClient) Option { return func(o *options) { o.h
 // WithHolder sets the default holder description (default: host name and pid).
 func WithHolder(h Holder) Option { return func(o *options) { o.holder = h } }
 
+// WithLazyConnect makes Dial return at once, without checking that a node answers (as
+// etcd's client does): the first call connects, and like every call it retries while
+// no node answers, until its context ends (then it fails with ErrUnavailable). Use it
+// to start a process before, or while, the cluster is unreachable. Credentials a node
+// refuses are then only found by the first call.
+func WithLazyConnect() Option { return func(o *options) { o.lazy = true } }
+
 // Client is a connection to a leasehold server. It is safe for concurrent use.
 type Client struct {
 	opts    options
@@ -89,6 +103,7 @@ type Client struct {
 	kv      leaseholdv1connect.KVServiceClient
 	keys    leaseholdv1connect.IdempotencyServiceClient
 	groups  leaseholdv1connect.GroupServiceClient
+	elect   leaseholdv1connect.ElectionServiceClient
 	fast    *fastLanes
 	id      *clusterID // the cluster every answer must come from (cluster.go)
 
@@ -103,7 +118,8 @@ type Client struct {
 // several separated by commas — and checks that a node answers (each address is tried
 // once, in turn). A node that refuses the client's credentials (WithToken, WithTLS's
 // certificate) fails Dial at once with its Unauthenticated or PermissionDenied error.
-// Dial creates no lease until the first Lock.
+// Dial creates no lease until the first Lock. With WithLazyConnect it contacts no node
+// at all.
 //
 // Any node serves any request (followers forward to the leader). The client stays on a
 // node while it serves, and moves when it fails a call: to the leader a node names when
@@ -148,10 +164,14 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		kv:       leaseholdv1connect.NewKVServiceClient(hc, base, copts...),
 		keys:     leaseholdv1connect.NewIdempotencyServiceClient(hc, base, copts...),
 		groups:   leaseholdv1connect.NewGroupServiceClient(hc, base, copts...),
+		elect:    leaseholdv1connect.NewElectionServiceClient(hc, base, copts...),
 		id:       id,
 		sessions: make(map[*Session]struct{}),
 	}
 	c.fast = &fastLanes{c: c, disabled: o.noFastLane}
+	if o.lazy {
+		return c, nil
+	}
 	status := policy{repeatable: true, tries: len(addrs)}
 	if _, err := call(ctx, c, status, c.status); err != nil {
 		if refused(err) {
@@ -235,7 +255,7 @@ func (c *Client) Close(ctx context.Context) error {
 // TTL, each granted when a Lock first needs it.
 type leaseSet struct {
 	mu     sync.Mutex
-	byTTL  map[time.Duration]*lease
+	byTTL  map[leaseKind]*lease
 	keys   map[string]uint64 // idempotency keys a Once of this holder runs, with their tokens (once.go)
 	closed bool
 }
@@ -277,14 +297,21 @@ func (c *Client) revoke(ctx context.Context, s *lease) error {
 	return err
 }
 
-// leaseFor returns set's live lease for ttl, granting a new one if needed.
-func (c *Client) leaseFor(ctx context.Context, set *leaseSet, ttl time.Duration) (*lease, error) {
+// leaseKind is what tells a holder's leases apart: the TTL, and whether the lease is
+// bound to the fast-lane connection (release on disconnect, G7).
+type leaseKind struct {
+	ttl   time.Duration
+	bound bool
+}
+
+// leaseFor returns set's live lease of kind k, granting a new one if needed.
+func (c *Client) leaseFor(ctx context.Context, set *leaseSet, k leaseKind) (*lease, error) {
 	set.mu.Lock()
 	if set.closed {
 		set.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if s := set.byTTL[ttl]; s != nil && s.alive() {
+	if s := set.byTTL[k]; s != nil && s.alive() {
 		set.mu.Unlock()
 		return s, nil
 	}
@@ -293,14 +320,26 @@ func (c *Client) leaseFor(ctx context.Context, set *leaseSet, ttl time.Duration)
 	// A repeated Grant after an unknown outcome may leave a lease nobody uses; it
 	// expires after its TTL.
 	var sent time.Time
+	var conn *flConn     // the fast-lane connection a bound lease is bound to
+	var bind *bindStream // or the Bind stream (over Connect)
+	req := &leaseholdv1.GrantRequest{TtlMs: k.ttl.Milliseconds(), ReleaseOnDisconnect: k.bound}
 	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.GrantResponse, error) {
 		sent = time.Now() // the answered attempt's: the lease's countdown began after it
-		return rpc(ctx, c, c.leases.Grant, &leaseholdv1.GrantRequest{TtlMs: ttl.Milliseconds()})
+		if k.bound {
+			return c.grantBound(ctx, req, &conn, &bind)
+		}
+		return rpc(ctx, c, c.leases.Grant, req)
 	})
 	if err != nil {
 		return nil, err
 	}
 	s := newLease(c, resp.GetLeaseId(), time.Duration(resp.GetTtlMs())*time.Millisecond, sent)
+	switch {
+	case conn != nil:
+		go s.watchConn(conn)
+	case bind != nil:
+		go s.watchBind(bind)
+	}
 	set.mu.Lock()
 	defer set.mu.Unlock()
 	if set.closed {
@@ -308,16 +347,16 @@ func (c *Client) leaseFor(ctx context.Context, set *leaseSet, ttl time.Duration)
 		go c.revokeLater(s)
 		return nil, ErrClosed
 	}
-	if old := set.byTTL[ttl]; old != nil && old.alive() {
+	if old := set.byTTL[k]; old != nil && old.alive() {
 		// Another Lock won the race; keep one lease per TTL and let this one go.
 		s.end(ErrLeaseRevoked)
 		go c.revokeLater(s)
 		return old, nil
 	}
 	if set.byTTL == nil {
-		set.byTTL = make(map[time.Duration]*lease)
+		set.byTTL = make(map[leaseKind]*lease)
 	}
-	set.byTTL[ttl] = s
+	set.byTTL[k] = s
 	return s, nil
 }
 

@@ -49,10 +49,12 @@ var (
 	// the answer.
 	ErrWrongCluster = errors.New("client: the node belongs to another cluster")
 
-	// ErrLockLost is returned by Unlock when the lock had already been lost (see the
-	// causes below) before Unlock was called: the critical section may not have been
-	// exclusive for its whole length. The lock is not held after the call either way.
-	ErrLockLost = errors.New("client: the lock was lost before Unlock")
+	// ErrLockLost is returned by Unlock when the lock had been lost: before Unlock was
+	// called (the lock's Context was done; the message says "before Unlock" and wraps
+	// the cause), or found lost by Unlock (the server answered that the lease does not
+	// hold it; "found by Unlock"). Either way the critical section may not have been
+	// exclusive for its whole length. The lock is not held after the call.
+	ErrLockLost = errors.New("client: the lock was lost")
 
 	// ErrLeaseExpired: the server expired the lease (no keepalive reached it in time).
 	ErrLeaseExpired = errors.New("client: lease expired on the server")
@@ -67,8 +69,16 @@ var (
 	// ErrStateLost: the leader that held this efficiency lock in memory restarted or
 	// changed, and the lock is gone.
 	ErrStateLost = errors.New("client: the leader lost the efficiency lock state")
+	// ErrDisconnected: the lock hung on a release-on-disconnect lease (see
+	// ReleaseOnDisconnect) whose fast-lane connection broke or fell silent; the server
+	// revokes such a lease when it sees the connection end.
+	ErrDisconnected = errors.New("client: disconnected")
 	// ErrUnlocked is the cause of a lock context after a successful Unlock.
 	ErrUnlocked = errors.New("client: unlocked")
+	// ErrUnlockUnconfirmed is the cause of a lock context after an Unlock that no
+	// server confirmed (it returned ErrUnavailable): the release goes on in the
+	// background, and the holder must act as if the lock were gone.
+	ErrUnlockUnconfirmed = errors.New("client: Unlock called, release not confirmed yet")
 )
 
 // HeldError is returned by Lock when the lock is held by someone else. It matches
@@ -184,8 +194,11 @@ func detailReason(err error) string {
 // leaseGoneCause maps a NotFound keepalive to the cause a lock context reports.
 func leaseGoneCause(err error) error {
 	_, d := detail(err)
-	if d.GetReason() == reason.LeaseRevoked {
+	switch d.GetReason() {
+	case reason.LeaseRevoked:
 		return fmt.Errorf("%w: %w", ErrLeaseRevoked, err)
+	case reason.LeaseDisconnected:
+		return fmt.Errorf("%w: %w", ErrDisconnected, err)
 	}
 	return fmt.Errorf("%w: %w", ErrLeaseExpired, err)
 }

@@ -97,3 +97,26 @@ func ExampleClient_JoinGroup() {
 		log.Fatal(err)
 	}
 }
+
+// ExampleClient_Elect runs a primary while this process leads the election, fencing
+// every write with the leadership's epoch; Elect campaigns again after a loss.
+func ExampleClient_Elect() {
+	ctx := context.Background()
+	c, derr := client.Dial(ctx, "127.0.0.1:7740")
+	if derr != nil {
+		log.Fatal(derr)
+	}
+	defer c.Close(ctx)
+	myAddr := "10.0.0.7:5432"
+	// serve does the leader's work until ctx ends; every write it makes carries epoch.
+	serve := func(ctx context.Context, epoch uint64) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	err := c.Elect(ctx, "db/primary", []byte(myAddr), func(ctx context.Context, l client.Leadership) error {
+		return serve(ctx, l.Epoch()) // every write carries l.Epoch(); the store rejects lower ones
+	})
+	if err != nil {
+		log.Print(err)
+	}
+}

@@ -32,8 +32,9 @@ var errFastLaneBroken = errors.New("client: fast-lane connection broken")
 var errFastLaneFull = errors.New("client: fast-lane connection has the most requests in flight the server accepts")
 
 // errFastLaneLeft is why the client closes its connection to a node it has moved away
-// from: the calls still waiting on it fail with it (their outcome unknown), and their
-// retries do not hold it against that node.
+// from, once nothing is pending on it or after retireBound: calls still waiting then
+// fail with it (their outcome unknown), and their retries do not hold it against that
+// node.
 var errFastLaneLeft = errors.New("client: moved to another node")
 
 // errFastLaneSilent is why the client closes a connection on which calls wait while the
@@ -81,6 +82,7 @@ type flConn struct {
 	reading     bool   // someone reads; true whenever pending is not empty
 	turn        uint64 // counts the reading calls, so that a late interrupt hits no one else
 	interrupted bool   // a read deadline is set to wake the reading call
+	retired     bool   // the client moved to another node: closed once nothing is pending (retire)
 	err         error
 	// busySince is when calls last began to wait on an idle connection (like
 	// lastRead); see fastLanes.watch.
@@ -192,7 +194,11 @@ func (c *flConn) handOut(f fastlane.Frame, last bool) bool {
 	if stop {
 		c.reading = false
 	}
+	done := c.retired && len(c.pending) == 0
 	c.mu.Unlock()
+	if done {
+		defer c.fail(errFastLaneLeft)
+	}
 	if ok {
 		<-c.slots // answered: the server no longer counts it
 	}
@@ -220,7 +226,6 @@ func (c *flConn) endTurn(id uint64, answered bool) {
 		<-c.slots
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if answered {
 		delete(c.pending, id)
 	} else {
@@ -236,6 +241,32 @@ func (c *flConn) endTurn(id uint64, answered bool) {
 	} else {
 		c.reading = false
 	}
+	done := c.retired && len(c.pending) == 0
+	c.mu.Unlock()
+	if done {
+		c.fail(errFastLaneLeft)
+	}
+}
+
+// retireBound is how long a retired connection may keep calls in flight before it is
+// closed anyway (they fail with errFastLaneLeft, and their retries go to the new node).
+const retireBound = 10 * time.Second
+
+// retire stops using c, whose node the client has moved away from: get no longer hands
+// it out, and it is closed once the calls in flight on it have their answers (or after
+// retireBound), so that a node that is still serving — one that drains before it stops,
+// one that sent the client to the leader — answers them instead of leaving their
+// outcome unknown. A node cut off the network fails c sooner, through watch.
+func (c *flConn) retire() {
+	c.mu.Lock()
+	c.retired = true
+	idle := len(c.pending) == 0
+	c.mu.Unlock()
+	if idle {
+		c.fail(errFastLaneLeft)
+		return
+	}
+	time.AfterFunc(retireBound, func() { c.fail(errFastLaneLeft) })
 }
 
 // abandonLocked leaves call id pending without a caller, if its answer has not been
@@ -406,8 +437,8 @@ func decodeFastError(payload []byte) error {
 
 // fastLanes keeps one fast-lane connection to the node the client currently talks to,
 // and follows it: when the client moves to another node (see failover), the next call
-// connects to that node's fast lane, and the connection to the old node is failed, so
-// the calls still waiting on it are sent again, to the new node, by their retries. When
+// connects to that node's fast lane, and the connection to the old node is retired: it
+// is closed once the calls still waiting on it have their answers (see retire). When
 // a node has no fast lane, or it cannot be reached, calls go through Connect and the
 // fast lane is tried again after redialPause.
 type fastLanes struct {
@@ -468,7 +499,7 @@ func (f *fastLanes) get(ctx context.Context) *flConn {
 		return nil
 	}
 	if f.conn != nil {
-		f.conn.fail(errFastLaneLeft)
+		f.conn.retire()
 	}
 	f.node, f.conn = node, conn
 	f.ready.Store(&readyLane{node: node, conn: conn})

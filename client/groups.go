@@ -189,7 +189,7 @@ func (m *groupMember) join(ctx context.Context) (*lease, error) {
 	c := m.c
 	b := newBackoff()
 	for {
-		s, err := c.leaseFor(ctx, &m.sess.set, c.opts.ttl)
+		s, err := c.leaseFor(ctx, &m.sess.set, leaseKind{ttl: c.opts.ttl})
 		if err != nil {
 			return nil, err
 		}

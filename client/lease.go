@@ -27,6 +27,11 @@ type lease struct {
 	err      error // why the lease ended; nil while alive
 	timer    *time.Timer
 	stop     chan struct{}
+	// releasing holds the names whose release has not been confirmed (a background
+	// release after an Unlock of unknown outcome, or an abandoned Lock's): a new Lock
+	// of one of them on this lease waits for it, so that the server's idempotent
+	// Acquire does not hand back the old grant as a new lock.
+	releasing map[string]*release
 }
 
 func newLease(c *Client, id string, ttl time.Duration, sent time.Time) *lease {
@@ -37,6 +42,8 @@ func newLease(c *Client, id string, ttl time.Duration, sent time.Time) *lease {
 		margin: c.margin(ttl),
 		locks:  make(map[*Lock]struct{}),
 		stop:   make(chan struct{}),
+
+		releasing: make(map[string]*release),
 	}
 	s.deadline = sent.Add(ttl - s.margin)
 	// Under mu: a deadline already past (a grant answered late) fires the timer at once,
@@ -101,6 +108,7 @@ func (s *lease) end(cause error) {
 }
 
 func (s *lease) add(l *Lock) error {
+	s.checkDeadline() // a grant answered after the deadline (a pause) must not be held
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {

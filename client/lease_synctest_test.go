@@ -83,16 +83,27 @@ func (f *fakeServer) Acquire(context.Context, *leaseholdv1.AcquireRequest) (*lea
 }
 
 // lockOn returns a correctness lock taken through a Client whose server is f, with TTL
-// f.ttl and the default safety margin. The Client is closed when the test ends, and
-// calls still waiting for the fake end, so that no goroutine outlives the bubble.
+// f.ttl and the default safety margin (see fakeClient).
 func lockOn(t *testing.T, f *fakeServer) (*Client, *Lock) {
 	t.Helper()
+	c := fakeClient(t, f, f)
+	l, err := c.Lock(context.Background(), "synctest/lock", Correctness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, l
+}
+
+// fakeClient returns a Client whose lease calls go to f and lock calls to locks. The
+// Client is closed when the test ends, and calls still waiting for the fake end, so
+// that no goroutine outlives the bubble.
+func fakeClient(t *testing.T, f *fakeServer, locks leaseholdv1connect.LockServiceClient) *Client {
 	f.quit = make(chan struct{})
 	c := &Client{
 		opts:     options{ttl: f.ttl},
 		nodes:    newFailover(nil, []string{"fake"}),
 		leases:   f,
-		locks:    f,
+		locks:    locks,
 		sessions: make(map[*Session]struct{}),
 	}
 	c.fast = &fastLanes{c: c, disabled: true}
@@ -100,11 +111,7 @@ func lockOn(t *testing.T, f *fakeServer) (*Client, *Lock) {
 		close(f.quit)
 		_ = c.Close(context.Background())
 	})
-	l, err := c.Lock(context.Background(), "synctest/lock", Correctness)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, l
+	return c
 }
 
 // lostAt waits until l's context is cancelled and returns when, and why.

@@ -26,6 +26,7 @@ type lockOptions struct {
 	waitMs  int64 // -1 forever (bounded by ctx), 0 try once
 	holder  *Holder
 	delayMs int64
+	bound   bool
 }
 
 // Correctness declares a correctness lock: it protects data. Grants are committed and
@@ -79,6 +80,27 @@ func WithNote(note string) LockOption {
 	}
 }
 
+// ReleaseOnDisconnect hangs the lock on a lease bound to the client's fast-lane
+// connection (G7): when the node holding that connection sees it end — this process
+// died, the connection broke, or the path to the node was cut for a few seconds — it
+// revokes the lease at once, and the lock is free for the next holder, long before
+// the TTL would free it. The TTL still applies when no node sees the end (the
+// connection's node itself failed). The client gives such a lock up the moment its own
+// connection breaks, or stays unacknowledged for 2 s: its Context is cancelled with
+// ErrDisconnected, though the server may still hold the lease until its TTL (or until
+// a leader change elsewhere is over; the binding survives one). Locks with this
+// option and the same TTL share one lease. The lease is bound to the fast-lane
+// connection it is granted on; without one (WithoutFastLane, a node without a fast
+// lane) it is granted over Connect and bound to a Bind stream instead, which the
+// client binds again, within the TTL, when a node ends it (a leader change).
+//
+// The window: the server may revoke before the client has noticed — a cut path is
+// found by the server after Config.BoundIdleTimeout (5 s) of silence, by the client
+// after 2 s unacknowledged, so normally the client first; if the client's own checks
+// are late (a pause), the next holder's writes carry a higher token, and fencing (G5)
+// rejects the late holder's.
+func ReleaseOnDisconnect(o *lockOptions) { o.bound = true }
+
 // LockDelay asks that, if this holder's lease expires (not a clean Unlock), nobody may
 // take the lock for d. A mitigation for resources that cannot check tokens.
 func LockDelay(d time.Duration) LockOption {
@@ -99,7 +121,8 @@ type Lock struct {
 	cancel context.CancelCauseFunc
 	once   sync.Once
 	mu     sync.Mutex
-	cause  error // why the lock was lost; nil while held
+	cause  error    // why the lock was lost; nil while held
+	rel    *release // the background release after an Unlock of unknown outcome
 }
 
 // Lock acquires the lock name. A class option (Correctness or Efficiency) is required.
@@ -169,9 +192,15 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, names []string, opts [
 		if gone > 1 && b.sleep(ctx) != nil {
 			return nil, ctx.Err() // fresh leases keep vanishing: not at once, then
 		}
-		s, err := c.leaseFor(ctx, set, o.ttl)
+		s, err := c.leaseFor(ctx, set, leaseKind{ttl: o.ttl, bound: o.bound})
 		if err != nil {
 			return nil, err
+		}
+		if err := s.settle(ctx, names); err != nil {
+			return nil, err
+		}
+		if !s.alive() {
+			continue // it ended while a release ran: a fresh lease
 		}
 		req.LeaseId = s.id
 		l, err := c.acquire(ctx, s, req)
@@ -180,7 +209,8 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, names []string, opts [
 			continue // a fresh lease, at once
 		}
 		if err != nil && ctx.Err() != nil {
-			go c.abandon(s, req) // the lease may be queued, or even granted
+			// The lease may be queued, or even granted: take it out in the background.
+			s.background(names, func(ctx context.Context) error { return c.abandon(ctx, s, req) })
 		}
 		return l, err
 	}
@@ -221,8 +251,11 @@ func (c *Client) acquire(ctx context.Context, s *lease, req *leaseholdv1.Acquire
 	}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	if err := s.add(l); err != nil {
-		// The lease ended while we acquired: the lease is gone or about to be.
+		// The lease ended while we acquired (its deadline passed during a pause, or a
+		// keepalive found it gone): the grant is gone or about to be. A Lock whose
+		// context is done on arrival is no lock: say why instead.
 		l.lost(err)
+		return nil, fmt.Errorf("client: lock %q was lost as it was granted (token %d): %w", name, l.token, err)
 	}
 	return l, nil
 }
@@ -253,7 +286,8 @@ func (l *Lock) Token() uint64 { return l.token }
 // the cautious local deadline when keepalives go unanswered — whichever comes first —
 // and after Unlock. context.Cause(l.Context()) tells why (ErrLeaseExpired,
 // ErrLeaseRevoked, ErrLeaseDeadline, ErrReleasedByOperator, ErrStateLost,
-// ErrUnlocked). Its Err method checks the deadline against the clock on every call, so
+// ErrUnlocked, ErrUnlockUnconfirmed, ErrDisconnected). Its Err method checks the deadline against the
+// clock on every call, so
 // a process resumed after a long pause sees the loss at once, before any timer runs.
 func (l *Lock) Context() context.Context { return lockContext{l} }
 
@@ -276,23 +310,37 @@ func (l *Lock) lost(cause error) {
 
 // Unlock releases the lock. It works even when ctx is already cancelled: it then uses
 // a fresh timeout bounded by the lease TTL (after that the lease would be gone anyway).
+// Whatever it returns, the lock's Context is done when Unlock returns.
+//
 // It returns nil when the lock was released by this call; an error wrapping
-// ErrLockLost (and the cause) when the lock had been lost before; ErrUnavailable when
-// no server answered — the lock is then released at the latest when the lease expires.
+// ErrLockLost (and the cause) when the lock had been lost before Unlock, or when
+// Unlock found it lost (the server answered that the lease does not hold it); an error
+// wrapping ErrUnavailable when no server confirmed the release before ctx ended. The
+// outcome is then unknown, and the Client goes on releasing in the background until a
+// server confirms it or the lease ends (by TTL at the latest); until then a new Lock of
+// the name by the same holder waits, so it never gets the old grant back. Calling
+// Unlock again waits for that background release and returns its outcome.
+//
 // A release is repeated on another node when no answer came; when the repeat finds the
 // lock no longer held by this lease, the attempt whose answer was lost released it, and
 // Unlock returns nil.
 func (l *Lock) Unlock(ctx context.Context) error {
-	if lost, cause := l.Lost(); lost {
-		if errors.Is(cause, ErrUnlocked) {
-			return nil
-		}
-		return fmt.Errorf("%w: %w", ErrLockLost, cause)
-	}
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.s.ttl)
 		defer cancel()
+	}
+	if lost, cause := l.Lost(); lost {
+		l.mu.Lock()
+		r := l.rel
+		l.mu.Unlock()
+		switch {
+		case r != nil:
+			return r.wait(ctx)
+		case errors.Is(cause, ErrUnlocked):
+			return nil
+		}
+		return fmt.Errorf("%w before Unlock: %w", ErrLockLost, cause)
 	}
 	req := &leaseholdv1.ReleaseRequest{Name: l.name, LeaseId: l.s.id, Token: l.token}
 	_, unsure, err := callUnsure(ctx, l.c, repeatable, func(ctx context.Context) (*leaseholdv1.ReleaseResponse, error) {
@@ -307,14 +355,24 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		l.s.remove(l)
 		l.lost(ErrUnlocked)
 		return nil
-	case errors.Is(err, ErrUnavailable):
-		return err
-	case ctx.Err() != nil:
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case errors.Is(err, ErrUnavailable) || ctx.Err() != nil:
+		if !errors.Is(err, ErrUnavailable) {
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		r := l.s.background(l.Names(), func(ctx context.Context) error {
+			return l.c.releaseGrant(ctx, l.s, l.name, l.token)
+		})
+		l.mu.Lock()
+		l.rel = r
+		l.mu.Unlock()
+		l.s.remove(l)
+		l.lost(fmt.Errorf("%w: %w", ErrUnlockUnconfirmed, err))
+		return fmt.Errorf("%w (releasing in the background until confirmed or the lease ends)", err)
 	}
 	l.s.remove(l)
-	l.lost(fmt.Errorf("%w: release failed: %w", ErrLockLost, err))
-	return fmt.Errorf("%w: %w", ErrLockLost, err)
+	err = fmt.Errorf("%w (found by Unlock): %w", ErrLockLost, err)
+	l.lost(err)
+	return err
 }
 
 // lockContext is a held lock's context. It is a context.WithCancelCause underneath (so
@@ -332,25 +390,22 @@ func (c lockContext) Err() error {
 
 // abandon takes lease s out of the queue (every queue of a lock set) that the acquire
 // req put it in, or releases the grant it got, after a Lock whose outcome was unknown
-// gave up. The same Acquire with wait 0 on the same lease returns the lease's grant
-// (idempotent) or cancels its place in the queue. It tries while the lease lives: once
-// it has ended, so has anything it held.
-func (c *Client) abandon(s *lease, req *leaseholdv1.AcquireRequest) {
+// gave up; it runs as a background release (see lease.background) until ctx ends with
+// the lease. The same Acquire with wait 0 on the same lease returns the lease's grant
+// (idempotent) or cancels its place in the queue.
+func (c *Client) abandon(ctx context.Context, s *lease, req *leaseholdv1.AcquireRequest) error {
 	try := proto.CloneOf(req)
 	try.LeaseId, try.WaitMs = s.id, 0
 	name := req.GetName()
 	if len(req.GetNames()) > 0 {
 		name = req.GetNames()[0]
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.remaining())
-	defer cancel()
 	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.AcquireResponse, error) {
 		return rpc(ctx, c, c.locks.Acquire, try)
 	})
 	if err != nil {
-		return // not granted (held by another: the wait is cancelled), or the lease ended
+		//nolint:nilerr // not granted (held by another: the wait is cancelled), or the lease ended: nothing to release
+		return nil
 	}
-	_, _ = call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.ReleaseResponse, error) {
-		return rpc(ctx, c, c.locks.Release, &leaseholdv1.ReleaseRequest{Name: name, LeaseId: s.id, Token: resp.GetToken()})
-	})
+	return c.releaseGrant(ctx, s, name, resp.GetToken())
 }

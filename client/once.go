@@ -197,7 +197,7 @@ func (c *Client) begin(ctx context.Context, set *leaseSet, key string) (*lease, 
 		if gone > 1 && b.sleep(ctx) != nil {
 			return nil, nil, ctx.Err() // fresh leases keep vanishing: not at once, then
 		}
-		s, err := c.leaseFor(ctx, set, c.opts.ttl)
+		s, err := c.leaseFor(ctx, set, leaseKind{ttl: c.opts.ttl})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -15,6 +15,11 @@ func sampleCommands() []Command {
 	return []Command{
 		{Op: OpGrant, Lease: leaseA, TTLMillis: 10_000},
 		{Op: OpRevoke, Lease: leaseA},
+		{Op: OpDisconnect, Lease: leaseB},
+		{Op: OpCampaign, Lease: leaseA, Name: "svc/primary", Value: []byte("10.0.0.1:80"), Holder: Holder{Host: "h", PID: 3}, Wait: true},
+		{Op: OpProclaim, Lease: leaseA, Name: "svc/primary", Token: 9, Value: []byte("10.0.0.2:80")},
+		{Op: OpResign, Lease: leaseA, Name: "svc/primary", Token: 9},
+		{Op: OpWithdraw, Lease: leaseB, Name: "svc/primary"},
 		{Op: OpExpire, Lease: leaseB},
 		{Op: OpAcquire, Lease: leaseA, Name: "orders/42", Class: Correctness, Holder: Holder{Host: "web-1", PID: 9, Note: "<script>&é"}, Wait: true, DelayMillis: 500},
 		{Op: OpRelease, Lease: leaseA, Name: "orders/42", Token: 7},

@@ -25,6 +25,9 @@ const (
 	// EventEpoch: a new leader serves the efficiency locks with an empty table: every
 	// efficiency lock of an earlier epoch is gone (published by the leader, not Apply).
 	EventEpoch EventKind = 8
+	// EventDisconnected: the hold of Name (Token) ended because its lease was bound to
+	// a connection that ended (OpDisconnect, G7).
+	EventDisconnected EventKind = 9
 )
 
 func (k EventKind) String() string {
@@ -45,6 +48,8 @@ func (k EventKind) String() string {
 		return "wait_ended"
 	case EventEpoch:
 		return "epoch"
+	case EventDisconnected:
+		return "disconnected"
 	}
 	return "unknown"
 }

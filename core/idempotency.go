@@ -37,7 +37,8 @@ const (
 // MaxResultLen bounds the result stored with a done key, as MaxValueLen bounds a KV value.
 const MaxResultLen = MaxValueLen
 
-var keyOpNames = map[Op]string{OpBegin: "begin", OpComplete: "complete", OpAbandon: "abandon"}
+var keyOpNames = map[Op]string{OpBegin: "begin", OpComplete: "complete", OpAbandon: "abandon", OpDisconnect: "disconnect",
+	OpCampaign: "campaign", OpProclaim: "proclaim", OpResign: "resign", OpWithdraw: "withdraw"}
 
 // EffectKeyDone reports that key Name was marked done by the Begin whose token is Token.
 // It is the hook for Watch's "idempotency key done" event; nobody needs to act on it yet.

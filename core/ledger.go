@@ -63,7 +63,7 @@ func (g *ledger) note(e Event, now int64) {
 		if now != 0 { // 0: unknown, as if not recorded
 			g.open[k] = now
 		}
-	case EventReleased, EventExpired, EventRevoked, EventForceReleased:
+	case EventReleased, EventExpired, EventRevoked, EventForceReleased, EventDisconnected:
 		start := g.open[k]
 		delete(g.open, k)
 		g.add(&Tenure{Name: e.Name, Token: e.Token, Holder: e.Holder, Mode: e.Mode, StartMillis: start, EndMillis: now, End: e.Kind, Note: e.Note})
@@ -157,7 +157,7 @@ func (s *State) restoreTenure(t Tenure) error {
 		s.ledger.open[holdKey{t.Name, t.Token}] = t.StartMillis
 	case t.End == 0:
 		return fmt.Errorf("%w: ledger entry of an open hold without its start in snapshot", ErrCorrupt)
-	case t.End == EventReleased || t.End == EventExpired || t.End == EventRevoked || t.End == EventForceReleased:
+	case t.End == EventReleased || t.End == EventExpired || t.End == EventRevoked || t.End == EventForceReleased || t.End == EventDisconnected:
 		s.ledger.add(&t)
 	default:
 		return fmt.Errorf("%w: ledger entry that ended as %d in snapshot", ErrCorrupt, t.End)

@@ -668,8 +668,23 @@ func (t *Locks) EndDelay(name string, seq Sequence, r *Result) {
 
 // DropLease removes every hold and wait of lease, in name order, granting next waiters,
 // and forgets the locks it lost. expired selects whether holders' lock-delays apply
-// (they do not on a clean revoke).
+// (they do on an expiry and a disconnect, not on a clean revoke).
 func (t *Locks) DropLease(lease LeaseID, expired bool, seq Sequence, r *Result) {
+	ended := EventRevoked
+	if expired {
+		ended = EventExpired
+	}
+	t.dropLease(lease, ended, expired, seq, r)
+}
+
+// DropDisconnected is DropLease for a lease whose bound connection ended (G7): its
+// holders' lock-delays apply, and its holds end as EventDisconnected.
+func (t *Locks) DropDisconnected(lease LeaseID, seq Sequence, r *Result) {
+	t.dropLease(lease, EventDisconnected, true, seq, r)
+}
+
+// dropLease is DropLease, the holds ending as ended.
+func (t *Locks) dropLease(lease LeaseID, ended EventKind, expired bool, seq Sequence, r *Result) {
 	delete(t.lost, lease)
 	ll := t.leases[lease]
 	if ll == nil {
@@ -698,10 +713,6 @@ func (t *Locks) DropLease(lease LeaseID, expired bool, seq Sequence, r *Result) 
 	// The lease's index goes as a whole: it has no places left, so nothing is granted
 	// to it below.
 	delete(t.leases, lease)
-	ended := EventRevoked
-	if expired {
-		ended = EventExpired
-	}
 	for _, l := range mine {
 		var delay int64
 		switch i := l.sharedIndex(lease); {

@@ -42,8 +42,10 @@ const (
 )
 
 // snapshotFields are the keys of a version-2 snapshot, in the order they are written;
-// a version-1 snapshot has those before "lost".
-var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "groups", "ledger"}
+// a version-1 snapshot has those before "lost". "groups", "ledger" and then
+// "elections" came after "lost" in version 2: a version-2 snapshot written before
+// them has none of them, and restores with no groups, ledger or elections.
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "groups", "ledger", "elections"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
@@ -78,7 +80,8 @@ type SnapshotView struct {
 	keys       []keyRecord // in progress (unsorted), then done oldest first
 	inProgress int         // how many of keys are in progress
 	groups     []groupRecord
-	ledger     []Tenure // ledger.records()
+	ledger     []Tenure   // ledger.records()
+	elections  []Election // in name order; copies
 }
 
 // SnapshotView copies what a snapshot of s needs. It is meant to run where applies must
@@ -103,6 +106,7 @@ func (s *State) SnapshotView() *SnapshotView {
 	v.keys, v.inProgress = s.keys.records()
 	v.groups = s.groups.records()
 	v.ledger = s.ledger.records()
+	v.elections = s.elections.records()
 	for _, l := range s.leases {
 		v.leases = append(v.leases, *l)
 	}
@@ -184,6 +188,10 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	if len(v.ledger) > 0 {
 		e.raw(`,"ledger":`)
 		writeArray(e, v.ledger)
+	}
+	if len(v.elections) > 0 {
+		e.raw(`,"elections":`)
+		writeArray(e, v.elections)
 	}
 	e.raw("}\n")
 	err := e.flush()
@@ -415,6 +423,8 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 			err = eachElement(dec, s.restoreGroup)
 		case "ledger":
 			err = eachElement(dec, s.restoreTenure)
+		case "elections":
+			err = eachElement(dec, s.restoreElection)
 		}
 		if err != nil {
 			return nil, err

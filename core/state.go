@@ -25,6 +25,7 @@ type State struct {
 	locks      *Locks
 	limits     Limits
 	tombstones map[LeaseID]EndReason
+	elections  *Elections
 	tombOrder  []LeaseID // oldest first
 	kv         kvStore
 	members    map[string]memberAddrs // by node id
@@ -51,6 +52,7 @@ func NewState(limits Limits) *State {
 		members:    make(map[string]memberAddrs),
 		keys:       newKeyStore(),
 		groups:     newGroupStore(),
+		elections:  newElections(),
 		ledger:     newLedger(limits),
 	}
 	s.locks.Record(s.record)
@@ -102,6 +104,9 @@ func (s *State) Record(fn func(Event)) { s.rec = fn }
 // Locks returns the correctness lock table for reading. Callers must not mutate it.
 func (s *State) Locks() *Locks { return s.locks }
 
+// Elections returns the election table (read-only use).
+func (s *State) Elections() *Elections { return s.elections }
+
 // Apply applies one command and returns its outcome. A command that fails leaves the
 // state unchanged. Apply never panics on any input: commands come from the log and are
 // validated again here.
@@ -120,16 +125,24 @@ func (s *State) Apply(c Command) Result {
 		}
 		s.leases[c.Lease] = &Lease{ID: c.Lease, TTLMillis: c.TTLMillis}
 		return Result{Effects: []Effect{{Kind: EffectLeaseGranted, Lease: c.Lease, TTLMillis: c.TTLMillis}}}
-	case OpRevoke, OpExpire:
+	case OpRevoke, OpExpire, OpDisconnect:
 		if s.leases[c.Lease] == nil {
 			return Result{Err: s.leaseGone(c.Lease)}
 		}
 		reason := EndRevoked
-		if c.Op == OpExpire {
+		switch c.Op {
+		case OpExpire:
 			reason = EndExpired
+		case OpDisconnect:
+			reason = EndDisconnected
 		}
 		var r Result
-		s.locks.DropLease(c.Lease, reason == EndExpired, s, &r)
+		if reason == EndDisconnected {
+			s.locks.DropDisconnected(c.Lease, s, &r) // a crashed holder's delay applies
+		} else {
+			s.locks.DropLease(c.Lease, reason == EndExpired, s, &r)
+		}
+		s.dropLeaseElections(c.Lease, &r)
 		delete(s.leases, c.Lease)
 		s.keys.dropLease(c.Lease)
 		s.dropGroupLease(c.Lease, &r)
@@ -168,6 +181,8 @@ func (s *State) Apply(c Command) Result {
 		return s.applyKey(c)
 	case OpGroupCreate, OpGroupJoin, OpGroupLeave, OpGroupRelease, OpGroupDrainEnd:
 		return s.applyGroup(c)
+	case OpCampaign, OpProclaim, OpResign, OpWithdraw:
+		return s.applyElection(&c)
 	case OpSetMember:
 		s.members[c.Node] = memberAddrs{api: c.Addr, fastLane: c.FastLane}
 		return Result{}

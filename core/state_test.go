@@ -1063,3 +1063,46 @@ func TestLocksList(t *testing.T) {
 		t.Fatalf("Leases = %v", ids)
 	}
 }
+
+// TestDisconnectEndsLease: OpDisconnect (release on disconnect, G7) ends a lease as a
+// revoke does — its locks go to the next waiter — but is remembered as
+// EndDisconnected, and the holder's lock-delay applies, as after an expiry (a crashed
+// holder), where a clean revoke skips it.
+func TestDisconnectEndsLease(t *testing.T) {
+	h := newHarness(t, Limits{}, leaseA, leaseB)
+	h.acquire(leaseA, "x", false)
+	h.acquire(leaseB, "x", true)
+	r := h.ok(Command{Op: OpDisconnect, Lease: leaseA})
+	wantEffects(t, r.Effects,
+		Effect{Kind: EffectGranted, Lease: leaseB, Name: "x", Token: h.s.LastToken()},
+		Effect{Kind: EffectLeaseEnded, Lease: leaseA, Reason: EndDisconnected},
+	)
+	if got := h.s.EndedReason(leaseA); got != EndDisconnected || got.String() != "disconnected" {
+		t.Fatalf("EndedReason = %v", got)
+	}
+	h.fails(Command{Op: OpDisconnect, Lease: leaseA}, ErrLeaseNotFound)
+
+	for _, tc := range []struct {
+		op      Op
+		delayed bool
+	}{{OpDisconnect, true}, {OpExpire, true}, {OpRevoke, false}} {
+		h := newHarness(t, Limits{}, leaseA)
+		h.ok(Command{Op: OpAcquire, Lease: leaseA, Name: "d", Class: Correctness, DelayMillis: 100})
+		h.ok(Command{Op: tc.op, Lease: leaseA})
+		if l := h.lock("d"); (l != nil && l.Delayed) != tc.delayed {
+			t.Errorf("%v: lock after the end %+v, want delayed %v", tc.op, l, tc.delayed)
+		}
+	}
+
+	// The ledger says how the hold ended: disconnected, and a snapshot keeps it.
+	h = newHarness(t, Limits{}, leaseA)
+	h.acquire(leaseA, "l", false)
+	h.ok(Command{Op: OpDisconnect, Lease: leaseA})
+	b := mustSnapshot(t, h.s)
+	if !bytes.Contains(b, []byte(`"how":9`)) {
+		t.Fatalf("snapshot after a disconnect has no tenure ended as disconnected (9): %s", b)
+	}
+	if _, err := RestoreState(b, Limits{}); err != nil {
+		t.Fatalf("restore of a disconnected tenure: %v", err)
+	}
+}

@@ -80,6 +80,9 @@ const (
 	EndUnknown EndReason = 0
 	EndExpired EndReason = 1
 	EndRevoked EndReason = 2
+	// EndDisconnected: a lease granted with release on disconnect (G7) was revoked
+	// because the node holding its client's connection saw that connection end.
+	EndDisconnected EndReason = 3
 )
 
 func (r EndReason) String() string {
@@ -88,6 +91,8 @@ func (r EndReason) String() string {
 		return "expired"
 	case EndRevoked:
 		return "revoked"
+	case EndDisconnected:
+		return "disconnected"
 	default:
 		return "unknown"
 	}
@@ -139,6 +144,10 @@ const (
 	// first one applied stays; a later one with another ID fails with ErrClusterID
 	// and changes nothing, and one with the same ID changes nothing.
 	OpSetClusterID Op = 14
+	// OpDisconnect ends lease Lease as OpRevoke does, for release on disconnect (G7):
+	// the node holding the client's connection saw it end. The lease is remembered as
+	// ended by EndDisconnected.
+	OpDisconnect Op = 30
 )
 
 func (o Op) String() string {
@@ -237,6 +246,9 @@ type Effect struct {
 	TTLMillis   int64
 	Note        string
 	Partition   uint32 // of a group's partition effects
+	// Value and Holder are the new leader's, for EffectElected.
+	Value  []byte
+	Holder Holder
 }
 
 // Result is the outcome of applying one command.

@@ -90,7 +90,7 @@ func (c *Command) validate() error {
 			return Invalid("ttl_ms", "must be positive")
 		}
 		return needLease()
-	case OpRevoke, OpExpire:
+	case OpRevoke, OpExpire, OpDisconnect:
 		return needLease()
 	case OpAcquire:
 		if len(c.Names) > 0 {
@@ -149,6 +149,20 @@ func (c *Command) validate() error {
 		return c.validateKeyOp()
 	case OpGroupCreate, OpGroupJoin, OpGroupLeave, OpGroupRelease, OpGroupDrainEnd:
 		return c.validateGroupOp()
+	case OpCampaign, OpProclaim, OpResign, OpWithdraw:
+		if err := ValidateName("name", c.Name); err != nil {
+			return err
+		}
+		if len(c.Value) > MaxValueLen {
+			return Invalid("value", "is %d bytes, the limit is %d", len(c.Value), MaxValueLen)
+		}
+		if err := ValidateHolder("holder", c.Holder); err != nil {
+			return err
+		}
+		if (c.Op == OpProclaim || c.Op == OpResign) && c.Token == 0 {
+			return Invalid("epoch", "must be set")
+		}
+		return needLease()
 	case OpSetMember:
 		if err := ValidateNodeID("node_id", c.Node); err != nil {
 			return err

@@ -25,8 +25,12 @@
 //     has admitted for that resource; an equal token is admitted, since one holder writes
 //     many times. It orders writes by token. It does not know whether the token's lease is
 //     still alive: until the next holder writes once, the old holder's token is the
-//     highest and is admitted. A resource that must refuse an expired holder even then has
-//     to ask the lock service (CheckToken) before it commits.
+//     highest and is admitted. A resource that must refuse an expired holder even then
+//     runs Follow, or asks the lock service (CheckToken) before it commits.
+//   - Follow makes Memory or SQL (through SQL.Floors) follow the service's Watch: when a
+//     correctness lock's exclusive hold ends, it raises the lock's floor so that the
+//     ended holder's token is rejected at once, before anyone else writes. What remains
+//     is the delivery of the event (milliseconds; see Follow).
 //   - Memory keeps the highest tokens in process memory: fine for a resource that lives
 //     and dies with the process, forgotten on restart.
 //   - SQL keeps them in a table of the caller's database and checks inside the caller's

@@ -208,3 +208,28 @@ func Example_partitions() {
 		log.Fatal(err)
 	}
 }
+
+func ExampleFollow() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "127.0.0.1:7740")
+	if err != nil {
+		log.Fatal(err)
+	}
+	guard := fence.NewMemory()
+	go func() {
+		// Blocks until ctx ends; resumes by itself across leader changes.
+		err := fence.Follow(ctx, c, "orders/", guard)
+		log.Printf("fence.Follow stopped: %v", err)
+	}()
+}
+
+func ExampleSQL_Floors() {
+	ctx := context.Background()
+	var c *client.Client // dialled
+	var db *sql.DB       // opened
+	sqlGuard, err := fence.NewSQL(fence.Postgres, "leasehold_fence")
+	if err != nil {
+		log.Fatal(err)
+	}
+	go fence.Follow(ctx, c, "orders/", sqlGuard.Floors(db))
+}

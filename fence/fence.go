@@ -35,8 +35,10 @@ var (
 // still alive. The highest token it has seen may belong to a holder whose lease has
 // already expired, and it will keep admitting that holder's writes until a newer holder
 // writes once. A resource that must refuse writes from an expired holder even before its
-// successor shows up has to ask the lock service (CheckToken) before it commits. A Guard
-// orders writes by token; it does not make them exclusive.
+// successor shows up lets the guard follow the service (Follow, for Memory and SQL: the
+// ended token is rejected once its Watch event is delivered), or asks the lock service
+// (CheckToken) before it commits. A Guard orders writes by token; it does not make them
+// exclusive.
 //
 // Admit returns an error wrapping ErrMalformedToken for token 0 (never issued) and for
 // tokens the guard cannot store, the context's error unchanged when ctx is done first,
@@ -54,8 +56,9 @@ type StaleError struct {
 	Resource string
 	// Token is the rejected token.
 	Token uint64
-	// Highest is the highest token the resource had accepted when it rejected Token.
-	// It is always greater than Token.
+	// Highest is the highest token the resource had accepted when it rejected Token, or,
+	// when a floor rejected it (Follow), the ended holder's token plus one. It is always
+	// greater than Token.
 	Highest uint64
 }
 

@@ -2,6 +2,9 @@ package fence
 
 import (
 	"context"
+	"fmt"
+	"math"
+	"strings"
 	"sync"
 )
 
@@ -16,7 +19,8 @@ import (
 // example with SQL inside the same transaction as the write.
 //
 // Memory never forgets a resource while it lives: the map grows by one entry per resource
-// name ever admitted. Use it for a bounded set of resources.
+// name ever admitted or floored (Follow floors every exclusive correctness lock under its
+// prefix that is released or granted). Use it for a bounded set of resources.
 type Memory struct {
 	mu      sync.Mutex
 	highest map[string]uint64 // resource -> highest admitted token; guarded by mu
@@ -58,4 +62,40 @@ func (m *Memory) Highest(resource string) (uint64, bool) {
 	defer m.mu.Unlock()
 	t, ok := m.highest[resource]
 	return t, ok
+}
+
+// Floor makes every token <= ended stale for resource (Floorer, for Follow): it raises
+// the resource's highest token to ended+1 unless it is higher already, creating the
+// resource if needed. It returns ctx.Err() unchanged if ctx is already done, and an error
+// wrapping ErrMalformedToken for ended = math.MaxUint64 (no token is above it).
+func (m *Memory) Floor(ctx context.Context, resource string, ended uint64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if ended == math.MaxUint64 {
+		return fmt.Errorf("%w: no token is above %d", ErrMalformedToken, ended)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.highest == nil {
+		m.highest = make(map[string]uint64)
+	}
+	if m.highest[resource] <= ended {
+		m.highest[resource] = ended + 1
+	}
+	return nil
+}
+
+// Resources returns the resources the guard holds a token for whose name starts with
+// prefix, in no particular order (Floorer, for Follow). It never fails.
+func (m *Memory) Resources(_ context.Context, prefix string) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for r := range m.highest {
+		if strings.HasPrefix(r, prefix) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }

@@ -132,6 +132,8 @@ type SQL struct {
 	migration string
 	admit     string
 	highest   string
+	floor     string // raises a floor (sqlfloor.go)
+	resources string // lists resources under a prefix (sqlfloor.go)
 }
 
 // NewSQL returns a SQL guard that keeps its tokens in table. table is an unquoted SQL
@@ -159,6 +161,10 @@ ON CONFLICT (resource) DO UPDATE SET token = excluded.token, updated_at = exclud
 WHERE f.token <= excluded.token
 RETURNING f.token`
 		s.highest = "SELECT token FROM " + table + " WHERE resource = $1"
+		s.floor = "INSERT INTO " + table + ` AS f (resource, token, updated_at) VALUES ($1, $2, now())
+ON CONFLICT (resource) DO UPDATE SET token = excluded.token, updated_at = excluded.updated_at
+WHERE f.token < excluded.token`
+		s.resources = "SELECT resource FROM " + table + " WHERE substr(resource, 1, $2) = $1"
 	case SQLite:
 		s.migration = "CREATE TABLE IF NOT EXISTS " + table + ` (
 	resource   TEXT NOT NULL PRIMARY KEY,
@@ -171,6 +177,10 @@ ON CONFLICT (resource) DO UPDATE SET token = excluded.token, updated_at = exclud
 WHERE ` + table + `.token <= excluded.token
 RETURNING token`
 		s.highest = "SELECT token FROM " + table + " WHERE resource = ?1"
+		s.floor = "INSERT INTO " + table + ` (resource, token, updated_at) VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+ON CONFLICT (resource) DO UPDATE SET token = excluded.token, updated_at = excluded.updated_at
+WHERE ` + table + `.token < excluded.token`
+		s.resources = "SELECT resource FROM " + table + " WHERE substr(resource, 1, ?2) = ?1"
 	}
 	return s, nil
 }

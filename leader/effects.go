@@ -27,6 +27,11 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 		case core.EffectGranted:
 			l.grantedLocked(e.Lease, e.Token, core.Correctness, l.now())
 			l.waits.notify(e.Lease, e.Name, outcome{token: e.Token})
+		case core.EffectElected:
+			l.waits.notify(e.Lease, electionKey(e.Name), outcome{token: e.Token})
+			l.observedLocked(e.Name, ElectionChange{Leads: true, Leadership: Leadership{Epoch: e.Token, Lease: e.Lease, Value: e.Value, Holder: e.Holder}})
+		case core.EffectLeaderless:
+			l.observedLocked(e.Name, ElectionChange{Leadership: Leadership{Epoch: e.Token}})
 		case core.EffectWaitEnded:
 			// Nothing to do here: EffectLeaseEnded follows in the same batch and tells
 			// the waiter, with the reason its lease ended (expired or revoked).
@@ -43,7 +48,11 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 			if l.active {
 				l.leaseEndedLocked(c, e.Reason)
 				var r core.Result
-				l.eff.DropLease(e.Lease, e.Reason == core.EndExpired, &l.effSeq, &r)
+				if e.Reason == core.EndDisconnected {
+					l.eff.DropDisconnected(e.Lease, &l.effSeq, &r)
+				} else {
+					l.eff.DropLease(e.Lease, e.Reason == core.EndExpired, &l.effSeq, &r)
+				}
 				l.effEffectsLocked(r.Effects)
 			}
 			l.waits.failLease(e.Lease, &LeaseGoneError{Lease: e.Lease, Reason: e.Reason})

@@ -102,8 +102,10 @@ type Leader struct {
 	cfg   Config
 	lg    *slog.Logger
 	waits waits // acquires waiting for a grant; its own mutex, a leaf (waits.go)
-	obs   Observer
-	base  time.Time // what hold starts are offsets from (observe.go)
+	// observers are the Observe streams of each election (election.go); under mu.
+	observers map[string]map[*observer]struct{}
+	obs       Observer
+	base      time.Time // what hold starts are offsets from (observe.go)
 
 	mu sync.Mutex
 	// Serving (lifecycle.go).

@@ -121,10 +121,23 @@ func (l *Leader) confirm(ctx context.Context) error {
 
 // Revoke ends lease now and releases its locks.
 func (l *Leader) Revoke(ctx context.Context, lease core.LeaseID) error {
+	return l.end(ctx, core.OpRevoke, lease)
+}
+
+// Disconnect ends lease now, as Revoke does, because the connection it was bound to
+// (release on disconnect, G7) ended; the lease is remembered as ended by
+// core.EndDisconnected, and its holders' lock-delays apply as after an expiry. Errors
+// are Revoke's: ErrNotLeader, *LeaseGoneError when the lease had already ended.
+func (l *Leader) Disconnect(ctx context.Context, lease core.LeaseID) error {
+	return l.end(ctx, core.OpDisconnect, lease)
+}
+
+// end ends lease by op (OpRevoke or OpDisconnect).
+func (l *Leader) end(ctx context.Context, op core.Op, lease core.LeaseID) error {
 	if !l.Active() {
 		return ErrNotLeader
 	}
-	res, err := l.log.Apply(ctx, core.Command{Op: core.OpRevoke, Lease: lease})
+	res, err := l.log.Apply(ctx, core.Command{Op: op, Lease: lease})
 	if err != nil {
 		return err
 	}

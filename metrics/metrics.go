@@ -29,7 +29,7 @@ type Metrics struct {
 	forceReleased [3]prometheus.Counter
 	// leaseEnds by reason; leaseEnd caches its series by core.EndReason.
 	leaseEnds *prometheus.CounterVec
-	leaseEnd  [4]prometheus.Counter
+	leaseEnd  [4]prometheus.Counter // by core.EndReason: unknown, expired, revoked, disconnected
 	lateness  prometheus.Observer
 	promoted  prometheus.Counter
 	commit    prometheus.Observer

@@ -189,7 +189,7 @@ func TestEveryMetricMoves(t *testing.T) {
 		a := apiOf(t, addr)
 		before := scrapeOf(t, addr)
 		if s := (series{"leasehold_lease_ends_total", []string{"reason=disconnected"}}); s.in(before) != 0 {
-			// Release on disconnect feeds it once it exists (G7): shown from the start.
+			// Release on disconnect feeds it (G7): shown from the start.
 			t.Errorf("%v = %v, want it shown at 0", s, s.in(before))
 		}
 
@@ -258,6 +258,17 @@ func TestEveryMetricMoves(t *testing.T) {
 		if _, err := a.leases.KeepAlive(context.Background(), &leaseholdv1.KeepAliveRequest{LeaseId: expiring}); connect.CodeOf(err) != connect.CodeNotFound {
 			t.Fatalf("a keepalive of an expired lease: %v, want NotFound", err)
 		}
+		// Disconnected (G7), holding a lock: bound to a Bind stream whose caller goes.
+		bound := a.grant(time.Minute)
+		a.mustAcquire(bound, "m/disconnected", correctness)
+		bctx, unbind := context.WithCancel(context.Background())
+		st, err := a.leases.Bind(bctx, &leaseholdv1.BindRequest{LeaseId: bound})
+		if err != nil || !st.Receive() {
+			t.Fatalf("Bind: %v %v", err, st.Err())
+		}
+		unbind()
+		disconnected := series{"leasehold_lease_ends_total", []string{"reason=disconnected"}}
+		eventually(t, addr, disconnected, func(v float64) bool { return v > disconnected.in(before) }, "the bound lease was revoked")
 		// The fast lane, through the Go client.
 		cl, err := client.Dial(context.Background(), addr)
 		if err != nil {
@@ -287,6 +298,7 @@ func TestEveryMetricMoves(t *testing.T) {
 		moved(t, before, after, "node",
 			series{"leasehold_lease_ends_total", []string{"reason=expired"}},
 			series{"leasehold_lease_ends_total", []string{"reason=revoked"}},
+			series{"leasehold_lease_ends_total", []string{"reason=disconnected"}},
 			series{"leasehold_expiry_lateness_seconds", nil},
 			series{"leasehold_keepalive_failures_total", []string{"reason=lease_expired"}},
 			series{"leasehold_raft_commit_seconds", nil},

@@ -41,6 +41,7 @@ var aclNeeds = map[string]struct {
 	"/leasehold.v1.LeaseService/Grant":          {auth.Lock, false},
 	"/leasehold.v1.LeaseService/KeepAlive":      {auth.Lock, false},
 	"/leasehold.v1.LeaseService/Revoke":         {auth.Lock, false},
+	"/leasehold.v1.LeaseService/Bind":           {auth.Lock, false},
 	"/leasehold.v1.LockService/Acquire":         {auth.Lock, true},
 	"/leasehold.v1.LockService/Release":         {auth.Lock, true},
 	"/leasehold.v1.LockService/Describe":        {auth.Read, true},
@@ -67,6 +68,11 @@ var aclNeeds = map[string]struct {
 	"/leasehold.v1.GroupService/Release":        {auth.Lock, true},
 	"/leasehold.v1.GroupService/Status":         {auth.Read, true},
 	"/leasehold.v1.GroupService/Assignments":    {auth.Lock, true},
+	"/leasehold.v1.ElectionService/Campaign":    {auth.Lock, true},
+	"/leasehold.v1.ElectionService/Proclaim":    {auth.Lock, true},
+	"/leasehold.v1.ElectionService/Leader":      {auth.Read, true},
+	"/leasehold.v1.ElectionService/Resign":      {auth.Lock, true},
+	"/leasehold.v1.ElectionService/Observe":     {auth.Read, true},
 }
 
 // aclTokens are the identities of the ACL test: each token's name is its secret too.

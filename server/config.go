@@ -58,6 +58,13 @@ type Config struct {
 	// than Go's HTTP client keeps idle connections (90s), so that the client, not the
 	// server, closes them. Default 2m.
 	IdleTimeout time.Duration
+	// BoundIdleTimeout is how long a fast-lane connection that holds release-on-
+	// disconnect leases (G7) may stay silent, whatever is in flight on it, before the
+	// server closes it and revokes those leases: a client whose path was cut looks,
+	// over TCP, like one that is quiet. The Go client sends a probe every 500 ms on
+	// such a connection and gives the leases up itself after 2 s unacknowledged, so
+	// it hears first. Default 5s.
+	BoundIdleTimeout time.Duration
 	// MaxConnsPerClient bounds the connections one client IP address may hold open to
 	// the API port and the fast lane together; more are closed as soon as they are
 	// accepted. Clients behind one NAT or proxy share the bound. Default 512; negative:
@@ -103,6 +110,7 @@ func DefaultConfig() Config {
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
+		BoundIdleTimeout:  5 * time.Second,
 		MaxConnsPerClient: 512,
 		Logger:            slog.Default(),
 	}
@@ -127,6 +135,7 @@ func (c Config) WithDefaults() Config {
 	def(&c.ReadTimeout, d.ReadTimeout)
 	def(&c.WriteTimeout, d.WriteTimeout)
 	def(&c.IdleTimeout, d.IdleTimeout)
+	def(&c.BoundIdleTimeout, d.BoundIdleTimeout)
 	if c.MaxRequestBytes == 0 {
 		c.MaxRequestBytes = d.MaxRequestBytes
 	}
@@ -159,7 +168,7 @@ func (c Config) Validate() error {
 		return errors.New("server: request size limit must be at least 1 KiB")
 	case c.WatchRetention < 1:
 		return errors.New("server: watch retention must be at least 1 event")
-	case c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0:
+	case c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0 || c.BoundIdleTimeout < 0:
 		return errors.New("server: connection timeouts must not be negative")
 	}
 	return nil

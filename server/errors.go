@@ -50,6 +50,7 @@ var errorCodes = []struct {
 	{replication.ErrNotLeader, connect.CodeUnavailable, reason.NotLeader},
 	{replication.ErrOutcomeUnknown, connect.CodeUnavailable, reason.OutcomeUnknown},
 	{leader.ErrEpochLost, connect.CodeUnavailable, reason.EpochLost},
+	{leader.ErrObserverLagging, connect.CodeResourceExhausted, reason.ObserverLagging},
 	{errNoSuchMember, connect.CodeNotFound, reason.NoSuchMember},
 	{errMemberCheck, connect.CodeFailedPrecondition, reason.MemberCheck},
 	{errLastVoter, connect.CodeFailedPrecondition, reason.LastVoter},
@@ -170,6 +171,8 @@ var leaseGoneReasons = map[core.EndReason]string{
 	core.EndUnknown: reason.LeaseUnknown,
 	core.EndExpired: reason.LeaseExpired,
 	core.EndRevoked: reason.LeaseRevoked,
+
+	core.EndDisconnected: reason.LeaseDisconnected,
 }
 
 // limitError is a request that exceeds a size bound of the server (not a field rule).

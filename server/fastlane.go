@@ -75,9 +75,11 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 		lc.watch(c.busy)
 	}
 	c.authenticate(conn, ext.Token)
+	c.lane, _ = conn.(*laneConn)
 	c.read()
 	<-c.done
 	c.wg.Wait()
+	c.revokeBound()
 	return c.err
 }
 
@@ -112,7 +114,10 @@ type fastConn struct {
 	tlsState  *tls.ConnectionState
 	base      context.Context
 
+	lane *laneConn // nil when the listener's connections are not laneConns (tests)
+
 	mu       sync.Mutex
+	bound    map[string]time.Duration // release-on-disconnect leases (disconnect.go), with their TTLs
 	inflight map[uint64]context.CancelFunc
 	settles  map[uint64]func(proto.Message, error) // quota.go; nil without auth
 }
@@ -243,7 +248,10 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 // serve answers one admitted request; one that may wait is in inflight with the
 // cancel function of its ctx.
 func (c *fastConn) serve(ctx context.Context, m *method, id uint64, req proto.Message) {
-	resp, err := c.s.call(ctx, m, req, caller{})
+	resp, err := c.s.call(ctx, m, req, caller{fastLane: true})
+	if err == nil {
+		c.bindIfAsked(req, resp)
+	}
 	c.send(m.fast, id, resp, err, func(frame []byte, others bool) { c.w.Send(frame, others) })
 }
 

@@ -156,7 +156,8 @@ func forwardError(ctx context.Context, addr string, err error) error {
 		}
 	}
 	switch ce.Code() {
-	case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeDeadlineExceeded, connect.CodeCanceled:
+	case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeDeadlineExceeded, connect.CodeCanceled,
+		connect.CodeInternal: // a stream relayed from a leader that died mid-message: "incomplete envelope"
 		// Not wrapped: ToConnect would pass the peer client's *connect.Error through as it is.
 		return &leaderHint{err: fmt.Errorf("%w: %s", errLeaderUnreachable, err.Error()), addr: addr}
 	}

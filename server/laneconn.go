@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 )
 
@@ -20,6 +21,10 @@ type laneConn struct {
 	net.Conn
 	idle, write time.Duration
 	busy        func() bool // whether requests are in flight; nil until watched
+	// boundIdle, once set (atomically: the binding request's goroutine sets it while
+	// the reader reads), replaces idle and applies even with requests in flight: the
+	// connection holds release-on-disconnect leases and its client probes it often.
+	boundIdle atomic.Int64
 
 	readBy, writeBy time.Time // the deadlines last set (the reader's, the writer's)
 }
@@ -31,17 +36,25 @@ func newLaneConn(conn net.Conn, cfg Config) *laneConn {
 // watch starts the timeouts; busy reports whether requests are in flight.
 func (c *laneConn) watch(busy func() bool) { c.busy = busy }
 
+// bind makes the connection fail when it has read nothing for idle, requests in flight
+// or not (release on disconnect, disconnect.go).
+func (c *laneConn) bind(idle time.Duration) { c.boundIdle.Store(int64(idle)) }
+
 func (c *laneConn) Read(p []byte) (int, error) {
 	if c.busy == nil {
 		return c.Conn.Read(p)
 	}
 	for {
-		if now := time.Now(); c.readBy.Sub(now) < c.idle {
-			c.readBy = now.Add(c.idle + c.idle/8)
+		idle, bound := c.idle, time.Duration(c.boundIdle.Load())
+		if bound > 0 {
+			idle = bound
+		}
+		if now := time.Now(); c.readBy.Sub(now) < idle || c.readBy.Sub(now) > idle+idle/8 {
+			c.readBy = now.Add(idle + idle/8)
 			_ = c.SetReadDeadline(c.readBy)
 		}
 		n, err := c.Conn.Read(p)
-		if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.busy() {
+		if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && bound == 0 && c.busy() {
 			continue // silent, but waiting for answers: not idle
 		}
 		return n, err

@@ -12,6 +12,7 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
+	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/fastlane"
 	"github.com/leasehold/leasehold/internal/auth"
 	"github.com/leasehold/leasehold/leader"
@@ -30,6 +31,7 @@ func methodTable() []*method {
 		unary(leaseholdv1connect.LeaseServiceGrantProcedure, (*Server).Grant, needs(permLock)),
 		unary(leaseholdv1connect.LeaseServiceKeepAliveProcedure, (*Server).KeepAlive, needs(permLock)),
 		unary(leaseholdv1connect.LeaseServiceRevokeProcedure, (*Server).Revoke, needs(permLock)),
+		serverStream(leaseholdv1connect.LeaseServiceBindProcedure, (*Server).Bind, needs(permLock)),
 		// LockService
 		unary(leaseholdv1connect.LockServiceAcquireProcedure, (*Server).Acquire,
 			needsOnEach(permLock, lockNames),
@@ -62,6 +64,12 @@ func methodTable() []*method {
 		unary(leaseholdv1connect.GroupServiceReleaseProcedure, (*Server).ReleasePartition, needsOn(permLock, (*leaseholdv1.GroupServiceReleaseRequest).GetGroup)),
 		unary(leaseholdv1connect.GroupServiceStatusProcedure, (*Server).GroupStatus, needsOn(permRead, (*leaseholdv1.GroupServiceStatusRequest).GetGroup)),
 		serverStream(leaseholdv1connect.GroupServiceAssignmentsProcedure, (*Server).Assignments, needsOn(permLock, (*leaseholdv1.AssignmentsRequest).GetGroup)),
+		// ElectionService
+		unary(leaseholdv1connect.ElectionServiceCampaignProcedure, (*Server).Campaign, needsOn(permLock, (*leaseholdv1.CampaignRequest).GetName)),
+		unary(leaseholdv1connect.ElectionServiceProclaimProcedure, (*Server).Proclaim, needsOn(permLock, (*leaseholdv1.ProclaimRequest).GetName)),
+		unary(leaseholdv1connect.ElectionServiceLeaderProcedure, (*Server).Leader, needsOn(permRead, (*leaseholdv1.LeaderRequest).GetName)),
+		unary(leaseholdv1connect.ElectionServiceResignProcedure, (*Server).Resign, needsOn(permLock, (*leaseholdv1.ResignRequest).GetName)),
+		serverStream(leaseholdv1connect.ElectionServiceObserveProcedure, (*Server).Observe, needsOn(permRead, (*leaseholdv1.ObserveRequest).GetName)),
 		// ClusterService
 		unary(leaseholdv1connect.ClusterServiceStatusProcedure, (*Server).Status, needs(permRead), anyNode()),
 		unary(leaseholdv1connect.ClusterServiceMembersProcedure, (*Server).Members, needs(permRead), anyNode()),
@@ -369,6 +377,9 @@ type caller struct {
 	// clusterID is the cluster the caller expects to talk to; "" when it does not say
 	// (the fast lane checks it in its handshake).
 	clusterID string
+	// fastLane: the request came on a fast-lane connection, which can hold the
+	// binding of a release-on-disconnect lease (G7).
+	fastLane bool
 }
 
 // callerOf reads a Connect request's headers.
@@ -384,6 +395,9 @@ func (s *Server) call(ctx context.Context, m *method, req proto.Message, from ca
 	start := time.Now()
 	if err := s.checkClusterID(from.clusterID); err != nil {
 		return nil, s.finish(m, start, err)
+	}
+	if g, ok := req.(*leaseholdv1.GrantRequest); ok && g.GetReleaseOnDisconnect() && !from.fastLane && !from.forwarded {
+		return nil, s.finish(m, start, core.Invalid("release_on_disconnect", "needs a fast-lane connection to bind the lease to"))
 	}
 	resp, err := s.serveOrForward(ctx, m, req, from.forwarded)
 	return resp, s.finish(m, start, err)

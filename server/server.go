@@ -181,7 +181,11 @@ func (s *Server) Revoke(ctx context.Context, req *leaseholdv1.RevokeRequest) (*l
 	if err != nil {
 		return nil, err
 	}
-	if err := s.leader.Revoke(ctx, id); err != nil {
+	end := s.leader.Revoke
+	if req.GetDisconnected() {
+		end = s.leader.Disconnect
+	}
+	if err := end(ctx, id); err != nil {
 		return nil, err
 	}
 	return &leaseholdv1.RevokeResponse{}, nil

@@ -143,6 +143,8 @@ func tenureEnd(k core.EventKind) leaseholdv1.TenureEnd {
 		return leaseholdv1.TenureEnd_TENURE_END_REVOKED
 	case core.EventForceReleased:
 		return leaseholdv1.TenureEnd_TENURE_END_FORCE_RELEASED
+	case core.EventDisconnected:
+		return leaseholdv1.TenureEnd_TENURE_END_DISCONNECTED
 	}
 	return leaseholdv1.TenureEnd_TENURE_END_UNSPECIFIED
 }

@@ -80,6 +80,8 @@ func (v Violation) String() string {
 // Report is the result of Run.
 type Report struct {
 	Verdict Verdict
+	// Target is the resource: the URL, or the SQL table and whether the guard was used.
+	Target string
 	// Linearizable is porcupine's answer: whether some order of the writes, each taking
 	// effect between its call and its answer, is one a fenced resource could produce.
 	// CheckTimedOut is set when porcupine gave up (a minute); the verdict then rests on
@@ -102,6 +104,9 @@ type Report struct {
 // Print writes the report for a person.
 func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "verdict: %s\n", r.Verdict)
+	if r.Target != "" {
+		fmt.Fprintf(w, "  target: %s\n", r.Target)
+	}
 	fmt.Fprintf(w, "  %d writers took lock %q %d times; %d pauses past the TTL\n", r.Writers, r.Lock, r.Grants, r.Pauses)
 	fmt.Fprintf(w, "  %d writes: %d accepted, %d rejected, %d unknown; %d stale writes attempted\n", len(r.Writes), r.Accepted, r.Rejected, r.Unknowns, r.StaleAttempts)
 	switch r.Verdict {

@@ -48,16 +48,42 @@ var (
 	// ErrWriter is returned when a writer process failed to start or could not reach the
 	// leasehold server or take the lock at all.
 	ErrWriter = errors.New("verify: writer failed")
+	// ErrResource is returned when the SQL target cannot be opened, or its tables do not
+	// exist or lack the columns verify writes (and Create was not set, or failed).
+	ErrResource = errors.New("verify: SQL target unusable")
 )
 
-// Config configures a run. Addr and one target (URL) are required; everything else has
-// a default.
+// Config configures a run. Addr and one target (URL, or DSN and Table) are required;
+// everything else has a default.
 type Config struct {
 	// Addr is the leasehold server (one or more host:port, comma-separated).
 	Addr string
 	// URL is the resource's HTTP endpoint. Each write is a POST with the header
 	// Fencing-Token: LOCK=TOKEN and a JSON body {"writer":W,"seq":N,"token":T}.
 	URL string
+	// DSN is a SQL database to write to instead of an HTTP URL (set one of the two).
+	// Each write is one transaction: the fence.SQL guard's Admit of the writer's token
+	// for the lock name (in GuardTable), then
+	//	INSERT INTO Table (key, value, token) VALUES (LOCK, 'writer W seq N', TOKEN)
+	//	ON CONFLICT (key) DO UPDATE SET value = excluded.value, token = excluded.token
+	// and the commit. A commit is accepted; the guard's fence.ErrStale is rejected; any
+	// other error leaves the write's outcome unknown.
+	DSN string
+	// Driver is the database/sql driver for DSN: DriverPgx or DriverSQLite. Default:
+	// pgx for a postgres:// or postgresql:// DSN, sqlite for a file: DSN.
+	Driver string
+	// Table is the table the SQL writes go to, shaped
+	// (key TEXT PRIMARY KEY, value TEXT, token BIGINT); verify writes one row, keyed by
+	// the lock name. An unquoted identifier, optionally schema-qualified.
+	Table string
+	// GuardTable is the guard's token table (see fence.SQL). Default DefaultGuardTable.
+	GuardTable string
+	// Create makes Table and GuardTable if they do not exist (CREATE TABLE IF NOT
+	// EXISTS); without it they must exist.
+	Create bool
+	// Unguarded writes the row without the guard: no Admit, only the upsert. It is the
+	// negative control, what a table without fencing does; Run must fail it.
+	Unguarded bool
 	// Accepted and Rejected are the HTTP statuses that mean the resource applied the
 	// write, or refused it because of its token. Defaults: every 2xx; 409 and 412.
 	// Any other answer, and no answer, leaves the write's outcome unknown.
@@ -95,11 +121,18 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Addr == "" {
 		return c, fmt.Errorf("%w: Addr (the leasehold server) is required", ErrConfig)
 	}
-	if c.URL == "" {
-		return c, fmt.Errorf("%w: URL (the resource) is required", ErrConfig)
-	}
-	if !strings.HasPrefix(c.URL, "http://") && !strings.HasPrefix(c.URL, "https://") {
+	switch {
+	case c.URL == "" && c.DSN == "":
+		return c, fmt.Errorf("%w: URL or DSN (the resource) is required", ErrConfig)
+	case c.URL != "" && c.DSN != "":
+		return c, fmt.Errorf("%w: set URL or DSN, not both", ErrConfig)
+	case c.URL != "" && !strings.HasPrefix(c.URL, "http://") && !strings.HasPrefix(c.URL, "https://"):
 		return c, fmt.Errorf("%w: URL %q must start with http:// or https://", ErrConfig, c.URL)
+	case c.DSN != "":
+		var err error
+		if c, err = c.sqlDefaults(); err != nil {
+			return c, err
+		}
 	}
 	if c.Lock == "" {
 		c.Lock = fmt.Sprintf("verify/%08x", rand.Uint32())
@@ -166,6 +199,11 @@ type writerConfig struct {
 	TTL             time.Duration `json:"ttl"`
 	WritesPerTenure int           `json:"writesPerTenure"`
 	Spacing         time.Duration `json:"spacing"`
+	DSN             string        `json:"dsn,omitempty"`
+	Driver          string        `json:"driver,omitempty"`
+	Table           string        `json:"table,omitempty"`
+	GuardTable      string        `json:"guardTable,omitempty"`
+	Unguarded       bool          `json:"unguarded,omitempty"`
 }
 
 // event is one line a writer prints on its standard output.
@@ -193,6 +231,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			fmt.Fprintf(cfg.Log, format+"\n", args...)
 		}
 	}
+	if cfg.DSN != "" {
+		if err := prepareSQL(ctx, cfg); err != nil {
+			return nil, err
+		}
+	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration+10*cfg.TTL+30*time.Second)
 	defer cancel()
@@ -207,7 +250,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	var readers sync.WaitGroup
 	for i := range procs {
 		wc := writerConfig{ID: i + 1, Addr: cfg.Addr, URL: cfg.URL, Accepted: cfg.Accepted, Rejected: cfg.Rejected,
-			Lock: cfg.Lock, TTL: cfg.TTL, WritesPerTenure: cfg.WritesPerTenure, Spacing: cfg.Spacing}
+			Lock: cfg.Lock, TTL: cfg.TTL, WritesPerTenure: cfg.WritesPerTenure, Spacing: cfg.Spacing,
+			DSN: cfg.DSN, Driver: cfg.Driver, Table: cfg.Table, GuardTable: cfg.GuardTable, Unguarded: cfg.Unguarded}
 		b, _ := json.Marshal(wc)
 		cmd := exec.CommandContext(runCtx, cfg.WriterCommand[0], cfg.WriterCommand[1:]...)
 		cmd.Env = append(os.Environ(), writerEnv+"="+string(b))
@@ -310,5 +354,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r := check(history)
 	r.Seed, r.Pauses, r.Lock, r.Writers, r.Grants = cfg.Seed, pauses, cfg.Lock, cfg.Writers, grants
 	r.WriterErrors = fatal
+	r.Target = cfg.target()
 	return r, nil
+}
+
+// target describes the resource for the report.
+func (c Config) target() string {
+	if c.DSN == "" {
+		return c.URL
+	}
+	guard := "behind the fence.SQL guard (" + c.GuardTable + ")"
+	if c.Unguarded {
+		guard = "without the guard"
+	}
+	return fmt.Sprintf("%s table %s, %s", c.Driver, c.Table, guard)
 }

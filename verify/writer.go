@@ -34,6 +34,15 @@ func WriterMain() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	w := &writer{cfg: cfg, http: &http.Client{Timeout: 10 * cfg.TTL}, out: json.NewEncoder(os.Stdout)}
+	if cfg.DSN != "" {
+		t, err := newSQLTarget(ctx, cfg)
+		if err != nil {
+			w.emit(event{Ev: "fatal", Detail: err.Error()})
+			return 1
+		}
+		defer func() { _ = t.db.Close() }()
+		w.sql = t
+	}
 	if err := w.run(ctx); err != nil {
 		w.emit(event{Ev: "fatal", Detail: err.Error()})
 		return 1
@@ -44,6 +53,7 @@ func WriterMain() int {
 type writer struct {
 	cfg  writerConfig
 	http *http.Client
+	sql  *sqlTarget // the SQL target; nil: HTTP
 	mu   sync.Mutex // guards out
 	out  *json.Encoder
 }
@@ -99,6 +109,10 @@ func (w *writer) run(ctx context.Context) error {
 
 // write sends one fenced write and records it.
 func (w *writer) write(ctx context.Context, token uint64, seq int) {
+	if w.sql != nil {
+		w.writeSQL(ctx, token, seq)
+		return
+	}
 	body, _ := json.Marshal(map[string]any{"writer": w.cfg.ID, "seq": seq, "token": token})
 	e := event{Ev: "write", Token: token, Seq: seq}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.cfg.URL, bytes.NewReader(body))

@@ -61,6 +61,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"server", "--no-such-flag"}, "--no-such-flag"},
 		{[]string{"server", "--peer", "a,b"}, "--peer"},
 		{[]string{"verify"}, "--url"},
+		{[]string{"verify", "--dsn", "file:x.db"}, "--table"},
+		{[]string{"verify", "--url", "http://x", "--create"}, "need --dsn"},
+		{[]string{"verify", "--dsn", "mysql://x", "--table", "t"}, "Driver"},
+		{[]string{"verify", "--dsn", "file:x.db", "--table", "t;drop"}, "table name"},
 		{[]string{"completion", "tcsh"}, "tcsh"},
 	} {
 		code, _, stderr := cli(t, tc.args...)

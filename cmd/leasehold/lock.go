@@ -35,7 +35,7 @@ func newLockCmd() *cobra.Command {
 		addr              string
 		class, wait, note *string
 		ttl, delay        *time.Duration
-		shared            *bool
+		shared, rod       *bool
 		limit             *int
 	}
 	cmd := &cobra.Command{
@@ -45,6 +45,8 @@ func newLockCmd() *cobra.Command {
 LEASEHOLD_LOCK in its environment, runs in its own process group, and receives the
 signals leasehold gets. Several names are one lock set: all at once, one token.
 --shared holds the lock shared (a reader), --limit N one of N slots of a semaphore.
+--release-on-disconnect binds the lease to leasehold's connection: if leasehold dies or
+is cut off, the server frees the lock at once (G7), not after the TTL.
 Flags may come before or after the names; everything after -- is CMD's, untouched.
 
 If the lock is lost while CMD runs, CMD's process group is killed (SIGKILL) and
@@ -63,6 +65,9 @@ Exit 75: the lock was held for the whole --wait.`,
 				return err
 			}
 			opts = append(opts, client.LockTTL(*f.ttl), client.WithNote(*f.note), client.LockDelay(*f.delay))
+			if *f.rod {
+				opts = append(opts, client.ReleaseOnDisconnect)
+			}
 			return exitWith(lockAndRun(f.addr, *f.ttl, names, argv, opts))
 		},
 	}
@@ -75,6 +80,7 @@ Exit 75: the lock was held for the whole --wait.`,
 	f.delay = fs.Duration("lock-delay", 0, "after an expiry (not a clean release), keep the lock free of new holders this long")
 	f.shared = fs.Bool("shared", false, "hold the lock shared (a reader): with other shared holders, never with an exclusive one")
 	f.limit = fs.Int("limit", 0, "hold one of N slots of a semaphore of N (1 to 10000); every holder must give the same N")
+	f.rod = fs.Bool("release-on-disconnect", false, "bind the lease to this process's connection: if it dies or is cut off, the server frees the lock at once, not after the TTL")
 	completeFlag(cmd, "class", "correctness", "efficiency")
 	completeFlag(cmd, "wait", "forever", "0", "10s", "1m")
 	return cmd

@@ -3,6 +3,9 @@
 //	leasehold server                 run a node (single node, data in ./leasehold-data)
 //	leasehold lock NAME... -- CMD... run CMD while holding lock NAME (several: a lock set)
 //	leasehold once KEY -- CMD...     run CMD at most once per KEY
+//	leasehold elect NAME -- CMD...   run CMD while leading election NAME
+//	leasehold leader NAME            who leads election NAME
+//	leasehold observe NAME           every change of leader of election NAME
 //	leasehold locks [PREFIX]         list locks
 //	leasehold watch [PREFIX]         stream lock events as they happen
 //	leasehold history NAME           a lock's last tenures
@@ -105,7 +108,7 @@ Clients reach the server with --addr HOST:PORT or LEASEHOLD_ADDR (TLS: --cacert,
 --key or LEASEHOLD_CACERT, LEASEHOLD_CERT, LEASEHOLD_KEY; a token: --auth-token-file or
 LEASEHOLD_AUTH_TOKEN). Listings and status take --output json (-o json).
 
-Exit codes: CMD's own code from 'lock' and 'once' (for a done key: the stored one);
+Exit codes: CMD's own code from 'lock', 'elect' and 'once' (for a done key: the stored one);
 1 error; 64 usage; 69 server unreachable; 75 lock not obtained, or the key's CMD runs
 elsewhere; 76 lock or key lost while CMD ran (CMD's process group was killed).`,
 		Version:       version,
@@ -120,6 +123,9 @@ elsewhere; 76 lock or key lost while CMD ran (CMD's process group was killed).`,
 		newServerCmd(),
 		newLockCmd(),
 		newOnceCmd(),
+		newElectCmd(),
+		newLeaderCmd(),
+		newObserveCmd(),
 		newLocksCmd(),
 		newWatchCmd(),
 		newHistoryCmd(),

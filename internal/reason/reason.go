@@ -19,8 +19,10 @@ const (
 	LeaseUnknown = "lease_unknown" // never existed, or ended so long ago nobody remembers
 	LeaseExpired = "lease_expired"
 	LeaseRevoked = "lease_revoked"
-	NoSuchMember = "no_such_member"
-	GroupUnknown = "group_unknown"
+	// LeaseDisconnected: a release-on-disconnect lease (G7) whose connection ended.
+	LeaseDisconnected = "lease_disconnected"
+	NoSuchMember      = "no_such_member"
+	GroupUnknown      = "group_unknown"
 
 	// FailedPrecondition.
 	StaleToken      = "stale_token"
@@ -46,7 +48,8 @@ const (
 	LimitKeys          = "limit_idempotency_keys"
 	LimitGroups        = "limit_groups"
 	LimitGroupMembers  = "limit_group_members"
-	Quota              = "quota" // an identity's quota (auth); the message says which
+	Quota              = "quota"            // an identity's quota (auth); the message says which
+	ObserverLagging    = "observer_lagging" // an Observe stream fell too far behind
 
 	// AlreadyExists.
 	LeaseExists  = "lease_exists"

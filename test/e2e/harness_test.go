@@ -207,7 +207,8 @@ type Proc struct {
 	t     testing.TB
 	p     *proc.Process
 	bin   string
-	Lines chan Line // stdout lines; closed at EOF
+	Lines chan Line     // stdout lines; closed at EOF
+	eof   chan struct{} // closed when stdout has been read to its end
 
 	stderrPath string
 
@@ -220,7 +221,7 @@ type Proc struct {
 // inherited them.
 func StartProc(t testing.TB, bin string, args ...string) *Proc {
 	t.Helper()
-	p := &Proc{t: t, bin: filepath.Base(bin), Lines: make(chan Line, 4096)}
+	p := &Proc{t: t, bin: filepath.Base(bin), Lines: make(chan Line, 4096), eof: make(chan struct{})}
 	p.stderrPath = filepath.Join(t.TempDir(), "stderr")
 	errf, err := os.Create(p.stderrPath)
 	if err != nil {
@@ -238,6 +239,7 @@ func StartProc(t testing.TB, bin string, args ...string) *Proc {
 		t.Fatal(err)
 	}
 	go func() {
+		defer close(p.eof)
 		defer close(p.Lines)
 		defer pr.Close()
 		sc := bufio.NewScanner(pr)
@@ -286,6 +288,13 @@ func (p *Proc) Wait(timeout time.Duration) int {
 	p.t.Helper()
 	if err := p.p.Wait(timeout); err != nil {
 		p.t.Fatalf("pid %d (%s) did not exit within %v", p.Pid(), p.bin, timeout)
+	}
+	// Let Stdout() hold the last lines the process wrote: the pipe is read by another
+	// goroutine, which may still be behind. A grandchild that inherited the pipe can
+	// keep it open, so this waits a moment, not for EOF at any cost.
+	select {
+	case <-p.eof:
+	case <-time.After(2 * time.Second):
 	}
 	return p.p.ExitCode()
 }

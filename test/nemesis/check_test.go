@@ -355,6 +355,8 @@ func causeName(err error) string {
 		{client.ErrReleasedByOperator, "released by operator"},
 		{client.ErrStateLost, "state lost"},
 		{client.ErrLockLost, "release failed"},
+		{client.ErrUnlockUnconfirmed, "unlock unconfirmed"},
+		{client.ErrDisconnected, "disconnected"},
 	} {
 		if errors.Is(err, c.err) {
 			return c.name

@@ -185,7 +185,22 @@ func (l *netLab) IsolatePeers(i int, n int) error {
 	return runInput(10*time.Second, rules, "ip", "netns", "exec", l.nodes[i], "nft", "-f", "-")
 }
 
-// Heal undoes both kinds of isolation of node i (it is fine to call it when node i is
+// IsolateClients drops every packet between node i and the test process (the clients,
+// at the host's address of the lab); its peers still reach it.
+func (l *netLab) IsolateClients(i int) error {
+	if !l.nft {
+		return errors.New("nftables is not usable inside the namespaces")
+	}
+	host := l.prefix + ".1"
+	rules := fmt.Sprintf(`table inet lhpart {
+	chain in { type filter hook input priority 0; policy accept; ip saddr %s drop; }
+	chain out { type filter hook output priority 0; policy accept; ip daddr %s drop; }
+}
+`, host, host)
+	return runInput(10*time.Second, rules, "ip", "netns", "exec", l.nodes[i], "nft", "-f", "-")
+}
+
+// Heal undoes every kind of isolation of node i (it is fine to call it when node i is
 // not isolated).
 func (l *netLab) Heal(i int) error {
 	var errs []error

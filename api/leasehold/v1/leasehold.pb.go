@@ -233,6 +233,8 @@ const (
 	TenureEnd_TENURE_END_REVOKED TenureEnd = 3
 	// An operator force-released it; `reason` says who and why.
 	TenureEnd_TENURE_END_FORCE_RELEASED TenureEnd = 4
+	// Its lease was bound to a connection that ended (release on disconnect, G7).
+	TenureEnd_TENURE_END_DISCONNECTED TenureEnd = 5
 )
 
 // Enum value maps for TenureEnd.
@@ -243,6 +245,7 @@ var (
 		2: "TENURE_END_EXPIRED",
 		3: "TENURE_END_REVOKED",
 		4: "TENURE_END_FORCE_RELEASED",
+		5: "TENURE_END_DISCONNECTED",
 	}
 	TenureEnd_value = map[string]int32{
 		"TENURE_END_UNSPECIFIED":    0,
@@ -250,6 +253,7 @@ var (
 		"TENURE_END_EXPIRED":        2,
 		"TENURE_END_REVOKED":        3,
 		"TENURE_END_FORCE_RELEASED": 4,
+		"TENURE_END_DISCONNECTED":   5,
 	}
 )
 
@@ -303,6 +307,9 @@ const (
 	// A new leader serves efficiency locks, in epoch `epoch`, from an empty table: every
 	// efficiency lock of an earlier epoch is gone.
 	EventKind_EVENT_KIND_EPOCH EventKind = 8
+	// The hold ended because its lease was bound to a connection that ended (release on
+	// disconnect, G7).
+	EventKind_EVENT_KIND_DISCONNECTED EventKind = 9
 )
 
 // Enum value maps for EventKind.
@@ -317,6 +324,7 @@ var (
 		6: "EVENT_KIND_QUEUED",
 		7: "EVENT_KIND_WAIT_ENDED",
 		8: "EVENT_KIND_EPOCH",
+		9: "EVENT_KIND_DISCONNECTED",
 	}
 	EventKind_value = map[string]int32{
 		"EVENT_KIND_UNSPECIFIED":    0,
@@ -328,6 +336,7 @@ var (
 		"EVENT_KIND_QUEUED":         6,
 		"EVENT_KIND_WAIT_ENDED":     7,
 		"EVENT_KIND_EPOCH":          8,
+		"EVENT_KIND_DISCONNECTED":   9,
 	}
 )
 
@@ -760,19 +769,120 @@ func (x *HeldBy) GetSinceUnixMs() int64 {
 	return 0
 }
 
-type GrantRequest struct {
+type BindRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Lease time to live in milliseconds. 0 means the server default (10 000). Bounds: the
-	// server's minimum and maximum (by default 100 to 3 600 000); outside them is
-	// InvalidArgument.
+	// The lease to bind (32 hex characters).
+	LeaseId       string `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BindRequest) Reset() {
+	*x = BindRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BindRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BindRequest) ProtoMessage() {}
+
+func (x *BindRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BindRequest.ProtoReflect.Descriptor instead.
+func (*BindRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *BindRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type BindResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lease's TTL in milliseconds.
 	TtlMs         int64 `protobuf:"varint,1,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
+func (x *BindResponse) Reset() {
+	*x = BindResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BindResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BindResponse) ProtoMessage() {}
+
+func (x *BindResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BindResponse.ProtoReflect.Descriptor instead.
+func (*BindResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *BindResponse) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+type GrantRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Lease time to live in milliseconds. 0 means the server default (10 000). Bounds: the
+	// server's minimum and maximum (by default 100 to 3 600 000); outside them is
+	// InvalidArgument.
+	TtlMs int64 `protobuf:"varint,1,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	// Release on disconnect (G7): bind the lease to the fast-lane connection this Grant
+	// arrives on. When the node holding that connection sees it end (the client process
+	// died, the connection broke, or nothing arrived on it for the server's
+	// bound_idle_timeout, 5 s by default), it revokes the lease at once, through the log
+	// (ending reason "disconnected"); otherwise the TTL applies as always. The binding is
+	// kept by the node the connection is to, so a leader change elsewhere does not end
+	// it. A client must send something at least every second or two on such a connection
+	// (a cancel of request 0 will do, docs/PROTOCOL.md) and treat the connection's end as
+	// the loss of the lease. Over Connect (no fast-lane connection) it is
+	// InvalidArgument: grant the lease without it and bind it with LeaseService.Bind.
+	ReleaseOnDisconnect bool `protobuf:"varint,2,opt,name=release_on_disconnect,json=releaseOnDisconnect,proto3" json:"release_on_disconnect,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
 func (x *GrantRequest) Reset() {
 	*x = GrantRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -784,7 +894,7 @@ func (x *GrantRequest) String() string {
 func (*GrantRequest) ProtoMessage() {}
 
 func (x *GrantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[4]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -797,7 +907,7 @@ func (x *GrantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRequest.ProtoReflect.Descriptor instead.
 func (*GrantRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{4}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GrantRequest) GetTtlMs() int64 {
@@ -805,6 +915,13 @@ func (x *GrantRequest) GetTtlMs() int64 {
 		return x.TtlMs
 	}
 	return 0
+}
+
+func (x *GrantRequest) GetReleaseOnDisconnect() bool {
+	if x != nil {
+		return x.ReleaseOnDisconnect
+	}
+	return false
 }
 
 type GrantResponse struct {
@@ -820,7 +937,7 @@ type GrantResponse struct {
 
 func (x *GrantResponse) Reset() {
 	*x = GrantResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -832,7 +949,7 @@ func (x *GrantResponse) String() string {
 func (*GrantResponse) ProtoMessage() {}
 
 func (x *GrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[5]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -845,7 +962,7 @@ func (x *GrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantResponse.ProtoReflect.Descriptor instead.
 func (*GrantResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{5}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GrantResponse) GetLeaseId() string {
@@ -872,7 +989,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -884,7 +1001,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[6]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -897,7 +1014,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{6}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *KeepAliveRequest) GetLeaseId() string {
@@ -929,7 +1046,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -941,7 +1058,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[7]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -954,7 +1071,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{7}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *KeepAliveResponse) GetTtlMs() int64 {
@@ -991,7 +1108,7 @@ type LostLock struct {
 
 func (x *LostLock) Reset() {
 	*x = LostLock{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1120,7 @@ func (x *LostLock) String() string {
 func (*LostLock) ProtoMessage() {}
 
 func (x *LostLock) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[8]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1133,7 @@ func (x *LostLock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LostLock.ProtoReflect.Descriptor instead.
 func (*LostLock) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{8}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LostLock) GetName() string {
@@ -1043,14 +1160,18 @@ func (x *LostLock) GetReason() string {
 type RevokeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The lease to end (32 hex characters).
-	LeaseId       string `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseId string `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The revoke is a release on disconnect (G7): the lease ends with reason
+	// "disconnected" rather than "revoked". Nodes set it when they forward the revoke of
+	// a lease whose connection ended to the leader.
+	Disconnected  bool `protobuf:"varint,2,opt,name=disconnected,proto3" json:"disconnected,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RevokeRequest) Reset() {
 	*x = RevokeRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1062,7 +1183,7 @@ func (x *RevokeRequest) String() string {
 func (*RevokeRequest) ProtoMessage() {}
 
 func (x *RevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[9]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1075,7 +1196,7 @@ func (x *RevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeRequest.ProtoReflect.Descriptor instead.
 func (*RevokeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{9}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RevokeRequest) GetLeaseId() string {
@@ -1083,6 +1204,13 @@ func (x *RevokeRequest) GetLeaseId() string {
 		return x.LeaseId
 	}
 	return ""
+}
+
+func (x *RevokeRequest) GetDisconnected() bool {
+	if x != nil {
+		return x.Disconnected
+	}
+	return false
 }
 
 type RevokeResponse struct {
@@ -1093,7 +1221,7 @@ type RevokeResponse struct {
 
 func (x *RevokeResponse) Reset() {
 	*x = RevokeResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1233,7 @@ func (x *RevokeResponse) String() string {
 func (*RevokeResponse) ProtoMessage() {}
 
 func (x *RevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[10]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1246,7 @@ func (x *RevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeResponse.ProtoReflect.Descriptor instead.
 func (*RevokeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{10}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{12}
 }
 
 type HistoryRequest struct {
@@ -1131,7 +1259,7 @@ type HistoryRequest struct {
 
 func (x *HistoryRequest) Reset() {
 	*x = HistoryRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1271,7 @@ func (x *HistoryRequest) String() string {
 func (*HistoryRequest) ProtoMessage() {}
 
 func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[11]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1284,7 @@ func (x *HistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryRequest.ProtoReflect.Descriptor instead.
 func (*HistoryRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{11}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HistoryRequest) GetName() string {
@@ -1175,7 +1303,7 @@ type HistoryResponse struct {
 
 func (x *HistoryResponse) Reset() {
 	*x = HistoryResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1315,7 @@ func (x *HistoryResponse) String() string {
 func (*HistoryResponse) ProtoMessage() {}
 
 func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[12]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1328,7 @@ func (x *HistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistoryResponse.ProtoReflect.Descriptor instead.
 func (*HistoryResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{12}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HistoryResponse) GetTenures() []*Tenure {
@@ -1229,7 +1357,7 @@ type Tenure struct {
 
 func (x *Tenure) Reset() {
 	*x = Tenure{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1369,7 @@ func (x *Tenure) String() string {
 func (*Tenure) ProtoMessage() {}
 
 func (x *Tenure) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[13]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1382,7 @@ func (x *Tenure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tenure.ProtoReflect.Descriptor instead.
 func (*Tenure) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{13}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Tenure) GetToken() uint64 {
@@ -1321,7 +1449,7 @@ type Revision struct {
 
 func (x *Revision) Reset() {
 	*x = Revision{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1461,7 @@ func (x *Revision) String() string {
 func (*Revision) ProtoMessage() {}
 
 func (x *Revision) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[14]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1474,7 @@ func (x *Revision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revision.ProtoReflect.Descriptor instead.
 func (*Revision) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{14}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Revision) GetIndex() uint64 {
@@ -1376,7 +1504,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1388,7 +1516,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[15]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1401,7 +1529,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{15}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -1430,7 +1558,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1442,7 +1570,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[16]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1455,7 +1583,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{16}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WatchResponse) GetEvents() []*WatchEvent {
@@ -1495,7 +1623,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1507,7 +1635,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[17]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1520,7 +1648,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{17}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchEvent) GetRevision() *Revision {
@@ -1646,7 +1774,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1786,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[18]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1799,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{18}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AcquireRequest) GetName() string {
@@ -1755,7 +1883,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1767,7 +1895,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[19]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1780,7 +1908,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{19}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AcquireResponse) GetToken() uint64 {
@@ -1818,7 +1946,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1830,7 +1958,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[20]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1843,7 +1971,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{20}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReleaseRequest) GetName() string {
@@ -1875,7 +2003,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1887,7 +2015,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[21]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1900,7 +2028,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{21}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
 }
 
 type DescribeRequest struct {
@@ -1912,7 +2040,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1924,7 +2052,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[22]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1937,7 +2065,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{22}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DescribeRequest) GetName() string {
@@ -1956,7 +2084,7 @@ type DescribeResponse struct {
 
 func (x *DescribeResponse) Reset() {
 	*x = DescribeResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1968,7 +2096,7 @@ func (x *DescribeResponse) String() string {
 func (*DescribeResponse) ProtoMessage() {}
 
 func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[23]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1981,7 +2109,7 @@ func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
 func (*DescribeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{23}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DescribeResponse) GetLock() *LockInfo {
@@ -2003,7 +2131,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2015,7 +2143,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[24]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2028,7 +2156,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{24}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -2056,7 +2184,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2196,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[25]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2209,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{25}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListResponse) GetLocks() []*LockInfo {
@@ -2132,7 +2260,7 @@ type LockInfo struct {
 
 func (x *LockInfo) Reset() {
 	*x = LockInfo{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2144,7 +2272,7 @@ func (x *LockInfo) String() string {
 func (*LockInfo) ProtoMessage() {}
 
 func (x *LockInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[26]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2157,7 +2285,7 @@ func (x *LockInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockInfo.ProtoReflect.Descriptor instead.
 func (*LockInfo) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{26}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *LockInfo) GetName() string {
@@ -2260,7 +2388,7 @@ type LockHolder struct {
 
 func (x *LockHolder) Reset() {
 	*x = LockHolder{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2272,7 +2400,7 @@ func (x *LockHolder) String() string {
 func (*LockHolder) ProtoMessage() {}
 
 func (x *LockHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[27]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2285,7 +2413,7 @@ func (x *LockHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHolder.ProtoReflect.Descriptor instead.
 func (*LockHolder) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{27}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *LockHolder) GetToken() uint64 {
@@ -2327,7 +2455,7 @@ type ForceReleaseRequest struct {
 
 func (x *ForceReleaseRequest) Reset() {
 	*x = ForceReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2339,7 +2467,7 @@ func (x *ForceReleaseRequest) String() string {
 func (*ForceReleaseRequest) ProtoMessage() {}
 
 func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[28]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2352,7 +2480,7 @@ func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{28}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForceReleaseRequest) GetName() string {
@@ -2381,7 +2509,7 @@ type ForceReleaseResponse struct {
 
 func (x *ForceReleaseResponse) Reset() {
 	*x = ForceReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2393,7 +2521,7 @@ func (x *ForceReleaseResponse) String() string {
 func (*ForceReleaseResponse) ProtoMessage() {}
 
 func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[29]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2406,7 +2534,7 @@ func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{29}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ForceReleaseResponse) GetReleasedToken() uint64 {
@@ -2433,7 +2561,7 @@ type CheckTokenRequest struct {
 
 func (x *CheckTokenRequest) Reset() {
 	*x = CheckTokenRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2445,7 +2573,7 @@ func (x *CheckTokenRequest) String() string {
 func (*CheckTokenRequest) ProtoMessage() {}
 
 func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[30]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2458,7 +2586,7 @@ func (x *CheckTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenRequest.ProtoReflect.Descriptor instead.
 func (*CheckTokenRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{30}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CheckTokenRequest) GetName() string {
@@ -2487,7 +2615,7 @@ type CheckTokenResponse struct {
 
 func (x *CheckTokenResponse) Reset() {
 	*x = CheckTokenResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2499,7 +2627,7 @@ func (x *CheckTokenResponse) String() string {
 func (*CheckTokenResponse) ProtoMessage() {}
 
 func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[31]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2512,7 +2640,7 @@ func (x *CheckTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckTokenResponse.ProtoReflect.Descriptor instead.
 func (*CheckTokenResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{31}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CheckTokenResponse) GetCurrent() bool {
@@ -2545,7 +2673,7 @@ type Fence struct {
 
 func (x *Fence) Reset() {
 	*x = Fence{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2557,7 +2685,7 @@ func (x *Fence) String() string {
 func (*Fence) ProtoMessage() {}
 
 func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[32]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2570,7 +2698,7 @@ func (x *Fence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fence.ProtoReflect.Descriptor instead.
 func (*Fence) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{32}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Fence) GetLock() string {
@@ -2607,7 +2735,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2619,7 +2747,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[33]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2632,7 +2760,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{33}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -2666,7 +2794,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2678,7 +2806,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[34]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2691,7 +2819,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{34}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -2744,7 +2872,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2756,7 +2884,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[35]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2769,7 +2897,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{35}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -2810,7 +2938,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2822,7 +2950,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[36]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2835,7 +2963,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{36}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PutResponse) GetVersion() uint64 {
@@ -2856,7 +2984,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2868,7 +2996,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[37]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2881,7 +3009,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{37}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeleteRequest) GetKey() string {
@@ -2915,7 +3043,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2927,7 +3055,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[38]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2940,7 +3068,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{38}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -2963,7 +3091,7 @@ type KVServiceListRequest struct {
 
 func (x *KVServiceListRequest) Reset() {
 	*x = KVServiceListRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2975,7 +3103,7 @@ func (x *KVServiceListRequest) String() string {
 func (*KVServiceListRequest) ProtoMessage() {}
 
 func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[39]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2988,7 +3116,7 @@ func (x *KVServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListRequest.ProtoReflect.Descriptor instead.
 func (*KVServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{39}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *KVServiceListRequest) GetPrefix() string {
@@ -3022,7 +3150,7 @@ type KVServiceListResponse struct {
 
 func (x *KVServiceListResponse) Reset() {
 	*x = KVServiceListResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3034,7 +3162,7 @@ func (x *KVServiceListResponse) String() string {
 func (*KVServiceListResponse) ProtoMessage() {}
 
 func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[40]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3047,7 +3175,7 @@ func (x *KVServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVServiceListResponse.ProtoReflect.Descriptor instead.
 func (*KVServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{40}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *KVServiceListResponse) GetItems() []*KeyValue {
@@ -3076,7 +3204,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3088,7 +3216,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[41]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3101,7 +3229,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{41}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -3146,7 +3274,7 @@ type BeginRequest struct {
 
 func (x *BeginRequest) Reset() {
 	*x = BeginRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3158,7 +3286,7 @@ func (x *BeginRequest) String() string {
 func (*BeginRequest) ProtoMessage() {}
 
 func (x *BeginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[42]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3171,7 +3299,7 @@ func (x *BeginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginRequest.ProtoReflect.Descriptor instead.
 func (*BeginRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{42}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *BeginRequest) GetKey() string {
@@ -3211,7 +3339,7 @@ type BeginResponse struct {
 
 func (x *BeginResponse) Reset() {
 	*x = BeginResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3223,7 +3351,7 @@ func (x *BeginResponse) String() string {
 func (*BeginResponse) ProtoMessage() {}
 
 func (x *BeginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[43]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3236,7 +3364,7 @@ func (x *BeginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginResponse.ProtoReflect.Descriptor instead.
 func (*BeginResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{43}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *BeginResponse) GetStatus() KeyStatus {
@@ -3280,7 +3408,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3292,7 +3420,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[44]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3305,7 +3433,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{44}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CompleteRequest) GetKey() string {
@@ -3337,7 +3465,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3349,7 +3477,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[45]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3362,7 +3490,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{45}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
 }
 
 type AbandonRequest struct {
@@ -3375,7 +3503,7 @@ type AbandonRequest struct {
 
 func (x *AbandonRequest) Reset() {
 	*x = AbandonRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3387,7 +3515,7 @@ func (x *AbandonRequest) String() string {
 func (*AbandonRequest) ProtoMessage() {}
 
 func (x *AbandonRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[46]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3400,7 +3528,7 @@ func (x *AbandonRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbandonRequest.ProtoReflect.Descriptor instead.
 func (*AbandonRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{46}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AbandonRequest) GetKey() string {
@@ -3425,7 +3553,7 @@ type AbandonResponse struct {
 
 func (x *AbandonResponse) Reset() {
 	*x = AbandonResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3437,7 +3565,7 @@ func (x *AbandonResponse) String() string {
 func (*AbandonResponse) ProtoMessage() {}
 
 func (x *AbandonResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[47]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3450,7 +3578,7 @@ func (x *AbandonResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbandonResponse.ProtoReflect.Descriptor instead.
 func (*AbandonResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{47}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
 }
 
 type IdempotencyServiceGetRequest struct {
@@ -3462,7 +3590,7 @@ type IdempotencyServiceGetRequest struct {
 
 func (x *IdempotencyServiceGetRequest) Reset() {
 	*x = IdempotencyServiceGetRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3474,7 +3602,7 @@ func (x *IdempotencyServiceGetRequest) String() string {
 func (*IdempotencyServiceGetRequest) ProtoMessage() {}
 
 func (x *IdempotencyServiceGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[48]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3487,7 +3615,7 @@ func (x *IdempotencyServiceGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyServiceGetRequest.ProtoReflect.Descriptor instead.
 func (*IdempotencyServiceGetRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{48}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *IdempotencyServiceGetRequest) GetKey() string {
@@ -3510,7 +3638,7 @@ type IdempotencyServiceGetResponse struct {
 
 func (x *IdempotencyServiceGetResponse) Reset() {
 	*x = IdempotencyServiceGetResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3522,7 +3650,7 @@ func (x *IdempotencyServiceGetResponse) String() string {
 func (*IdempotencyServiceGetResponse) ProtoMessage() {}
 
 func (x *IdempotencyServiceGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[49]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3535,7 +3663,7 @@ func (x *IdempotencyServiceGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyServiceGetResponse.ProtoReflect.Descriptor instead.
 func (*IdempotencyServiceGetResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{49}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *IdempotencyServiceGetResponse) GetStatus() KeyStatus {
@@ -3582,7 +3710,7 @@ type GroupServiceCreateRequest struct {
 
 func (x *GroupServiceCreateRequest) Reset() {
 	*x = GroupServiceCreateRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3594,7 +3722,7 @@ func (x *GroupServiceCreateRequest) String() string {
 func (*GroupServiceCreateRequest) ProtoMessage() {}
 
 func (x *GroupServiceCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[50]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3607,7 +3735,7 @@ func (x *GroupServiceCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceCreateRequest.ProtoReflect.Descriptor instead.
 func (*GroupServiceCreateRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{50}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *GroupServiceCreateRequest) GetGroup() string {
@@ -3639,7 +3767,7 @@ type GroupServiceCreateResponse struct {
 
 func (x *GroupServiceCreateResponse) Reset() {
 	*x = GroupServiceCreateResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3651,7 +3779,7 @@ func (x *GroupServiceCreateResponse) String() string {
 func (*GroupServiceCreateResponse) ProtoMessage() {}
 
 func (x *GroupServiceCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[51]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3664,7 +3792,7 @@ func (x *GroupServiceCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceCreateResponse.ProtoReflect.Descriptor instead.
 func (*GroupServiceCreateResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{51}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
 }
 
 type JoinRequest struct {
@@ -3683,7 +3811,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3695,7 +3823,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[52]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3708,7 +3836,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{52}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *JoinRequest) GetGroup() string {
@@ -3748,7 +3876,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3760,7 +3888,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[53]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3773,7 +3901,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{53}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *JoinResponse) GetAssignments() []*Assignment {
@@ -3797,7 +3925,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3809,7 +3937,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[54]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3822,7 +3950,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{54}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Assignment) GetPartition() uint32 {
@@ -3857,7 +3985,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3869,7 +3997,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[55]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3882,7 +4010,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{55}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *LeaveRequest) GetGroup() string {
@@ -3914,7 +4042,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3926,7 +4054,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[56]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3939,7 +4067,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{56}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
 }
 
 type GroupServiceReleaseRequest struct {
@@ -3955,7 +4083,7 @@ type GroupServiceReleaseRequest struct {
 
 func (x *GroupServiceReleaseRequest) Reset() {
 	*x = GroupServiceReleaseRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3967,7 +4095,7 @@ func (x *GroupServiceReleaseRequest) String() string {
 func (*GroupServiceReleaseRequest) ProtoMessage() {}
 
 func (x *GroupServiceReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[57]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3980,7 +4108,7 @@ func (x *GroupServiceReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceReleaseRequest.ProtoReflect.Descriptor instead.
 func (*GroupServiceReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{57}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GroupServiceReleaseRequest) GetGroup() string {
@@ -4019,7 +4147,7 @@ type GroupServiceReleaseResponse struct {
 
 func (x *GroupServiceReleaseResponse) Reset() {
 	*x = GroupServiceReleaseResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4031,7 +4159,7 @@ func (x *GroupServiceReleaseResponse) String() string {
 func (*GroupServiceReleaseResponse) ProtoMessage() {}
 
 func (x *GroupServiceReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[58]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4044,7 +4172,7 @@ func (x *GroupServiceReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceReleaseResponse.ProtoReflect.Descriptor instead.
 func (*GroupServiceReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{58}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{60}
 }
 
 type GroupServiceStatusRequest struct {
@@ -4056,7 +4184,7 @@ type GroupServiceStatusRequest struct {
 
 func (x *GroupServiceStatusRequest) Reset() {
 	*x = GroupServiceStatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4068,7 +4196,7 @@ func (x *GroupServiceStatusRequest) String() string {
 func (*GroupServiceStatusRequest) ProtoMessage() {}
 
 func (x *GroupServiceStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[59]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4081,7 +4209,7 @@ func (x *GroupServiceStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceStatusRequest.ProtoReflect.Descriptor instead.
 func (*GroupServiceStatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{59}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GroupServiceStatusRequest) GetGroup() string {
@@ -4104,7 +4232,7 @@ type GroupServiceStatusResponse struct {
 
 func (x *GroupServiceStatusResponse) Reset() {
 	*x = GroupServiceStatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4116,7 +4244,7 @@ func (x *GroupServiceStatusResponse) String() string {
 func (*GroupServiceStatusResponse) ProtoMessage() {}
 
 func (x *GroupServiceStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[60]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4129,7 +4257,7 @@ func (x *GroupServiceStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServiceStatusResponse.ProtoReflect.Descriptor instead.
 func (*GroupServiceStatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{60}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *GroupServiceStatusResponse) GetGroup() string {
@@ -4172,7 +4300,7 @@ type GroupMember struct {
 
 func (x *GroupMember) Reset() {
 	*x = GroupMember{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4184,7 +4312,7 @@ func (x *GroupMember) String() string {
 func (*GroupMember) ProtoMessage() {}
 
 func (x *GroupMember) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[61]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4197,7 +4325,7 @@ func (x *GroupMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
 func (*GroupMember) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{61}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *GroupMember) GetName() string {
@@ -4235,7 +4363,7 @@ type PartitionOwner struct {
 
 func (x *PartitionOwner) Reset() {
 	*x = PartitionOwner{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4247,7 +4375,7 @@ func (x *PartitionOwner) String() string {
 func (*PartitionOwner) ProtoMessage() {}
 
 func (x *PartitionOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[62]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4260,7 +4388,7 @@ func (x *PartitionOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionOwner.ProtoReflect.Descriptor instead.
 func (*PartitionOwner) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{62}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PartitionOwner) GetPartition() uint32 {
@@ -4302,7 +4430,7 @@ type AssignmentsRequest struct {
 
 func (x *AssignmentsRequest) Reset() {
 	*x = AssignmentsRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4314,7 +4442,7 @@ func (x *AssignmentsRequest) String() string {
 func (*AssignmentsRequest) ProtoMessage() {}
 
 func (x *AssignmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[63]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4327,7 +4455,7 @@ func (x *AssignmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentsRequest.ProtoReflect.Descriptor instead.
 func (*AssignmentsRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{63}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *AssignmentsRequest) GetGroup() string {
@@ -4363,7 +4491,7 @@ type AssignmentsResponse struct {
 
 func (x *AssignmentsResponse) Reset() {
 	*x = AssignmentsResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4375,7 +4503,7 @@ func (x *AssignmentsResponse) String() string {
 func (*AssignmentsResponse) ProtoMessage() {}
 
 func (x *AssignmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[64]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4388,7 +4516,7 @@ func (x *AssignmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentsResponse.ProtoReflect.Descriptor instead.
 func (*AssignmentsResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{64}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *AssignmentsResponse) GetAssignments() []*Assignment {
@@ -4403,6 +4531,553 @@ func (x *AssignmentsResponse) GetDrainMs() int64 {
 		return x.DrainMs
 	}
 	return 0
+}
+
+type CampaignRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The election: 1 to 256 bytes of ASCII letters, digits and . _ - / : @ + (like lock names).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The candidate's lease (from LeaseService.Grant).
+	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The value the candidate proclaims once it leads (an address, say). At most 32 KiB.
+	Value []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	// Who campaigns, shown by Leader. Optional.
+	Holder        *Holder `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CampaignRequest) Reset() {
+	*x = CampaignRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CampaignRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CampaignRequest) ProtoMessage() {}
+
+func (x *CampaignRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CampaignRequest.ProtoReflect.Descriptor instead.
+func (*CampaignRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *CampaignRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CampaignRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *CampaignRequest) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *CampaignRequest) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+type CampaignResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The leadership's epoch: a token from the sequence; every later leadership of the
+	// election has a larger one.
+	Epoch         uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CampaignResponse) Reset() {
+	*x = CampaignResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CampaignResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CampaignResponse) ProtoMessage() {}
+
+func (x *CampaignResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CampaignResponse.ProtoReflect.Descriptor instead.
+func (*CampaignResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *CampaignResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+type ProclaimRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	LeaseId string                 `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The epoch Campaign answered.
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The new value. At most 32 KiB.
+	Value         []byte `protobuf:"bytes,4,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProclaimRequest) Reset() {
+	*x = ProclaimRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProclaimRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProclaimRequest) ProtoMessage() {}
+
+func (x *ProclaimRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProclaimRequest.ProtoReflect.Descriptor instead.
+func (*ProclaimRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *ProclaimRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ProclaimRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *ProclaimRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ProclaimRequest) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+type ProclaimResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProclaimResponse) Reset() {
+	*x = ProclaimResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProclaimResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProclaimResponse) ProtoMessage() {}
+
+func (x *ProclaimResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProclaimResponse.ProtoReflect.Descriptor instead.
+func (*ProclaimResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{70}
+}
+
+type LeaderRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaderRequest) Reset() {
+	*x = LeaderRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaderRequest) ProtoMessage() {}
+
+func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
+func (*LeaderRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *LeaderRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type LeaderResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when nobody leads; the other fields are then empty.
+	HasLeader     bool    `protobuf:"varint,1,opt,name=has_leader,json=hasLeader,proto3" json:"has_leader,omitempty"`
+	Epoch         uint64  `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Value         []byte  `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	Holder        *Holder `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaderResponse) Reset() {
+	*x = LeaderResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaderResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaderResponse) ProtoMessage() {}
+
+func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
+func (*LeaderResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *LeaderResponse) GetHasLeader() bool {
+	if x != nil {
+		return x.HasLeader
+	}
+	return false
+}
+
+func (x *LeaderResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *LeaderResponse) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *LeaderResponse) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+type ObserveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObserveRequest) Reset() {
+	*x = ObserveRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObserveRequest) ProtoMessage() {}
+
+func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObserveRequest.ProtoReflect.Descriptor instead.
+func (*ObserveRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *ObserveRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type ObserveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when nobody leads (from then on); epoch is then the leadership that ended
+	// (0 at the start of a stream when nobody leads).
+	HasLeader     bool    `protobuf:"varint,1,opt,name=has_leader,json=hasLeader,proto3" json:"has_leader,omitempty"`
+	Epoch         uint64  `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Value         []byte  `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	Holder        *Holder `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObserveResponse) Reset() {
+	*x = ObserveResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObserveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObserveResponse) ProtoMessage() {}
+
+func (x *ObserveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObserveResponse.ProtoReflect.Descriptor instead.
+func (*ObserveResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *ObserveResponse) GetHasLeader() bool {
+	if x != nil {
+		return x.HasLeader
+	}
+	return false
+}
+
+func (x *ObserveResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ObserveResponse) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *ObserveResponse) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+type ResignRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	LeaseId       string                 `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResignRequest) Reset() {
+	*x = ResignRequest{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResignRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResignRequest) ProtoMessage() {}
+
+func (x *ResignRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResignRequest.ProtoReflect.Descriptor instead.
+func (*ResignRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *ResignRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ResignRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *ResignRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+type ResignResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResignResponse) Reset() {
+	*x = ResignResponse{}
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResignResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResignResponse) ProtoMessage() {}
+
+func (x *ResignResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResignResponse.ProtoReflect.Descriptor instead.
+func (*ResignResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{76}
 }
 
 type Member struct {
@@ -4426,7 +5101,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4438,7 +5113,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[65]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4451,7 +5126,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{65}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *Member) GetNodeId() string {
@@ -4504,7 +5179,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4516,7 +5191,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[66]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4529,7 +5204,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{66}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{78}
 }
 
 type MembersResponse struct {
@@ -4541,7 +5216,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4553,7 +5228,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[67]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4566,7 +5241,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{67}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -4587,7 +5262,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4599,7 +5274,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[68]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4612,7 +5287,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{68}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *AddMemberRequest) GetNodeId() string {
@@ -4645,7 +5320,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4657,7 +5332,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[69]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4670,7 +5345,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{69}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *AddMemberResponse) GetMembers() []*Member {
@@ -4689,7 +5364,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4701,7 +5376,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[70]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4714,7 +5389,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{70}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RemoveMemberRequest) GetNodeId() string {
@@ -4733,7 +5408,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4745,7 +5420,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[71]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4758,7 +5433,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{71}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *RemoveMemberResponse) GetMembers() []*Member {
@@ -4776,7 +5451,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4788,7 +5463,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[72]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4801,7 +5476,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{72}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{84}
 }
 
 type StatusResponse struct {
@@ -4840,7 +5515,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4852,7 +5527,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[73]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4865,7 +5540,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{73}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -5001,7 +5676,7 @@ type FastLaneError struct {
 
 func (x *FastLaneError) Reset() {
 	*x = FastLaneError{}
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5013,7 +5688,7 @@ func (x *FastLaneError) String() string {
 func (*FastLaneError) ProtoMessage() {}
 
 func (x *FastLaneError) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_v1_leasehold_proto_msgTypes[74]
+	mi := &file_leasehold_v1_leasehold_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5026,7 +5701,7 @@ func (x *FastLaneError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastLaneError.ProtoReflect.Descriptor instead.
 func (*FastLaneError) Descriptor() ([]byte, []int) {
-	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{74}
+	return file_leasehold_v1_leasehold_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *FastLaneError) GetCode() uint32 {
@@ -5096,9 +5771,14 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06HeldBy\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x04R\x05token\x12,\n" +
 	"\x06holder\x18\x02 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12\"\n" +
-	"\rsince_unix_ms\x18\x03 \x01(\x03R\vsinceUnixMs\"%\n" +
+	"\rsince_unix_ms\x18\x03 \x01(\x03R\vsinceUnixMs\"(\n" +
+	"\vBindRequest\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\"%\n" +
+	"\fBindResponse\x12\x15\n" +
+	"\x06ttl_ms\x18\x01 \x01(\x03R\x05ttlMs\"Y\n" +
 	"\fGrantRequest\x12\x15\n" +
-	"\x06ttl_ms\x18\x01 \x01(\x03R\x05ttlMs\"A\n" +
+	"\x06ttl_ms\x18\x01 \x01(\x03R\x05ttlMs\x122\n" +
+	"\x15release_on_disconnect\x18\x02 \x01(\bR\x13releaseOnDisconnect\"A\n" +
 	"\rGrantResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\"-\n" +
@@ -5111,9 +5791,10 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\bLostLock\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"*\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"N\n" +
 	"\rRevokeRequest\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\tR\aleaseId\"\x10\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\"\n" +
+	"\fdisconnected\x18\x02 \x01(\bR\fdisconnected\"\x10\n" +
 	"\x0eRevokeResponse\"$\n" +
 	"\x0eHistoryRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"A\n" +
@@ -5338,7 +6019,41 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\blease_id\x18\x03 \x01(\tR\aleaseId\"l\n" +
 	"\x13AssignmentsResponse\x12:\n" +
 	"\vassignments\x18\x01 \x03(\v2\x18.leasehold.v1.AssignmentR\vassignments\x12\x19\n" +
-	"\bdrain_ms\x18\x02 \x01(\x03R\adrainMs\"\xb3\x01\n" +
+	"\bdrain_ms\x18\x02 \x01(\x03R\adrainMs\"\x84\x01\n" +
+	"\x0fCampaignRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\x12,\n" +
+	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\"(\n" +
+	"\x10CampaignResponse\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"l\n" +
+	"\x0fProclaimRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05value\x18\x04 \x01(\fR\x05value\"\x12\n" +
+	"\x10ProclaimResponse\"#\n" +
+	"\rLeaderRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x89\x01\n" +
+	"\x0eLeaderResponse\x12\x1d\n" +
+	"\n" +
+	"has_leader\x18\x01 \x01(\bR\thasLeader\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\x12,\n" +
+	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\"$\n" +
+	"\x0eObserveRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x8a\x01\n" +
+	"\x0fObserveResponse\x12\x1d\n" +
+	"\n" +
+	"has_leader\x18\x01 \x01(\bR\thasLeader\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\x12,\n" +
+	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\"T\n" +
+	"\rResignRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"\x10\n" +
+	"\x0eResignResponse\"\xb3\x01\n" +
 	"\x06Member\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +
@@ -5400,13 +6115,14 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x10HELD_REASON_HELD\x10\x01\x12\x1d\n" +
 	"\x19HELD_REASON_MODE_CONFLICT\x10\x02\x12\x1a\n" +
 	"\x16HELD_REASON_LOCK_DELAY\x10\x03\x12\x1d\n" +
-	"\x19HELD_REASON_WAITERS_AHEAD\x10\x04*\x8f\x01\n" +
+	"\x19HELD_REASON_WAITERS_AHEAD\x10\x04*\xac\x01\n" +
 	"\tTenureEnd\x12\x1a\n" +
 	"\x16TENURE_END_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13TENURE_END_RELEASED\x10\x01\x12\x16\n" +
 	"\x12TENURE_END_EXPIRED\x10\x02\x12\x16\n" +
 	"\x12TENURE_END_REVOKED\x10\x03\x12\x1d\n" +
-	"\x19TENURE_END_FORCE_RELEASED\x10\x04*\xf0\x01\n" +
+	"\x19TENURE_END_FORCE_RELEASED\x10\x04\x12\x1b\n" +
+	"\x17TENURE_END_DISCONNECTED\x10\x05*\x8d\x02\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13EVENT_KIND_ACQUIRED\x10\x01\x12\x17\n" +
@@ -5416,16 +6132,18 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x19EVENT_KIND_FORCE_RELEASED\x10\x05\x12\x15\n" +
 	"\x11EVENT_KIND_QUEUED\x10\x06\x12\x19\n" +
 	"\x15EVENT_KIND_WAIT_ENDED\x10\a\x12\x14\n" +
-	"\x10EVENT_KIND_EPOCH\x10\b*l\n" +
+	"\x10EVENT_KIND_EPOCH\x10\b\x12\x1b\n" +
+	"\x17EVENT_KIND_DISCONNECTED\x10\t*l\n" +
 	"\tKeyStatus\x12\x1a\n" +
 	"\x16KEY_STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eKEY_STATUS_NEW\x10\x01\x12\x1a\n" +
 	"\x16KEY_STATUS_IN_PROGRESS\x10\x02\x12\x13\n" +
-	"\x0fKEY_STATUS_DONE\x10\x032\xf5\x01\n" +
+	"\x0fKEY_STATUS_DONE\x10\x032\xb6\x02\n" +
 	"\fLeaseService\x12F\n" +
 	"\x05Grant\x12\x1a.leasehold.v1.GrantRequest\x1a\x1b.leasehold.v1.GrantResponse\"\x04\xb0\xe3\x18\x01\x12R\n" +
 	"\tKeepAlive\x12\x1e.leasehold.v1.KeepAliveRequest\x1a\x1f.leasehold.v1.KeepAliveResponse\"\x04\xb0\xe3\x18\x02\x12I\n" +
-	"\x06Revoke\x12\x1b.leasehold.v1.RevokeRequest\x1a\x1c.leasehold.v1.RevokeResponse\"\x04\xb0\xe3\x18\x032\xed\x04\n" +
+	"\x06Revoke\x12\x1b.leasehold.v1.RevokeRequest\x1a\x1c.leasehold.v1.RevokeResponse\"\x04\xb0\xe3\x18\x03\x12?\n" +
+	"\x04Bind\x12\x19.leasehold.v1.BindRequest\x1a\x1a.leasehold.v1.BindResponse0\x012\xed\x04\n" +
 	"\vLockService\x12L\n" +
 	"\aAcquire\x12\x1c.leasehold.v1.AcquireRequest\x1a\x1d.leasehold.v1.AcquireResponse\"\x04\xb0\xe3\x18\x04\x12L\n" +
 	"\aRelease\x12\x1c.leasehold.v1.ReleaseRequest\x1a\x1d.leasehold.v1.ReleaseResponse\"\x04\xb0\xe3\x18\x05\x12I\n" +
@@ -5453,7 +6171,13 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x05Leave\x12\x1a.leasehold.v1.LeaveRequest\x1a\x1b.leasehold.v1.LeaveResponse\x12^\n" +
 	"\aRelease\x12(.leasehold.v1.GroupServiceReleaseRequest\x1a).leasehold.v1.GroupServiceReleaseResponse\x12[\n" +
 	"\x06Status\x12'.leasehold.v1.GroupServiceStatusRequest\x1a(.leasehold.v1.GroupServiceStatusResponse\x12T\n" +
-	"\vAssignments\x12 .leasehold.v1.AssignmentsRequest\x1a!.leasehold.v1.AssignmentsResponse0\x012\xc2\x02\n" +
+	"\vAssignments\x12 .leasehold.v1.AssignmentsRequest\x1a!.leasehold.v1.AssignmentsResponse0\x012\xfb\x02\n" +
+	"\x0fElectionService\x12I\n" +
+	"\bCampaign\x12\x1d.leasehold.v1.CampaignRequest\x1a\x1e.leasehold.v1.CampaignResponse\x12I\n" +
+	"\bProclaim\x12\x1d.leasehold.v1.ProclaimRequest\x1a\x1e.leasehold.v1.ProclaimResponse\x12C\n" +
+	"\x06Leader\x12\x1b.leasehold.v1.LeaderRequest\x1a\x1c.leasehold.v1.LeaderResponse\x12H\n" +
+	"\aObserve\x12\x1c.leasehold.v1.ObserveRequest\x1a\x1d.leasehold.v1.ObserveResponse0\x01\x12C\n" +
+	"\x06Resign\x12\x1b.leasehold.v1.ResignRequest\x1a\x1c.leasehold.v1.ResignResponse2\xc2\x02\n" +
 	"\x0eClusterService\x12C\n" +
 	"\x06Status\x12\x1b.leasehold.v1.StatusRequest\x1a\x1c.leasehold.v1.StatusResponse\x12F\n" +
 	"\aMembers\x12\x1c.leasehold.v1.MembersRequest\x1a\x1d.leasehold.v1.MembersResponse\x12L\n" +
@@ -5474,7 +6198,7 @@ func file_leasehold_v1_leasehold_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_v1_leasehold_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 75)
+var file_leasehold_v1_leasehold_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
 var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(LockClass)(0),                        // 0: leasehold.v1.LockClass
 	(LockMode)(0),                         // 1: leasehold.v1.LockMode
@@ -5486,78 +6210,90 @@ var file_leasehold_v1_leasehold_proto_goTypes = []any{
 	(*ErrorDetail)(nil),                   // 7: leasehold.v1.ErrorDetail
 	(*HeldExplanation)(nil),               // 8: leasehold.v1.HeldExplanation
 	(*HeldBy)(nil),                        // 9: leasehold.v1.HeldBy
-	(*GrantRequest)(nil),                  // 10: leasehold.v1.GrantRequest
-	(*GrantResponse)(nil),                 // 11: leasehold.v1.GrantResponse
-	(*KeepAliveRequest)(nil),              // 12: leasehold.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),             // 13: leasehold.v1.KeepAliveResponse
-	(*LostLock)(nil),                      // 14: leasehold.v1.LostLock
-	(*RevokeRequest)(nil),                 // 15: leasehold.v1.RevokeRequest
-	(*RevokeResponse)(nil),                // 16: leasehold.v1.RevokeResponse
-	(*HistoryRequest)(nil),                // 17: leasehold.v1.HistoryRequest
-	(*HistoryResponse)(nil),               // 18: leasehold.v1.HistoryResponse
-	(*Tenure)(nil),                        // 19: leasehold.v1.Tenure
-	(*Revision)(nil),                      // 20: leasehold.v1.Revision
-	(*WatchRequest)(nil),                  // 21: leasehold.v1.WatchRequest
-	(*WatchResponse)(nil),                 // 22: leasehold.v1.WatchResponse
-	(*WatchEvent)(nil),                    // 23: leasehold.v1.WatchEvent
-	(*AcquireRequest)(nil),                // 24: leasehold.v1.AcquireRequest
-	(*AcquireResponse)(nil),               // 25: leasehold.v1.AcquireResponse
-	(*ReleaseRequest)(nil),                // 26: leasehold.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),               // 27: leasehold.v1.ReleaseResponse
-	(*DescribeRequest)(nil),               // 28: leasehold.v1.DescribeRequest
-	(*DescribeResponse)(nil),              // 29: leasehold.v1.DescribeResponse
-	(*ListRequest)(nil),                   // 30: leasehold.v1.ListRequest
-	(*ListResponse)(nil),                  // 31: leasehold.v1.ListResponse
-	(*LockInfo)(nil),                      // 32: leasehold.v1.LockInfo
-	(*LockHolder)(nil),                    // 33: leasehold.v1.LockHolder
-	(*ForceReleaseRequest)(nil),           // 34: leasehold.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil),          // 35: leasehold.v1.ForceReleaseResponse
-	(*CheckTokenRequest)(nil),             // 36: leasehold.v1.CheckTokenRequest
-	(*CheckTokenResponse)(nil),            // 37: leasehold.v1.CheckTokenResponse
-	(*Fence)(nil),                         // 38: leasehold.v1.Fence
-	(*GetRequest)(nil),                    // 39: leasehold.v1.GetRequest
-	(*GetResponse)(nil),                   // 40: leasehold.v1.GetResponse
-	(*PutRequest)(nil),                    // 41: leasehold.v1.PutRequest
-	(*PutResponse)(nil),                   // 42: leasehold.v1.PutResponse
-	(*DeleteRequest)(nil),                 // 43: leasehold.v1.DeleteRequest
-	(*DeleteResponse)(nil),                // 44: leasehold.v1.DeleteResponse
-	(*KVServiceListRequest)(nil),          // 45: leasehold.v1.KVServiceListRequest
-	(*KVServiceListResponse)(nil),         // 46: leasehold.v1.KVServiceListResponse
-	(*KeyValue)(nil),                      // 47: leasehold.v1.KeyValue
-	(*BeginRequest)(nil),                  // 48: leasehold.v1.BeginRequest
-	(*BeginResponse)(nil),                 // 49: leasehold.v1.BeginResponse
-	(*CompleteRequest)(nil),               // 50: leasehold.v1.CompleteRequest
-	(*CompleteResponse)(nil),              // 51: leasehold.v1.CompleteResponse
-	(*AbandonRequest)(nil),                // 52: leasehold.v1.AbandonRequest
-	(*AbandonResponse)(nil),               // 53: leasehold.v1.AbandonResponse
-	(*IdempotencyServiceGetRequest)(nil),  // 54: leasehold.v1.IdempotencyServiceGetRequest
-	(*IdempotencyServiceGetResponse)(nil), // 55: leasehold.v1.IdempotencyServiceGetResponse
-	(*GroupServiceCreateRequest)(nil),     // 56: leasehold.v1.GroupServiceCreateRequest
-	(*GroupServiceCreateResponse)(nil),    // 57: leasehold.v1.GroupServiceCreateResponse
-	(*JoinRequest)(nil),                   // 58: leasehold.v1.JoinRequest
-	(*JoinResponse)(nil),                  // 59: leasehold.v1.JoinResponse
-	(*Assignment)(nil),                    // 60: leasehold.v1.Assignment
-	(*LeaveRequest)(nil),                  // 61: leasehold.v1.LeaveRequest
-	(*LeaveResponse)(nil),                 // 62: leasehold.v1.LeaveResponse
-	(*GroupServiceReleaseRequest)(nil),    // 63: leasehold.v1.GroupServiceReleaseRequest
-	(*GroupServiceReleaseResponse)(nil),   // 64: leasehold.v1.GroupServiceReleaseResponse
-	(*GroupServiceStatusRequest)(nil),     // 65: leasehold.v1.GroupServiceStatusRequest
-	(*GroupServiceStatusResponse)(nil),    // 66: leasehold.v1.GroupServiceStatusResponse
-	(*GroupMember)(nil),                   // 67: leasehold.v1.GroupMember
-	(*PartitionOwner)(nil),                // 68: leasehold.v1.PartitionOwner
-	(*AssignmentsRequest)(nil),            // 69: leasehold.v1.AssignmentsRequest
-	(*AssignmentsResponse)(nil),           // 70: leasehold.v1.AssignmentsResponse
-	(*Member)(nil),                        // 71: leasehold.v1.Member
-	(*MembersRequest)(nil),                // 72: leasehold.v1.MembersRequest
-	(*MembersResponse)(nil),               // 73: leasehold.v1.MembersResponse
-	(*AddMemberRequest)(nil),              // 74: leasehold.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),             // 75: leasehold.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),           // 76: leasehold.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),          // 77: leasehold.v1.RemoveMemberResponse
-	(*StatusRequest)(nil),                 // 78: leasehold.v1.StatusRequest
-	(*StatusResponse)(nil),                // 79: leasehold.v1.StatusResponse
-	(*FastLaneError)(nil),                 // 80: leasehold.v1.FastLaneError
-	(*descriptorpb.MethodOptions)(nil),    // 81: google.protobuf.MethodOptions
+	(*BindRequest)(nil),                   // 10: leasehold.v1.BindRequest
+	(*BindResponse)(nil),                  // 11: leasehold.v1.BindResponse
+	(*GrantRequest)(nil),                  // 12: leasehold.v1.GrantRequest
+	(*GrantResponse)(nil),                 // 13: leasehold.v1.GrantResponse
+	(*KeepAliveRequest)(nil),              // 14: leasehold.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),             // 15: leasehold.v1.KeepAliveResponse
+	(*LostLock)(nil),                      // 16: leasehold.v1.LostLock
+	(*RevokeRequest)(nil),                 // 17: leasehold.v1.RevokeRequest
+	(*RevokeResponse)(nil),                // 18: leasehold.v1.RevokeResponse
+	(*HistoryRequest)(nil),                // 19: leasehold.v1.HistoryRequest
+	(*HistoryResponse)(nil),               // 20: leasehold.v1.HistoryResponse
+	(*Tenure)(nil),                        // 21: leasehold.v1.Tenure
+	(*Revision)(nil),                      // 22: leasehold.v1.Revision
+	(*WatchRequest)(nil),                  // 23: leasehold.v1.WatchRequest
+	(*WatchResponse)(nil),                 // 24: leasehold.v1.WatchResponse
+	(*WatchEvent)(nil),                    // 25: leasehold.v1.WatchEvent
+	(*AcquireRequest)(nil),                // 26: leasehold.v1.AcquireRequest
+	(*AcquireResponse)(nil),               // 27: leasehold.v1.AcquireResponse
+	(*ReleaseRequest)(nil),                // 28: leasehold.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),               // 29: leasehold.v1.ReleaseResponse
+	(*DescribeRequest)(nil),               // 30: leasehold.v1.DescribeRequest
+	(*DescribeResponse)(nil),              // 31: leasehold.v1.DescribeResponse
+	(*ListRequest)(nil),                   // 32: leasehold.v1.ListRequest
+	(*ListResponse)(nil),                  // 33: leasehold.v1.ListResponse
+	(*LockInfo)(nil),                      // 34: leasehold.v1.LockInfo
+	(*LockHolder)(nil),                    // 35: leasehold.v1.LockHolder
+	(*ForceReleaseRequest)(nil),           // 36: leasehold.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),          // 37: leasehold.v1.ForceReleaseResponse
+	(*CheckTokenRequest)(nil),             // 38: leasehold.v1.CheckTokenRequest
+	(*CheckTokenResponse)(nil),            // 39: leasehold.v1.CheckTokenResponse
+	(*Fence)(nil),                         // 40: leasehold.v1.Fence
+	(*GetRequest)(nil),                    // 41: leasehold.v1.GetRequest
+	(*GetResponse)(nil),                   // 42: leasehold.v1.GetResponse
+	(*PutRequest)(nil),                    // 43: leasehold.v1.PutRequest
+	(*PutResponse)(nil),                   // 44: leasehold.v1.PutResponse
+	(*DeleteRequest)(nil),                 // 45: leasehold.v1.DeleteRequest
+	(*DeleteResponse)(nil),                // 46: leasehold.v1.DeleteResponse
+	(*KVServiceListRequest)(nil),          // 47: leasehold.v1.KVServiceListRequest
+	(*KVServiceListResponse)(nil),         // 48: leasehold.v1.KVServiceListResponse
+	(*KeyValue)(nil),                      // 49: leasehold.v1.KeyValue
+	(*BeginRequest)(nil),                  // 50: leasehold.v1.BeginRequest
+	(*BeginResponse)(nil),                 // 51: leasehold.v1.BeginResponse
+	(*CompleteRequest)(nil),               // 52: leasehold.v1.CompleteRequest
+	(*CompleteResponse)(nil),              // 53: leasehold.v1.CompleteResponse
+	(*AbandonRequest)(nil),                // 54: leasehold.v1.AbandonRequest
+	(*AbandonResponse)(nil),               // 55: leasehold.v1.AbandonResponse
+	(*IdempotencyServiceGetRequest)(nil),  // 56: leasehold.v1.IdempotencyServiceGetRequest
+	(*IdempotencyServiceGetResponse)(nil), // 57: leasehold.v1.IdempotencyServiceGetResponse
+	(*GroupServiceCreateRequest)(nil),     // 58: leasehold.v1.GroupServiceCreateRequest
+	(*GroupServiceCreateResponse)(nil),    // 59: leasehold.v1.GroupServiceCreateResponse
+	(*JoinRequest)(nil),                   // 60: leasehold.v1.JoinRequest
+	(*JoinResponse)(nil),                  // 61: leasehold.v1.JoinResponse
+	(*Assignment)(nil),                    // 62: leasehold.v1.Assignment
+	(*LeaveRequest)(nil),                  // 63: leasehold.v1.LeaveRequest
+	(*LeaveResponse)(nil),                 // 64: leasehold.v1.LeaveResponse
+	(*GroupServiceReleaseRequest)(nil),    // 65: leasehold.v1.GroupServiceReleaseRequest
+	(*GroupServiceReleaseResponse)(nil),   // 66: leasehold.v1.GroupServiceReleaseResponse
+	(*GroupServiceStatusRequest)(nil),     // 67: leasehold.v1.GroupServiceStatusRequest
+	(*GroupServiceStatusResponse)(nil),    // 68: leasehold.v1.GroupServiceStatusResponse
+	(*GroupMember)(nil),                   // 69: leasehold.v1.GroupMember
+	(*PartitionOwner)(nil),                // 70: leasehold.v1.PartitionOwner
+	(*AssignmentsRequest)(nil),            // 71: leasehold.v1.AssignmentsRequest
+	(*AssignmentsResponse)(nil),           // 72: leasehold.v1.AssignmentsResponse
+	(*CampaignRequest)(nil),               // 73: leasehold.v1.CampaignRequest
+	(*CampaignResponse)(nil),              // 74: leasehold.v1.CampaignResponse
+	(*ProclaimRequest)(nil),               // 75: leasehold.v1.ProclaimRequest
+	(*ProclaimResponse)(nil),              // 76: leasehold.v1.ProclaimResponse
+	(*LeaderRequest)(nil),                 // 77: leasehold.v1.LeaderRequest
+	(*LeaderResponse)(nil),                // 78: leasehold.v1.LeaderResponse
+	(*ObserveRequest)(nil),                // 79: leasehold.v1.ObserveRequest
+	(*ObserveResponse)(nil),               // 80: leasehold.v1.ObserveResponse
+	(*ResignRequest)(nil),                 // 81: leasehold.v1.ResignRequest
+	(*ResignResponse)(nil),                // 82: leasehold.v1.ResignResponse
+	(*Member)(nil),                        // 83: leasehold.v1.Member
+	(*MembersRequest)(nil),                // 84: leasehold.v1.MembersRequest
+	(*MembersResponse)(nil),               // 85: leasehold.v1.MembersResponse
+	(*AddMemberRequest)(nil),              // 86: leasehold.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),             // 87: leasehold.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),           // 88: leasehold.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),          // 89: leasehold.v1.RemoveMemberResponse
+	(*StatusRequest)(nil),                 // 90: leasehold.v1.StatusRequest
+	(*StatusResponse)(nil),                // 91: leasehold.v1.StatusResponse
+	(*FastLaneError)(nil),                 // 92: leasehold.v1.FastLaneError
+	(*descriptorpb.MethodOptions)(nil),    // 93: google.protobuf.MethodOptions
 }
 var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	6,  // 0: leasehold.v1.ErrorDetail.holder:type_name -> leasehold.v1.Holder
@@ -5566,15 +6302,15 @@ var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	2,  // 3: leasehold.v1.HeldExplanation.reason:type_name -> leasehold.v1.HeldReason
 	1,  // 4: leasehold.v1.HeldExplanation.held_mode:type_name -> leasehold.v1.LockMode
 	6,  // 5: leasehold.v1.HeldBy.holder:type_name -> leasehold.v1.Holder
-	14, // 6: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
-	19, // 7: leasehold.v1.HistoryResponse.tenures:type_name -> leasehold.v1.Tenure
+	16, // 6: leasehold.v1.KeepAliveResponse.lost:type_name -> leasehold.v1.LostLock
+	21, // 7: leasehold.v1.HistoryResponse.tenures:type_name -> leasehold.v1.Tenure
 	6,  // 8: leasehold.v1.Tenure.holder:type_name -> leasehold.v1.Holder
 	1,  // 9: leasehold.v1.Tenure.mode:type_name -> leasehold.v1.LockMode
 	3,  // 10: leasehold.v1.Tenure.end:type_name -> leasehold.v1.TenureEnd
-	20, // 11: leasehold.v1.WatchRequest.start:type_name -> leasehold.v1.Revision
-	23, // 12: leasehold.v1.WatchResponse.events:type_name -> leasehold.v1.WatchEvent
-	20, // 13: leasehold.v1.WatchResponse.next:type_name -> leasehold.v1.Revision
-	20, // 14: leasehold.v1.WatchEvent.revision:type_name -> leasehold.v1.Revision
+	22, // 11: leasehold.v1.WatchRequest.start:type_name -> leasehold.v1.Revision
+	25, // 12: leasehold.v1.WatchResponse.events:type_name -> leasehold.v1.WatchEvent
+	22, // 13: leasehold.v1.WatchResponse.next:type_name -> leasehold.v1.Revision
+	22, // 14: leasehold.v1.WatchEvent.revision:type_name -> leasehold.v1.Revision
 	4,  // 15: leasehold.v1.WatchEvent.kind:type_name -> leasehold.v1.EventKind
 	0,  // 16: leasehold.v1.WatchEvent.class:type_name -> leasehold.v1.LockClass
 	6,  // 17: leasehold.v1.WatchEvent.holder:type_name -> leasehold.v1.Holder
@@ -5583,93 +6319,108 @@ var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	6,  // 20: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
 	1,  // 21: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
 	0,  // 22: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
-	32, // 23: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
-	32, // 24: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
+	34, // 23: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
+	34, // 24: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
 	0,  // 25: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
 	6,  // 26: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
 	1,  // 27: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
-	33, // 28: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
+	35, // 28: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
 	6,  // 29: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
-	38, // 30: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
-	38, // 31: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
-	47, // 32: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
+	40, // 30: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
+	40, // 31: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
+	49, // 32: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
 	6,  // 33: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
 	5,  // 34: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
 	6,  // 35: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
 	5,  // 36: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
 	6,  // 37: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
-	60, // 38: leasehold.v1.JoinResponse.assignments:type_name -> leasehold.v1.Assignment
-	67, // 39: leasehold.v1.GroupServiceStatusResponse.members:type_name -> leasehold.v1.GroupMember
-	68, // 40: leasehold.v1.GroupServiceStatusResponse.partitions:type_name -> leasehold.v1.PartitionOwner
-	60, // 41: leasehold.v1.AssignmentsResponse.assignments:type_name -> leasehold.v1.Assignment
-	71, // 42: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	71, // 43: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	71, // 44: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	7,  // 45: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	81, // 46: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	10, // 47: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	12, // 48: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	15, // 49: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	24, // 50: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	26, // 51: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	28, // 52: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	30, // 53: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	34, // 54: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	36, // 55: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	21, // 56: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
-	17, // 57: leasehold.v1.LockService.History:input_type -> leasehold.v1.HistoryRequest
-	39, // 58: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	41, // 59: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	43, // 60: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	45, // 61: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	48, // 62: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
-	50, // 63: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
-	52, // 64: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
-	54, // 65: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
-	56, // 66: leasehold.v1.GroupService.Create:input_type -> leasehold.v1.GroupServiceCreateRequest
-	58, // 67: leasehold.v1.GroupService.Join:input_type -> leasehold.v1.JoinRequest
-	61, // 68: leasehold.v1.GroupService.Leave:input_type -> leasehold.v1.LeaveRequest
-	63, // 69: leasehold.v1.GroupService.Release:input_type -> leasehold.v1.GroupServiceReleaseRequest
-	65, // 70: leasehold.v1.GroupService.Status:input_type -> leasehold.v1.GroupServiceStatusRequest
-	69, // 71: leasehold.v1.GroupService.Assignments:input_type -> leasehold.v1.AssignmentsRequest
-	78, // 72: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	72, // 73: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	74, // 74: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	76, // 75: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	11, // 76: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	13, // 77: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	16, // 78: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	25, // 79: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	27, // 80: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	29, // 81: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	31, // 82: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	35, // 83: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	37, // 84: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	22, // 85: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
-	18, // 86: leasehold.v1.LockService.History:output_type -> leasehold.v1.HistoryResponse
-	40, // 87: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	42, // 88: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	44, // 89: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	46, // 90: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	49, // 91: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
-	51, // 92: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
-	53, // 93: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
-	55, // 94: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
-	57, // 95: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
-	59, // 96: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
-	62, // 97: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
-	64, // 98: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
-	66, // 99: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
-	70, // 100: leasehold.v1.GroupService.Assignments:output_type -> leasehold.v1.AssignmentsResponse
-	79, // 101: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	73, // 102: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	75, // 103: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	77, // 104: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	76, // [76:105] is the sub-list for method output_type
-	47, // [47:76] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	46, // [46:47] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	62, // 38: leasehold.v1.JoinResponse.assignments:type_name -> leasehold.v1.Assignment
+	69, // 39: leasehold.v1.GroupServiceStatusResponse.members:type_name -> leasehold.v1.GroupMember
+	70, // 40: leasehold.v1.GroupServiceStatusResponse.partitions:type_name -> leasehold.v1.PartitionOwner
+	62, // 41: leasehold.v1.AssignmentsResponse.assignments:type_name -> leasehold.v1.Assignment
+	6,  // 42: leasehold.v1.CampaignRequest.holder:type_name -> leasehold.v1.Holder
+	6,  // 43: leasehold.v1.LeaderResponse.holder:type_name -> leasehold.v1.Holder
+	6,  // 44: leasehold.v1.ObserveResponse.holder:type_name -> leasehold.v1.Holder
+	83, // 45: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	83, // 46: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	83, // 47: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	7,  // 48: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	93, // 49: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	12, // 50: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	14, // 51: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	17, // 52: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	10, // 53: leasehold.v1.LeaseService.Bind:input_type -> leasehold.v1.BindRequest
+	26, // 54: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	28, // 55: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	30, // 56: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	32, // 57: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	36, // 58: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	38, // 59: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	23, // 60: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
+	19, // 61: leasehold.v1.LockService.History:input_type -> leasehold.v1.HistoryRequest
+	41, // 62: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	43, // 63: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	45, // 64: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	47, // 65: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	50, // 66: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
+	52, // 67: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
+	54, // 68: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
+	56, // 69: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
+	58, // 70: leasehold.v1.GroupService.Create:input_type -> leasehold.v1.GroupServiceCreateRequest
+	60, // 71: leasehold.v1.GroupService.Join:input_type -> leasehold.v1.JoinRequest
+	63, // 72: leasehold.v1.GroupService.Leave:input_type -> leasehold.v1.LeaveRequest
+	65, // 73: leasehold.v1.GroupService.Release:input_type -> leasehold.v1.GroupServiceReleaseRequest
+	67, // 74: leasehold.v1.GroupService.Status:input_type -> leasehold.v1.GroupServiceStatusRequest
+	71, // 75: leasehold.v1.GroupService.Assignments:input_type -> leasehold.v1.AssignmentsRequest
+	73, // 76: leasehold.v1.ElectionService.Campaign:input_type -> leasehold.v1.CampaignRequest
+	75, // 77: leasehold.v1.ElectionService.Proclaim:input_type -> leasehold.v1.ProclaimRequest
+	77, // 78: leasehold.v1.ElectionService.Leader:input_type -> leasehold.v1.LeaderRequest
+	79, // 79: leasehold.v1.ElectionService.Observe:input_type -> leasehold.v1.ObserveRequest
+	81, // 80: leasehold.v1.ElectionService.Resign:input_type -> leasehold.v1.ResignRequest
+	90, // 81: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	84, // 82: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	86, // 83: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	88, // 84: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	13, // 85: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	15, // 86: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	18, // 87: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	11, // 88: leasehold.v1.LeaseService.Bind:output_type -> leasehold.v1.BindResponse
+	27, // 89: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	29, // 90: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	31, // 91: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	33, // 92: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	37, // 93: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	39, // 94: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	24, // 95: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
+	20, // 96: leasehold.v1.LockService.History:output_type -> leasehold.v1.HistoryResponse
+	42, // 97: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	44, // 98: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	46, // 99: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	48, // 100: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	51, // 101: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	53, // 102: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	55, // 103: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	57, // 104: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	59, // 105: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
+	61, // 106: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
+	64, // 107: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
+	66, // 108: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
+	68, // 109: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
+	72, // 110: leasehold.v1.GroupService.Assignments:output_type -> leasehold.v1.AssignmentsResponse
+	74, // 111: leasehold.v1.ElectionService.Campaign:output_type -> leasehold.v1.CampaignResponse
+	76, // 112: leasehold.v1.ElectionService.Proclaim:output_type -> leasehold.v1.ProclaimResponse
+	78, // 113: leasehold.v1.ElectionService.Leader:output_type -> leasehold.v1.LeaderResponse
+	80, // 114: leasehold.v1.ElectionService.Observe:output_type -> leasehold.v1.ObserveResponse
+	82, // 115: leasehold.v1.ElectionService.Resign:output_type -> leasehold.v1.ResignResponse
+	91, // 116: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	85, // 117: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	87, // 118: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	89, // 119: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	85, // [85:120] is the sub-list for method output_type
+	50, // [50:85] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	49, // [49:50] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -5677,17 +6428,17 @@ func file_leasehold_v1_leasehold_proto_init() {
 	if File_leasehold_v1_leasehold_proto != nil {
 		return
 	}
-	file_leasehold_v1_leasehold_proto_msgTypes[35].OneofWrappers = []any{}
 	file_leasehold_v1_leasehold_proto_msgTypes[37].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[39].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_v1_leasehold_proto_rawDesc), len(file_leasehold_v1_leasehold_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   75,
+			NumMessages:   87,
 			NumExtensions: 1,
-			NumServices:   6,
+			NumServices:   7,
 		},
 		GoTypes:           file_leasehold_v1_leasehold_proto_goTypes,
 		DependencyIndexes: file_leasehold_v1_leasehold_proto_depIdxs,

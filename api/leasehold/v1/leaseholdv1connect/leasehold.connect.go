@@ -49,6 +49,8 @@ const (
 	IdempotencyServiceName = "leasehold.v1.IdempotencyService"
 	// GroupServiceName is the fully-qualified name of the GroupService service.
 	GroupServiceName = "leasehold.v1.GroupService"
+	// ElectionServiceName is the fully-qualified name of the ElectionService service.
+	ElectionServiceName = "leasehold.v1.ElectionService"
 	// ClusterServiceName is the fully-qualified name of the ClusterService service.
 	ClusterServiceName = "leasehold.v1.ClusterService"
 )
@@ -67,6 +69,8 @@ const (
 	LeaseServiceKeepAliveProcedure = "/leasehold.v1.LeaseService/KeepAlive"
 	// LeaseServiceRevokeProcedure is the fully-qualified name of the LeaseService's Revoke RPC.
 	LeaseServiceRevokeProcedure = "/leasehold.v1.LeaseService/Revoke"
+	// LeaseServiceBindProcedure is the fully-qualified name of the LeaseService's Bind RPC.
+	LeaseServiceBindProcedure = "/leasehold.v1.LeaseService/Bind"
 	// LockServiceAcquireProcedure is the fully-qualified name of the LockService's Acquire RPC.
 	LockServiceAcquireProcedure = "/leasehold.v1.LockService/Acquire"
 	// LockServiceReleaseProcedure is the fully-qualified name of the LockService's Release RPC.
@@ -116,6 +120,18 @@ const (
 	// GroupServiceAssignmentsProcedure is the fully-qualified name of the GroupService's Assignments
 	// RPC.
 	GroupServiceAssignmentsProcedure = "/leasehold.v1.GroupService/Assignments"
+	// ElectionServiceCampaignProcedure is the fully-qualified name of the ElectionService's Campaign
+	// RPC.
+	ElectionServiceCampaignProcedure = "/leasehold.v1.ElectionService/Campaign"
+	// ElectionServiceProclaimProcedure is the fully-qualified name of the ElectionService's Proclaim
+	// RPC.
+	ElectionServiceProclaimProcedure = "/leasehold.v1.ElectionService/Proclaim"
+	// ElectionServiceLeaderProcedure is the fully-qualified name of the ElectionService's Leader RPC.
+	ElectionServiceLeaderProcedure = "/leasehold.v1.ElectionService/Leader"
+	// ElectionServiceObserveProcedure is the fully-qualified name of the ElectionService's Observe RPC.
+	ElectionServiceObserveProcedure = "/leasehold.v1.ElectionService/Observe"
+	// ElectionServiceResignProcedure is the fully-qualified name of the ElectionService's Resign RPC.
+	ElectionServiceResignProcedure = "/leasehold.v1.ElectionService/Resign"
 	// ClusterServiceStatusProcedure is the fully-qualified name of the ClusterService's Status RPC.
 	ClusterServiceStatusProcedure = "/leasehold.v1.ClusterService/Status"
 	// ClusterServiceMembersProcedure is the fully-qualified name of the ClusterService's Members RPC.
@@ -140,6 +156,17 @@ type LeaseServiceClient interface {
 	// Revoke ends the lease now and releases every lock it holds. Revoking an unknown lease
 	// is NotFound.
 	Revoke(context.Context, *v1.RevokeRequest) (*v1.RevokeResponse, error)
+	// Bind is release on disconnect (G7) over Connect, where there is no fast-lane
+	// connection to bind a lease to: it binds the lease to this stream (and renews it once,
+	// as a KeepAlive). The server sends a message at once — the lease is bound — and then
+	// one every second. When the stream ends because its caller went away — the client
+	// closed it, its connection broke, a message could not be written — the node serving
+	// it revokes the lease at once, through the log (reason "disconnected"). A stream that
+	// a node ends with an error of its own (the leader it relayed the stream from failed:
+	// Unavailable with a reason; or shutting_down) leaves the lease bound to nothing: Bind
+	// again within the TTL, or the TTL applies. NotFound when the lease is gone. Keep
+	// sending KeepAlives as usual.
+	Bind(context.Context, *v1.BindRequest) (*connect.ServerStreamForClient[v1.BindResponse], error)
 }
 
 // NewLeaseServiceClient constructs a client for the leasehold.v1.LeaseService service. By default,
@@ -171,6 +198,12 @@ func NewLeaseServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(leaseServiceMethods.ByName("Revoke")),
 			connect.WithClientOptions(opts...),
 		),
+		bind: connect.NewClient[v1.BindRequest, v1.BindResponse](
+			httpClient,
+			baseURL+LeaseServiceBindProcedure,
+			connect.WithSchema(leaseServiceMethods.ByName("Bind")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -179,6 +212,7 @@ type leaseServiceClient struct {
 	grant     *connect.Client[v1.GrantRequest, v1.GrantResponse]
 	keepAlive *connect.Client[v1.KeepAliveRequest, v1.KeepAliveResponse]
 	revoke    *connect.Client[v1.RevokeRequest, v1.RevokeResponse]
+	bind      *connect.Client[v1.BindRequest, v1.BindResponse]
 }
 
 // Grant calls leasehold.v1.LeaseService.Grant.
@@ -208,6 +242,11 @@ func (c *leaseServiceClient) Revoke(ctx context.Context, req *v1.RevokeRequest) 
 	return nil, err
 }
 
+// Bind calls leasehold.v1.LeaseService.Bind.
+func (c *leaseServiceClient) Bind(ctx context.Context, req *v1.BindRequest) (*connect.ServerStreamForClient[v1.BindResponse], error) {
+	return c.bind.CallServerStream(ctx, connect.NewRequest(req))
+}
+
 // LeaseServiceHandler is an implementation of the leasehold.v1.LeaseService service.
 type LeaseServiceHandler interface {
 	// Grant creates a lease. It is replicated and durable before the reply. The lease
@@ -220,6 +259,17 @@ type LeaseServiceHandler interface {
 	// Revoke ends the lease now and releases every lock it holds. Revoking an unknown lease
 	// is NotFound.
 	Revoke(context.Context, *v1.RevokeRequest) (*v1.RevokeResponse, error)
+	// Bind is release on disconnect (G7) over Connect, where there is no fast-lane
+	// connection to bind a lease to: it binds the lease to this stream (and renews it once,
+	// as a KeepAlive). The server sends a message at once — the lease is bound — and then
+	// one every second. When the stream ends because its caller went away — the client
+	// closed it, its connection broke, a message could not be written — the node serving
+	// it revokes the lease at once, through the log (reason "disconnected"). A stream that
+	// a node ends with an error of its own (the leader it relayed the stream from failed:
+	// Unavailable with a reason; or shutting_down) leaves the lease bound to nothing: Bind
+	// again within the TTL, or the TTL applies. NotFound when the lease is gone. Keep
+	// sending KeepAlives as usual.
+	Bind(context.Context, *v1.BindRequest, *connect.ServerStream[v1.BindResponse]) error
 }
 
 // NewLeaseServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -247,6 +297,12 @@ func NewLeaseServiceHandler(svc LeaseServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(leaseServiceMethods.ByName("Revoke")),
 		connect.WithHandlerOptions(opts...),
 	)
+	leaseServiceBindHandler := connect.NewServerStreamHandlerSimple(
+		LeaseServiceBindProcedure,
+		svc.Bind,
+		connect.WithSchema(leaseServiceMethods.ByName("Bind")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.v1.LeaseService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LeaseServiceGrantProcedure:
@@ -255,6 +311,8 @@ func NewLeaseServiceHandler(svc LeaseServiceHandler, opts ...connect.HandlerOpti
 			leaseServiceKeepAliveHandler.ServeHTTP(w, r)
 		case LeaseServiceRevokeProcedure:
 			leaseServiceRevokeHandler.ServeHTTP(w, r)
+		case LeaseServiceBindProcedure:
+			leaseServiceBindHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -274,6 +332,10 @@ func (UnimplementedLeaseServiceHandler) KeepAlive(context.Context, *v1.KeepAlive
 
 func (UnimplementedLeaseServiceHandler) Revoke(context.Context, *v1.RevokeRequest) (*v1.RevokeResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.LeaseService.Revoke is not implemented"))
+}
+
+func (UnimplementedLeaseServiceHandler) Bind(context.Context, *v1.BindRequest, *connect.ServerStream[v1.BindResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.LeaseService.Bind is not implemented"))
 }
 
 // LockServiceClient is a client for the leasehold.v1.LockService service.
@@ -1278,6 +1340,234 @@ func (UnimplementedGroupServiceHandler) Status(context.Context, *v1.GroupService
 
 func (UnimplementedGroupServiceHandler) Assignments(context.Context, *v1.AssignmentsRequest, *connect.ServerStream[v1.AssignmentsResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.GroupService.Assignments is not implemented"))
+}
+
+// ElectionServiceClient is a client for the leasehold.v1.ElectionService service.
+type ElectionServiceClient interface {
+	// Campaign makes the lease a candidate and waits until it leads, or the call's
+	// deadline ends (then the lease leaves the queue and the call fails with
+	// DeadlineExceeded or Canceled). A Campaign repeated by the lease while it waits or
+	// leads is the same request: safe to retry after a lost reply. NotFound when the
+	// lease is gone (before or while waiting).
+	Campaign(context.Context, *v1.CampaignRequest) (*v1.CampaignResponse, error)
+	// Proclaim changes the leader's value. FailedPrecondition ("not_holder") unless the
+	// lease leads under epoch.
+	Proclaim(context.Context, *v1.ProclaimRequest) (*v1.ProclaimResponse, error)
+	// Leader says who leads, linearizably (from the leader).
+	Leader(context.Context, *v1.LeaderRequest) (*v1.LeaderResponse, error)
+	// Observe streams who leads: first the leader now (or that nobody leads), then each
+	// change — a new leader, with its epoch and campaign value, or the end of a
+	// leadership with nobody to follow (has_leader false, epoch the one that ended) — in
+	// the order the log applied them, each once: within a stream, the epochs of the
+	// leaders shown strictly increase and none is skipped. Values changed by Proclaim are
+	// not streamed (Leader reads them). A stream that falls 1024 changes behind ends with
+	// ResourceExhausted; after a stream ends, a new one starts from the leader then (the
+	// leaderships in between are not shown; their epochs are lower).
+	Observe(context.Context, *v1.ObserveRequest) (*connect.ServerStreamForClient[v1.ObserveResponse], error)
+	// Resign ends the leadership under epoch; the next candidate leads. FailedPrecondition
+	// ("not_holder") unless the lease leads under epoch (a repeat after a lost reply
+	// gets it too: the leadership has ended either way).
+	Resign(context.Context, *v1.ResignRequest) (*v1.ResignResponse, error)
+}
+
+// NewElectionServiceClient constructs a client for the leasehold.v1.ElectionService service. By
+// default, it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses,
+// and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the
+// connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewElectionServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) ElectionServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	electionServiceMethods := v1.File_leasehold_v1_leasehold_proto.Services().ByName("ElectionService").Methods()
+	return &electionServiceClient{
+		campaign: connect.NewClient[v1.CampaignRequest, v1.CampaignResponse](
+			httpClient,
+			baseURL+ElectionServiceCampaignProcedure,
+			connect.WithSchema(electionServiceMethods.ByName("Campaign")),
+			connect.WithClientOptions(opts...),
+		),
+		proclaim: connect.NewClient[v1.ProclaimRequest, v1.ProclaimResponse](
+			httpClient,
+			baseURL+ElectionServiceProclaimProcedure,
+			connect.WithSchema(electionServiceMethods.ByName("Proclaim")),
+			connect.WithClientOptions(opts...),
+		),
+		leader: connect.NewClient[v1.LeaderRequest, v1.LeaderResponse](
+			httpClient,
+			baseURL+ElectionServiceLeaderProcedure,
+			connect.WithSchema(electionServiceMethods.ByName("Leader")),
+			connect.WithClientOptions(opts...),
+		),
+		observe: connect.NewClient[v1.ObserveRequest, v1.ObserveResponse](
+			httpClient,
+			baseURL+ElectionServiceObserveProcedure,
+			connect.WithSchema(electionServiceMethods.ByName("Observe")),
+			connect.WithClientOptions(opts...),
+		),
+		resign: connect.NewClient[v1.ResignRequest, v1.ResignResponse](
+			httpClient,
+			baseURL+ElectionServiceResignProcedure,
+			connect.WithSchema(electionServiceMethods.ByName("Resign")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// electionServiceClient implements ElectionServiceClient.
+type electionServiceClient struct {
+	campaign *connect.Client[v1.CampaignRequest, v1.CampaignResponse]
+	proclaim *connect.Client[v1.ProclaimRequest, v1.ProclaimResponse]
+	leader   *connect.Client[v1.LeaderRequest, v1.LeaderResponse]
+	observe  *connect.Client[v1.ObserveRequest, v1.ObserveResponse]
+	resign   *connect.Client[v1.ResignRequest, v1.ResignResponse]
+}
+
+// Campaign calls leasehold.v1.ElectionService.Campaign.
+func (c *electionServiceClient) Campaign(ctx context.Context, req *v1.CampaignRequest) (*v1.CampaignResponse, error) {
+	response, err := c.campaign.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Proclaim calls leasehold.v1.ElectionService.Proclaim.
+func (c *electionServiceClient) Proclaim(ctx context.Context, req *v1.ProclaimRequest) (*v1.ProclaimResponse, error) {
+	response, err := c.proclaim.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Leader calls leasehold.v1.ElectionService.Leader.
+func (c *electionServiceClient) Leader(ctx context.Context, req *v1.LeaderRequest) (*v1.LeaderResponse, error) {
+	response, err := c.leader.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Observe calls leasehold.v1.ElectionService.Observe.
+func (c *electionServiceClient) Observe(ctx context.Context, req *v1.ObserveRequest) (*connect.ServerStreamForClient[v1.ObserveResponse], error) {
+	return c.observe.CallServerStream(ctx, connect.NewRequest(req))
+}
+
+// Resign calls leasehold.v1.ElectionService.Resign.
+func (c *electionServiceClient) Resign(ctx context.Context, req *v1.ResignRequest) (*v1.ResignResponse, error) {
+	response, err := c.resign.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// ElectionServiceHandler is an implementation of the leasehold.v1.ElectionService service.
+type ElectionServiceHandler interface {
+	// Campaign makes the lease a candidate and waits until it leads, or the call's
+	// deadline ends (then the lease leaves the queue and the call fails with
+	// DeadlineExceeded or Canceled). A Campaign repeated by the lease while it waits or
+	// leads is the same request: safe to retry after a lost reply. NotFound when the
+	// lease is gone (before or while waiting).
+	Campaign(context.Context, *v1.CampaignRequest) (*v1.CampaignResponse, error)
+	// Proclaim changes the leader's value. FailedPrecondition ("not_holder") unless the
+	// lease leads under epoch.
+	Proclaim(context.Context, *v1.ProclaimRequest) (*v1.ProclaimResponse, error)
+	// Leader says who leads, linearizably (from the leader).
+	Leader(context.Context, *v1.LeaderRequest) (*v1.LeaderResponse, error)
+	// Observe streams who leads: first the leader now (or that nobody leads), then each
+	// change — a new leader, with its epoch and campaign value, or the end of a
+	// leadership with nobody to follow (has_leader false, epoch the one that ended) — in
+	// the order the log applied them, each once: within a stream, the epochs of the
+	// leaders shown strictly increase and none is skipped. Values changed by Proclaim are
+	// not streamed (Leader reads them). A stream that falls 1024 changes behind ends with
+	// ResourceExhausted; after a stream ends, a new one starts from the leader then (the
+	// leaderships in between are not shown; their epochs are lower).
+	Observe(context.Context, *v1.ObserveRequest, *connect.ServerStream[v1.ObserveResponse]) error
+	// Resign ends the leadership under epoch; the next candidate leads. FailedPrecondition
+	// ("not_holder") unless the lease leads under epoch (a repeat after a lost reply
+	// gets it too: the leadership has ended either way).
+	Resign(context.Context, *v1.ResignRequest) (*v1.ResignResponse, error)
+}
+
+// NewElectionServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewElectionServiceHandler(svc ElectionServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	electionServiceMethods := v1.File_leasehold_v1_leasehold_proto.Services().ByName("ElectionService").Methods()
+	electionServiceCampaignHandler := connect.NewUnaryHandlerSimple(
+		ElectionServiceCampaignProcedure,
+		svc.Campaign,
+		connect.WithSchema(electionServiceMethods.ByName("Campaign")),
+		connect.WithHandlerOptions(opts...),
+	)
+	electionServiceProclaimHandler := connect.NewUnaryHandlerSimple(
+		ElectionServiceProclaimProcedure,
+		svc.Proclaim,
+		connect.WithSchema(electionServiceMethods.ByName("Proclaim")),
+		connect.WithHandlerOptions(opts...),
+	)
+	electionServiceLeaderHandler := connect.NewUnaryHandlerSimple(
+		ElectionServiceLeaderProcedure,
+		svc.Leader,
+		connect.WithSchema(electionServiceMethods.ByName("Leader")),
+		connect.WithHandlerOptions(opts...),
+	)
+	electionServiceObserveHandler := connect.NewServerStreamHandlerSimple(
+		ElectionServiceObserveProcedure,
+		svc.Observe,
+		connect.WithSchema(electionServiceMethods.ByName("Observe")),
+		connect.WithHandlerOptions(opts...),
+	)
+	electionServiceResignHandler := connect.NewUnaryHandlerSimple(
+		ElectionServiceResignProcedure,
+		svc.Resign,
+		connect.WithSchema(electionServiceMethods.ByName("Resign")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/leasehold.v1.ElectionService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case ElectionServiceCampaignProcedure:
+			electionServiceCampaignHandler.ServeHTTP(w, r)
+		case ElectionServiceProclaimProcedure:
+			electionServiceProclaimHandler.ServeHTTP(w, r)
+		case ElectionServiceLeaderProcedure:
+			electionServiceLeaderHandler.ServeHTTP(w, r)
+		case ElectionServiceObserveProcedure:
+			electionServiceObserveHandler.ServeHTTP(w, r)
+		case ElectionServiceResignProcedure:
+			electionServiceResignHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedElectionServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedElectionServiceHandler struct{}
+
+func (UnimplementedElectionServiceHandler) Campaign(context.Context, *v1.CampaignRequest) (*v1.CampaignResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ElectionService.Campaign is not implemented"))
+}
+
+func (UnimplementedElectionServiceHandler) Proclaim(context.Context, *v1.ProclaimRequest) (*v1.ProclaimResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ElectionService.Proclaim is not implemented"))
+}
+
+func (UnimplementedElectionServiceHandler) Leader(context.Context, *v1.LeaderRequest) (*v1.LeaderResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ElectionService.Leader is not implemented"))
+}
+
+func (UnimplementedElectionServiceHandler) Observe(context.Context, *v1.ObserveRequest, *connect.ServerStream[v1.ObserveResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ElectionService.Observe is not implemented"))
+}
+
+func (UnimplementedElectionServiceHandler) Resign(context.Context, *v1.ResignRequest) (*v1.ResignResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.v1.ElectionService.Resign is not implemented"))
 }
 
 // ClusterServiceClient is a client for the leasehold.v1.ClusterService service.

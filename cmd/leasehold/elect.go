@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/client"
+)
+
+// newElectCmd is `leasehold elect NAME [--value V] [--ttl D] [--release-on-disconnect]
+// -- CMD [ARG...]`.
+func newElectCmd() *cobra.Command {
+	var f struct {
+		addr        string
+		value, note *string
+		ttl         *time.Duration
+		rod         *bool
+	}
+	cmd := &cobra.Command{
+		Use:   "elect NAME [flags] -- CMD [ARG...]",
+		Short: "campaign for election NAME and run CMD while leading it",
+		Long: `Campaigns for election NAME (FIFO behind the other candidates) and, once it leads,
+runs CMD in its own process group with LEASEHOLD_ELECTION=NAME and LEASEHOLD_TOKEN=the
+epoch: a fencing token, larger for every later leader. Signals are forwarded to CMD.
+'leasehold leader NAME' shows the leader and its --value.
+
+If the leadership is lost while CMD runs (at the cautious local deadline at the latest,
+before the server can hand it over), CMD's process group is killed (SIGKILL) and
+leasehold exits 76. When CMD exits, leasehold resigns — the next candidate leads at
+once — and exits with CMD's code. With --release-on-disconnect a leader that dies or
+is cut off is replaced at once, not after the TTL.`,
+		Example: `  leasehold elect db/primary --value 10.0.0.7:5432 -- ./run-primary.sh
+  leasehold elect jobs/scheduler --ttl 5s --release-on-disconnect -- ./scheduler`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			names, argv, err := namesAndCommand(cmd, args)
+			if err != nil {
+				return err
+			}
+			if len(names) != 1 {
+				return errors.New("give one election NAME before --: " + cmd.UseLine())
+			}
+			opts := []client.ElectOption{client.ElectTTL(*f.ttl), client.ElectNote(*f.note)}
+			if *f.rod {
+				opts = append(opts, client.ElectReleaseOnDisconnect)
+			}
+			return exitWith(electAndRun(f.addr, *f.ttl, names[0], []byte(*f.value), argv, opts))
+		},
+	}
+	fs := cmd.Flags()
+	addrFlag(fs, &f.addr)
+	f.value = fs.String("value", "", "the value the election shows while this process leads (an address, say)")
+	f.ttl = fs.Duration("ttl", 10*time.Second, "lease TTL: a leader that dies is replaced after this long at most")
+	f.note = fs.String("note", "", "free text shown by 'leasehold leader'")
+	f.rod = fs.Bool("release-on-disconnect", false, "bind the candidacy to this process's connection: if it dies or is cut off, the next candidate leads at once")
+	return cmd
+}
+
+// electAndRun campaigns for election name and runs argv while it leads; it returns the
+// exit code.
+func electAndRun(addr string, ttl time.Duration, name string, value []byte, argv []string, opts []client.ElectOption) int {
+	sigCtx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	c, code := dial(sigCtx, addr, client.WithTTL(ttl))
+	if c == nil {
+		return code
+	}
+	defer func() { _ = c.Close(context.Background()) }()
+	// Not derived from sigCtx: stop cancels that, and from the first leadership on,
+	// signals go to CMD.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var leading, interrupted atomic.Bool
+	go func() {
+		<-sigCtx.Done()
+		if !leading.Load() {
+			interrupted.Store(true)
+			cancel()
+		}
+	}()
+	exit := exitOK
+	err := c.Elect(ctx, name, value, func(lctx context.Context, l client.Leadership) error {
+		leading.Store(true)
+		stop() // from here on, signals go to CMD
+		env := []string{"LEASEHOLD_ELECTION=" + name, "LEASEHOLD_TOKEN=" + strconv.FormatUint(l.Epoch(), 10)}
+		o := runGroup(lctx, argv, env, os.Stdout)
+		switch {
+		case o.startErr != nil:
+			fmt.Fprintf(os.Stderr, "leasehold elect: start %s: %v\n", argv[0], o.startErr)
+			exit = 127
+		case o.lost && ctx.Err() == nil:
+			fmt.Fprintf(os.Stderr, "leasehold elect: lost the leadership of %s (epoch %d): %v; killed process group %d\n",
+				name, l.Epoch(), context.Cause(lctx), o.pgid)
+			exit = exitLockLost
+			cancel() // do not campaign again: a supervisor restarts us if it wants
+		default:
+			exit = exitCode(o.waitErr)
+		}
+		return nil
+	}, opts...)
+	switch {
+	case interrupted.Load():
+		fmt.Fprintln(os.Stderr, "leasehold elect: interrupted while campaigning")
+		return exitNotAcquired
+	case err != nil && ctx.Err() == nil:
+		return exitFor("elect", err)
+	}
+	return exit
+}
+
+// newLeaderCmd is `leasehold leader NAME [--output json]`: who leads election NAME.
+// Exit 75 when nobody does.
+func newLeaderCmd() *cobra.Command {
+	var addr string
+	cmd := &cobra.Command{
+		Use:   "leader NAME",
+		Short: "show who leads election NAME: epoch, value, holder (exit 75: nobody)",
+		Args:  cobra.ExactArgs(1),
+	}
+	output := outputFlag(cmd)
+	addrFlag(cmd.Flags(), &addr)
+	cmd.RunE = clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		ld, ok, err := c.Leader(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		w := cmd.OutOrStdout()
+		switch {
+		case *output == "json":
+			resp := &leaseholdv1.LeaderResponse{HasLeader: ok, Epoch: ld.Epoch, Value: ld.Value}
+			if ok {
+				resp.Holder = &leaseholdv1.Holder{Host: ld.Holder.Host, Pid: ld.Holder.PID, Note: ld.Holder.Note}
+			}
+			if err := printJSON(w, resp); err != nil {
+				return err
+			}
+		case ok:
+			fmt.Fprintf(w, "%s\tepoch %d\tvalue %q\theld by %s pid %d %s\n", args[0], ld.Epoch, ld.Value, ld.Holder.Host, ld.Holder.PID, ld.Holder.Note)
+		}
+		if !ok {
+			fmt.Fprintf(cmd.ErrOrStderr(), "leasehold leader: nobody leads %s\n", args[0])
+			return exitWith(exitNotAcquired)
+		}
+		return nil
+	})
+	return cmd
+}
+
+// newObserveCmd is `leasehold observe NAME [--output json]`: who leads election NAME,
+// then every change, one line each, until interrupted.
+func newObserveCmd() *cobra.Command {
+	var addr string
+	cmd := &cobra.Command{
+		Use:   "observe NAME",
+		Short: "show who leads election NAME, then every change of leader, one line each",
+		Long: `Prints who leads election NAME, then each change of leader as the cluster applies it,
+one line each, until interrupted: "epoch N value V held by HOST pid PID", or "no leader
+(epoch N ended)". Within one stream every change comes once and in order, epochs rising;
+when the stream breaks it resumes from the leader then. --output json prints one
+compact protobuf-JSON ObserveResponse per line.`,
+		Args: cobra.ExactArgs(1),
+	}
+	output := outputFlag(cmd)
+	addrFlag(cmd.Flags(), &addr)
+	cmd.RunE = clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+		ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		w := cmd.OutOrStdout()
+		err := c.Observe(ctx, args[0], func(l client.ElectionLeader, ok bool) error {
+			if *output == "json" {
+				resp := &leaseholdv1.ObserveResponse{HasLeader: ok, Epoch: l.Epoch, Value: l.Value}
+				if ok {
+					resp.Holder = &leaseholdv1.Holder{Host: l.Holder.Host, Pid: l.Holder.PID, Note: l.Holder.Note}
+				}
+				return printJSONLine(w, resp)
+			}
+			var err error
+			if ok {
+				_, err = fmt.Fprintf(w, "epoch %d\tvalue %q\theld by %s pid %d %s\n", l.Epoch, l.Value, l.Holder.Host, l.Holder.PID, l.Holder.Note)
+			} else {
+				_, err = fmt.Fprintf(w, "no leader (epoch %d ended)\n", l.Epoch)
+			}
+			return err
+		})
+		if ctx.Err() != nil {
+			return nil // interrupted: the normal end
+		}
+		return err
+	})
+	return cmd
+}

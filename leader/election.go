@@ -1,0 +1,205 @@
+package leader
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/leasehold/leasehold/core"
+)
+
+// Elections (G8): Campaign waits, FIFO, until the lease leads the election; the
+// replicated state (core/election.go) seats the next candidate when a leader resigns
+// or its lease ends, and its EffectElected wakes that candidate's Campaign here.
+
+// electionKey is the key of a Campaign's wait in waits: a byte no lock name may
+// contain keeps elections apart from locks of the same name.
+func electionKey(name string) string { return "\x00election:" + name }
+
+// Leadership is who leads an election.
+type Leadership struct {
+	Epoch  uint64
+	Lease  core.LeaseID
+	Value  []byte
+	Holder core.Holder
+}
+
+// Campaign makes lease a candidate for election name with value, and waits until it
+// leads; it returns the leadership's epoch, a token from the sequence that every later
+// leadership of the election exceeds. A Campaign by a lease that leads already returns
+// its epoch at once (a repeat is harmless). When ctx ends first, the lease leaves the
+// queue — and resigns, if the leadership raced the end — and Campaign returns ctx's
+// error.
+//
+// Errors: *LeaseGoneError (the lease is unknown or ended, before or while waiting),
+// ErrNotLeader (this node does not lead, or stopped while the Campaign waited),
+// core.ErrTooManyWaiters, core.ErrInvalid, the log's errors (outcome unknown), ctx's.
+func (l *Leader) Campaign(ctx context.Context, lease core.LeaseID, name string, value []byte, holder core.Holder) (uint64, error) {
+	key := electionKey(name)
+	l.mu.Lock()
+	if !l.active {
+		l.mu.Unlock()
+		return 0, ErrNotLeader
+	}
+	ch := l.waits.add(lease, key)
+	l.mu.Unlock()
+	defer l.waits.remove(lease, key, ch)
+	res, err := l.log.Apply(ctx, core.Command{Op: core.OpCampaign, Lease: lease, Name: name, Value: value, Holder: holder, Wait: true})
+	if err != nil {
+		return 0, err
+	}
+	if err := l.electionErr(lease, res.Err); err != nil || !res.Queued {
+		return res.Token, err
+	}
+	select {
+	case o := <-ch:
+		return o.token, o.err
+	case <-ctx.Done():
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		w, err := l.log.Apply(cctx, core.Command{Op: core.OpWithdraw, Lease: lease, Name: name})
+		if err == nil && w.Err == nil && w.Token != 0 {
+			_ = l.Resign(cctx, lease, name, w.Token) // elected as the caller gave up
+		}
+		return 0, ctx.Err()
+	}
+}
+
+// Proclaim sets the value of election name, which lease must lead under epoch.
+// Errors: core.ErrNotHolder (it does not lead under that epoch), *LeaseGoneError,
+// ErrNotLeader, the log's errors.
+func (l *Leader) Proclaim(ctx context.Context, lease core.LeaseID, name string, epoch uint64, value []byte) error {
+	return l.applyElection(ctx, core.Command{Op: core.OpProclaim, Lease: lease, Name: name, Token: epoch, Value: value})
+}
+
+// Resign ends lease's leadership of election name under epoch; the next candidate
+// leads. Errors: Proclaim's.
+func (l *Leader) Resign(ctx context.Context, lease core.LeaseID, name string, epoch uint64) error {
+	return l.applyElection(ctx, core.Command{Op: core.OpResign, Lease: lease, Name: name, Token: epoch})
+}
+
+func (l *Leader) applyElection(ctx context.Context, c core.Command) error {
+	if !l.Active() {
+		return ErrNotLeader
+	}
+	res, err := l.log.Apply(ctx, c)
+	if err != nil {
+		return err
+	}
+	return l.electionErr(c.Lease, res.Err)
+}
+
+// electionErr maps an election command's error: a lease not found says why it ended.
+func (l *Leader) electionErr(lease core.LeaseID, err error) error {
+	if errors.Is(err, core.ErrLeaseNotFound) {
+		return l.gone(lease)
+	}
+	return err
+}
+
+// LeaderOf returns who leads election name, as this node's replicated state says,
+// and false when nobody does.
+func (l *Leader) LeaderOf(name string) (Leadership, bool) {
+	var ld Leadership
+	var ok bool
+	l.log.Read(func(s *core.State) {
+		if e := s.Elections().Get(name); e != nil && e.Leader != nil {
+			ld, ok = Leadership{Epoch: e.Leader.Epoch, Lease: e.Leader.Lease, Value: e.Leader.Value, Holder: e.Leader.Holder}, true
+		}
+	})
+	return ld, ok
+}
+
+// ElectionChange is one change Observe reports: a leadership (Leads), or that nobody
+// leads any more (Epoch is the leadership that ended; 0 at a stream's start when
+// nobody led).
+type ElectionChange struct {
+	Leads bool
+	Leadership
+}
+
+// maxObserverLag is how many changes an Observe stream may fall behind before it ends
+// with ErrObserverLagging.
+const maxObserverLag = 1024
+
+// observer is one Observe stream's queue of changes, filled by OnEffects (under
+// Leader.mu) in log order.
+type observer struct {
+	queue   []ElectionChange
+	lagging bool
+	wake    chan struct{} // holds one signal: changes are queued
+}
+
+// observedLocked queues change for every observer of election name.
+func (l *Leader) observedLocked(name string, change ElectionChange) {
+	for o := range l.observers[name] {
+		if len(o.queue) >= maxObserverLag {
+			o.lagging = true
+		} else {
+			o.queue = append(o.queue, change)
+		}
+		select {
+		case o.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Observe calls send with who leads election name now, then with each change as this
+// node applies it, in log order, each once: the epochs of the leaderships sent
+// strictly increase (G8), and a change that happened before the first one sent is not
+// sent. It returns when ctx ends (ctx's error), when send fails (its error), or with
+// ErrObserverLagging when the stream fell maxObserverLag changes behind. It serves on
+// any node that applies the log; the server routes it to the leader.
+func (l *Leader) Observe(ctx context.Context, name string, send func(ElectionChange) error) error {
+	o := &observer{wake: make(chan struct{}, 1)}
+	l.mu.Lock()
+	if l.observers == nil {
+		l.observers = make(map[string]map[*observer]struct{})
+	}
+	if l.observers[name] == nil {
+		l.observers[name] = make(map[*observer]struct{})
+	}
+	l.observers[name][o] = struct{}{}
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.observers[name], o)
+		if len(l.observers[name]) == 0 {
+			delete(l.observers, name)
+		}
+		l.mu.Unlock()
+	}()
+	// Read after registering: a change applied since is both in the state read and
+	// in the queue, and the epoch rule below drops it from the queue.
+	ld, leads := l.LeaderOf(name)
+	last := ElectionChange{Leads: leads, Leadership: ld}
+	if err := send(last); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-o.wake:
+		}
+		l.mu.Lock()
+		queue, lagging := o.queue, o.lagging
+		o.queue = nil
+		l.mu.Unlock()
+		for _, c := range queue {
+			// A new leadership is news when its epoch is higher than the last sent;
+			// an end, when it ends the leadership last sent.
+			if c.Leads && c.Epoch <= last.Epoch || !c.Leads && (!last.Leads || c.Epoch != last.Epoch) {
+				continue
+			}
+			if err := send(c); err != nil {
+				return err
+			}
+			last = c
+		}
+		if lagging {
+			return ErrObserverLagging
+		}
+	}
+}
