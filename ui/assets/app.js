@@ -307,7 +307,7 @@
   // ---- Watch ------------------------------------------------------------------------------
 
   const kindName = (k) => enumName(k, "EVENT_KIND_", "unknown");
-  const ENDS = ["released", "expired", "revoked", "force_released"]; // the kinds that end a hold
+  const ENDS = ["released", "expired", "revoked", "force_released", "disconnected"]; // the kinds that end a hold
   const revText = (r) => (r ? `${r.index || 0}.${r.offset || 0}` : "");
 
   // applyEvent changes the table as the Watch event e says. What events do not carry
