@@ -188,6 +188,7 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, names []string, opts [
 		req.Names = names
 	}
 	b := newBackoff()
+	retried := false
 	for gone := 0; ; gone++ {
 		if gone > 1 && b.sleep(ctx) != nil {
 			return nil, ctx.Err() // fresh leases keep vanishing: not at once, then
@@ -208,6 +209,15 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, names []string, opts [
 			s.end(leaseGoneCause(err))
 			continue // a fresh lease, at once
 		}
+		if errors.Is(err, errLostOnArrival) && ctx.Err() == nil && !retried {
+			// The lease lapsed while the Lock waited (the service was out of reach longer
+			// than the lease's cautious deadline, a restart say): take the grant out in the
+			// background and wait again once, on a fresh lease. A second loss is
+			// returned: keepalives are not getting through.
+			retried = true
+			s.background(names, func(ctx context.Context) error { return c.abandon(ctx, s, req) })
+			continue
+		}
 		if err != nil && ctx.Err() != nil {
 			// The lease may be queued, or even granted: take it out in the background.
 			s.background(names, func(ctx context.Context) error { return c.abandon(ctx, s, req) })
@@ -215,6 +225,10 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, names []string, opts [
 		return l, err
 	}
 }
+
+// errLostOnArrival marks a grant that came after its lease had ended on the client
+// (Client.lock tries once more on a fresh lease).
+var errLostOnArrival = errors.New("the lease ended before the grant arrived")
 
 // acquire takes the lock (or the lock set) of req on lease s, retrying on the next node
 // (see call): an Acquire by the same lease is the same request, whatever the attempt.
@@ -255,7 +269,7 @@ func (c *Client) acquire(ctx context.Context, s *lease, req *leaseholdv1.Acquire
 		// keepalive found it gone): the grant is gone or about to be. A Lock whose
 		// context is done on arrival is no lock: say why instead.
 		l.lost(err)
-		return nil, fmt.Errorf("client: lock %q was lost as it was granted (token %d): %w", name, l.token, err)
+		return nil, fmt.Errorf("client: lock %q was lost as it was granted (token %d): %w: %w", name, l.token, errLostOnArrival, err)
 	}
 	return l, nil
 }
