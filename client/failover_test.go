@@ -167,31 +167,31 @@ func TestFailoverFollowsLeaderHint(t *testing.T) {
 // catching up) says so, and the client tries the next address at once: no call fails,
 // Put and Delete included (nothing was done, so sending them again is safe).
 func TestFailoverLeaderUnknown(t *testing.T) {
-	node := testnode.Start(t)
-	follower := startFakeNode(t, unavailable(reason.LeaderUnknown, ""))
-	ctx, c := dial(t, follower.addr+","+node.Addr())
-	if _, err := c.Put(ctx, "unknown/first", []byte("v")); err != nil {
-		t.Fatalf("the first call, a Put, on the node that knows no leader: %v", err)
-	}
-	exercise(ctx, t, c, "unknown/a")
-	if n := follower.calls.Load(); n != 1 {
-		t.Errorf("the node that knows no leader got %d calls, want 1", n)
-	}
+	testFailoverNotStarted(t, reason.LeaderUnknown, "unknown", "the node that knows no leader")
 }
 
 // TestFailoverShuttingDown: a node that drains its connections before it stops refuses
 // new requests, unstarted, with "shutting_down"; the client sends them, Put included, to
 // the next node at once, and stays off the draining node.
 func TestFailoverShuttingDown(t *testing.T) {
+	testFailoverNotStarted(t, reason.ShuttingDown, "draining", "the node that shuts down")
+}
+
+// testFailoverNotStarted: the first of two nodes answers every call Unavailable with
+// why, a reason that says the request was not started; a Put (not repeated after an
+// unknown outcome) and every other kind of call succeed on the second node, and the
+// first node is asked once.
+func testFailoverNotStarted(t *testing.T, why, prefix, first string) {
+	t.Helper()
 	node := testnode.Start(t)
-	draining := startFakeNode(t, unavailable(reason.ShuttingDown, ""))
-	ctx, c := dial(t, draining.addr+","+node.Addr())
-	if _, err := c.Put(ctx, "draining/first", []byte("v")); err != nil {
-		t.Fatalf("a Put refused by a node that shuts down: %v, want it served by the next node", err)
+	refusing := startFakeNode(t, unavailable(why, ""))
+	ctx, c := dial(t, refusing.addr+","+node.Addr())
+	if _, err := c.Put(ctx, prefix+"/first", []byte("v")); err != nil {
+		t.Fatalf("the first call, a Put, on %s: %v", first, err)
 	}
-	exercise(ctx, t, c, "draining/a")
-	if n := draining.calls.Load(); n != 1 {
-		t.Errorf("the node that shuts down got %d calls, want 1", n)
+	exercise(ctx, t, c, prefix+"/a")
+	if n := refusing.calls.Load(); n != 1 {
+		t.Errorf("%s got %d calls, want 1", first, n)
 	}
 }
 

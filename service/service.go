@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -403,25 +404,22 @@ func (n *Node) Done() <-chan error { return n.serveErr }
 // the leader runtime and closes raft. It does not revoke any lease: after a restart the
 // leases count down again from their full TTL.
 func (n *Node) Close(ctx context.Context) error {
-	drained := make(chan struct{})
+	var drain sync.WaitGroup
 	if n.fastLn != nil {
 		_ = n.fastLn.Close()
-		go func() {
-			defer close(drained)
-			// Requests in flight are answered; later ones are refused, unstarted, so
-			// that clients send them to another node (server.ErrShuttingDown).
-			_ = n.Server.DrainFastLane(ctx)
-		}()
-	} else {
-		close(drained)
+		// Requests in flight are answered; later ones are refused, unstarted, so that
+		// clients send them to another node (server.ErrShuttingDown).
+		drain.Go(func() { _ = n.Server.DrainFastLane(ctx) })
 	}
-	n.Server.EndStreams() // streams would keep Shutdown waiting: their callers resume elsewhere (first: a Watch would end not_leader with the Demote)
-	n.Leader.Demote()     // fail waiting acquires (Unavailable: clients retry after the restart)
+	// Streams would keep Shutdown waiting: end them first (before the Demote, which
+	// would end a Watch with not_leader), and their callers resume elsewhere.
+	n.Server.EndStreams()
+	n.Leader.Demote() // fail waiting acquires (Unavailable: clients retry after the restart)
 	herr := n.http.Shutdown(ctx)
 	if errors.Is(herr, context.DeadlineExceeded) || errors.Is(herr, context.Canceled) {
 		herr = n.http.Close()
 	}
-	<-drained
+	drain.Wait()
 	n.cancel()
 	n.Leader.Demote()
 	return errors.Join(herr, n.Raft.Close())

@@ -228,12 +228,7 @@ func TestDashboardAcrossLeaderChange(t *testing.T) {
 	if err := a.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b.wait(t, `document.querySelectorAll('#feed li[data-name^="lc/"]').length >= 4 && document.querySelector("#live").textContent === "live"`, 10*time.Second)
-	got := b.feed(t, "lc/")
-	want := []string{"acquired lc/a", "acquired lc/b", "released lc/b", "released lc/a"}
-	if !slices.Equal(got, want) {
-		t.Errorf("feed (oldest first) %q, want %q", got, want)
-	}
+	b.expectNested(t, "lc/", 10*time.Second)
 	b.screenshot(t, "leader-change.png")
 	b.checkConsole(t)
 }
@@ -428,6 +423,19 @@ func (b *browser) wait(t *testing.T, cond string, d time.Duration) {
 // feed returns the feed's entries for the locks under prefix, oldest first, as "kind
 // name", and fails the test unless every entry of the feed, of any lock, has a revision
 // above the one before.
+// expectNested waits (up to timeout, the page live again) for the feed's four events of
+// a lock PREFIX+"a" taken, PREFIX+"b" taken, then both released in reverse, and checks
+// that they came once each and in that order.
+func (b *browser) expectNested(t *testing.T, prefix string, timeout time.Duration) {
+	t.Helper()
+	b.wait(t, `document.querySelectorAll('#feed li[data-name^="`+prefix+`"]').length >= 4 && document.querySelector("#live").textContent === "live"`, timeout)
+	got := b.feed(t, prefix)
+	want := []string{"acquired " + prefix + "a", "acquired " + prefix + "b", "released " + prefix + "b", "released " + prefix + "a"}
+	if !slices.Equal(got, want) {
+		t.Errorf("feed (oldest first) %q, want %q", got, want)
+	}
+}
+
 func (b *browser) feed(t *testing.T, prefix string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
@@ -549,12 +557,7 @@ func TestDashboardResumesWatch(t *testing.T) {
 	}
 	proxy.resume()
 
-	b.wait(t, `document.querySelectorAll('#feed li[data-name^="gap/"]').length >= 4 && document.querySelector("#live").textContent === "live"`, 3*time.Second)
-	got := b.feed(t, "gap/")
-	want := []string{"acquired gap/a", "acquired gap/b", "released gap/b", "released gap/a"}
-	if !slices.Equal(got, want) {
-		t.Errorf("feed (oldest first) %q, want %q", got, want)
-	}
+	b.expectNested(t, "gap/", 3*time.Second)
 	b.screenshot(t, "resumed.png")
 	b.checkConsole(t)
 }
