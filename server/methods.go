@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"time"
 
@@ -411,12 +410,14 @@ func (s *Server) callStream(ctx context.Context, m *method, req proto.Message, f
 	if err := s.checkClusterID(from.clusterID); err != nil {
 		return s.finish(m, start, err)
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	defer context.AfterFunc(s.streams, func() { cancel(ErrShuttingDown) })()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.streams, cancel)()
 	err := s.serveStream(ctx, m, req, from, send)
-	if errors.Is(context.Cause(ctx), ErrShuttingDown) {
-		err = ErrShuttingDown // the caller resumes at another node
+	if s.streams.Err() != nil {
+		// The node shuts down: whatever ended the stream first (EndStreams, or the
+		// Demote right after it), the caller resumes at another node.
+		err = ErrShuttingDown
 	}
 	return s.finish(m, start, err)
 }
