@@ -267,7 +267,10 @@ func (w *Writer) Offer(frame []byte) bool {
 func (w *Writer) flushLocked() bool {
 	for len(w.pending) > 0 && w.err == nil {
 		out := w.pending
-		w.pending = w.spare[:0]
+		// The spare buffer becomes pending; it must not stay spare too, or after a write
+		// too large to keep (below) the next round would append to the very buffer it is
+		// writing.
+		w.pending, w.spare = w.spare[:0], nil
 		w.mu.Unlock()
 		_, err := w.w.Write(out)
 		w.mu.Lock()
