@@ -89,7 +89,7 @@ func main() {
 	flag.IntVar(&f.scaleClients, "scale-clients", 100, "scale-leases: number of clients (connections) the leases are spread over")
 	flag.DurationVar(&f.scaleLeaseTTL, "scale-lease-ttl", 10*time.Second, "scale-leases: lease TTL (each lease gets TTL + k ms)")
 	flag.DurationVar(&f.scaleWindow, "scale-window", 30*time.Second, "scale-leases: measured window")
-	flag.BoolVar(&f.profile, "profile", false, "run leasehold with --pprof and write its CPU profile over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND][-nNODE].cpu.pprof (every node's, in a cluster) and, for scale-leases, to OUT/NAME-scale-leases.cpu.pprof")
+	flag.BoolVar(&f.profile, "profile", false, "run leasehold with --pprof and write its CPU profile over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND][-nNODE].cpu.pprof (every node's, in a cluster) and, for scale-leases, to OUT/NAME-scale-leases.cpu.pprof; with the server's heap profile after each scale run's window in OUT/NAME-scale-leases.heap.pprof and OUT/NAME-scale-locks-CLASS.heap.pprof")
 	flag.DurationVar(&f.startTimeout, "start-timeout", 90*time.Second, "how long a server may take to start")
 	fromJSON := flag.String("from-json", "", "render the report of an earlier run from its JSON file, without running anything")
 	flag.Parse()
@@ -273,8 +273,12 @@ func mainErr(f flags) int {
 				break
 			}
 			sys := peers.NewLeasehold(opts, class == "correctness")
+			profile := ""
+			if f.profile {
+				profile = filepath.Join(f.out, f.prefix+"-scale-locks-"+class) // + ".heap.pprof"
+			}
 			err := withLeasehold(ctx, sys, tmp, "scale-locks-"+class, f.startTimeout, logw, func() {
-				r := scale.Locks(ctx, sys, f.scaleLocks, f.scaleLocksPerLease, f.scaleFill, f.ttl, f.scaleHold, logw)
+				r := scale.Locks(ctx, sys, f.scaleLocks, f.scaleLocksPerLease, f.scaleFill, f.ttl, f.scaleHold, profile, logw)
 				rep.Locks = append(rep.Locks, r)
 				if r.Failed != "" {
 					failed = true

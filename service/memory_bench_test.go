@@ -1,0 +1,104 @@
+package service_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/internal/testnode"
+	"github.com/leasehold/leasehold/leader"
+)
+
+// BenchmarkIdleLeaseMemory measures the heap a serving node keeps per idle lease, end to
+// end on the server side: the replicated state, raft's log and its caches, the leader's
+// countdowns, the efficiency lock table and whatever else the node keeps per lease. A
+// node (testnode: real raft log on disk, leader runtime) is granted 100,000 leases
+// through the leader, 64 at a time as many clients would, each holding one efficiency
+// lock as the scale-leases run's leases do ("with-lock"), or none ("bare").
+// bytes/lease is the live heap after a full collection, less the heap before the
+// leases, over their number. The transports' per-connection buffers are not counted
+// (the leases come through no connection). Run it with -benchtime=1x.
+func BenchmarkIdleLeaseMemory(b *testing.B) {
+	for _, withLock := range []bool{false, true} {
+		name := "bare"
+		if withLock {
+			name = "with-lock"
+		}
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				benchIdleLeases(b, 100_000, withLock)
+			}
+		})
+	}
+}
+
+var leaseHeap = flag.String("leaseheap", "", "BenchmarkIdleLeaseMemory: write the heap profile with the leases live to this file")
+
+func writeHeapProfile(b *testing.B, file string) {
+	f, err := os.Create(file)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func benchIdleLeases(b *testing.B, n int, withLock bool) {
+	node := testnode.Start(b)
+	ctx := context.Background()
+	const workers = 64
+	ids := make([]core.LeaseID, n)
+	before := liveHeap()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < n; i += workers {
+				// Distinct TTLs, as the scale run's (a client keeps one lease per TTL).
+				id, err := node.Leader.Grant(ctx, 10*time.Minute+time.Duration(i%1000)*time.Millisecond)
+				if err != nil {
+					errs <- err
+					return
+				}
+				ids[i] = id
+				if !withLock {
+					continue
+				}
+				a := leader.AcquireArgs{AcquireArgs: core.AcquireArgs{Lease: id, Name: fmt.Sprintf("scale-leases/%d/%d", w, i),
+					Class: core.Efficiency, Holder: core.Holder{Host: "worker-17.example.internal", PID: uint32(1000 + w)}}}
+				if _, err := node.Leader.Acquire(ctx, a); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	after := liveHeap()
+	if *leaseHeap != "" {
+		writeHeapProfile(b, *leaseHeap)
+	}
+	b.ReportMetric(float64(int64(after)-int64(before))/float64(n), "bytes/lease")
+	runtime.KeepAlive(ids)
+}
+
+// liveHeap returns the bytes of live heap objects after a full collection.
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
