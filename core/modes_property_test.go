@@ -41,7 +41,7 @@ type stateSystem struct{ s *State }
 
 func (x stateSystem) apply(c Command) Result { return x.s.Apply(c) }
 func (x stateSystem) table() *Locks          { return x.s.locks }
-func (x stateSystem) live(id LeaseID) bool   { return x.s.leases[id] != nil }
+func (x stateSystem) live(id LeaseID) bool   { return x.s.live(id) }
 func (x stateSystem) last() uint64           { return x.s.seq }
 
 type tableSystem struct{ d *tableDriver }
