@@ -501,7 +501,7 @@ func TestPropertyModesCoverage(t *testing.T) {
 				seen[fmt.Sprintf("set=%v %v queued", set, c.Mode)]++
 				if c.Mode == Shared {
 					for _, n := range append(slices.Clone(c.Names), c.Name) {
-						if held[n] && s.locks.locks[n].terms == nil {
+						if held[n] && !s.locks.locks[n].terms.set() {
 							seen["reader queued behind a writer, readers holding"]++
 						}
 					}
