@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"time"
 
 	"github.com/leasehold/leasehold/core"
 )
@@ -49,7 +48,7 @@ func (l *Leader) Promote(ctx context.Context) error {
 	l.eff = core.NewLocks(l.cfg.Limits)
 	l.effSeq = block{}
 	l.recordLocked()
-	now := time.Now()
+	now := l.now()
 	var delayed []*core.Lock
 	type drain struct {
 		k      drainKey

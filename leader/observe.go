@@ -207,6 +207,6 @@ func (l *Leader) leaseEndedLocked(c *countdown, reason core.EndReason) {
 		l.obs.Held(h.class, now-h.at)
 	}
 	if reason == core.EndExpired && c.expiring {
-		l.obs.ExpiredLate(time.Since(c.deadline))
+		l.obs.ExpiredLate(l.now() - c.deadline)
 	}
 }
