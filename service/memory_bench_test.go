@@ -95,6 +95,60 @@ func benchIdleLeases(b *testing.B, n int, withLock bool) {
 	runtime.KeepAlive(ids)
 }
 
+// BenchmarkHeldLocksNodeMemory is core's BenchmarkHeldLocksMemory end to end on the
+// server side: a node holds 200,000 correctness locks (20 leases × 10,000, granted
+// through the leader and raft, 64 acquires at a time), and bytes/lock is the live heap
+// after a full collection, less the heap with the leases and no lock, over the
+// locks. Beside the core's lock table it counts what the node keeps per held lock: the
+// leader's record of each hold (for the hold-time metric), and what the bounded parts
+// (ledger, watch history, raft's log cache) fill up to at this size. Run it with
+// -benchtime=1x; -args -leaseheap=FILE writes the heap profile.
+func BenchmarkHeldLocksNodeMemory(b *testing.B) {
+	for b.Loop() {
+		benchHeldLocks(b, 20, 10_000)
+	}
+}
+
+func benchHeldLocks(b *testing.B, leases, perLease int) {
+	node := testnode.Start(b)
+	ctx := context.Background()
+	ids := make([]core.LeaseID, leases)
+	for i := range ids {
+		id, err := node.Leader.Grant(ctx, 10*time.Minute)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids[i] = id
+	}
+	before := liveHeap()
+	const workers = 64
+	n := leases * perLease
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < n; i += workers {
+				a := leader.AcquireArgs{AcquireArgs: core.AcquireArgs{Lease: ids[i/perLease], Name: fmt.Sprintf("scale/lease-%d/lock-%05d", i/perLease, i%perLease),
+					Class: core.Correctness, Holder: core.Holder{Host: "worker-17.example.internal", PID: uint32(1000 + i/perLease)}}}
+				if _, err := node.Leader.Acquire(ctx, a); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	after := liveHeap()
+	if *leaseHeap != "" {
+		writeHeapProfile(b, *leaseHeap)
+	}
+	b.ReportMetric(float64(int64(after)-int64(before))/float64(n), "bytes/lock")
+}
+
 // liveHeap returns the bytes of live heap objects after a full collection.
 func liveHeap() uint64 {
 	runtime.GC()
