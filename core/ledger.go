@@ -37,35 +37,70 @@ const (
 	DefaultLedgerTotal   = 100_000
 )
 
-type holdKey struct {
-	name  string
-	token uint64
-}
-
 // ledger is the replicated record of recent tenures (State.History).
 type ledger struct {
 	perLock, total int
-	open           map[holdKey]int64 // start of every hold still open whose start is known
-	byLock         map[string][]*Tenure
-	order          []*Tenure // ended tenures, oldest first; some gone (perLock)
-	live           int       // tenures in order not gone
+	// open holds the start of every hold still open whose start is known, by token:
+	// one entry per grant, which covers all the names of a lock set (granted in one
+	// command, so at one time, and always ended together). An entry is an openStart,
+	// and the map holds no pointer: with a million locks held, the GC does not scan it.
+	open   map[uint64]openStart
+	byLock map[string][]*Tenure
+	order  []*Tenure // ended tenures, oldest first; some gone (perLock)
+	live   int       // tenures in order not gone
 }
 
 func newLedger(l Limits) ledger {
-	return ledger{perLock: l.LedgerPerLock, total: l.LedgerTotal, open: make(map[holdKey]int64), byLock: make(map[string][]*Tenure)}
+	return ledger{perLock: l.LedgerPerLock, total: l.LedgerTotal, open: make(map[uint64]openStart), byLock: make(map[string][]*Tenure)}
 }
+
+// openStart is an open grant's start (Unix milliseconds, below 2^56) shifted left by
+// seven bits, and in those bits how many of its names are still held (a lock set has
+// at most MaxSetNames).
+type openStart int64
+
+const openNamesBits = 7
+
+func (o openStart) start() int64 { return int64(o) >> openNamesBits }
+func (o openStart) names() int   { return int(o & (1<<openNamesBits - 1)) }
+
+// opened counts one more name held under token since start (0: unknown, not recorded).
+func (g *ledger) opened(token uint64, start int64) {
+	if start <= 0 || start >= 1<<(63-openNamesBits) {
+		return // unknown, or a time no clock gives: as if not recorded
+	}
+	o, ok := g.open[token]
+	if !ok || o.names() >= MaxSetNames {
+		o = openStart(start << openNamesBits)
+	}
+	g.open[token] = o + 1
+}
+
+// closed counts one name of token's grant fewer and returns the grant's start (0 when
+// unknown).
+func (g *ledger) closed(token uint64) int64 {
+	o, ok := g.open[token]
+	if !ok {
+		return 0
+	}
+	if o.names() <= 1 {
+		delete(g.open, token)
+	} else {
+		g.open[token] = o - 1
+	}
+	return o.start()
+}
+
+// started returns the start of token's open grant (0 when unknown).
+func (g *ledger) started(token uint64) int64 { return g.open[token].start() }
 
 // note records what event e (of the command proposed at now) does to the ledger.
 func (g *ledger) note(e Event, now int64) {
-	k := holdKey{e.Name, e.Token}
 	switch e.Kind {
 	case EventAcquired:
-		if now != 0 { // 0: unknown, as if not recorded
-			g.open[k] = now
-		}
+		g.opened(e.Token, now)
 	case EventReleased, EventExpired, EventRevoked, EventForceReleased, EventDisconnected:
-		start := g.open[k]
-		delete(g.open, k)
+		start := g.closed(e.Token)
 		g.add(&Tenure{Name: e.Name, Token: e.Token, Holder: e.Holder, Mode: e.Mode, StartMillis: start, EndMillis: now, End: e.Kind, Note: e.Note})
 	}
 }
@@ -120,15 +155,15 @@ func (s *State) History(name string) []Tenure {
 			holds, mode = []Hold{*l.Hold}, Exclusive
 		}
 		for _, h := range holds {
-			out = append(out, Tenure{Name: name, Token: h.Token, Holder: h.Holder, Mode: mode, StartMillis: s.ledger.open[holdKey{name, h.Token}]})
+			out = append(out, Tenure{Name: name, Token: h.Token, Holder: h.Holder, Mode: mode, StartMillis: s.ledger.started(h.Token)})
 		}
 	}
 	return out
 }
 
 // records copies the ledger for a snapshot: the ended tenures oldest first, then the
-// open holds' starts in (name, token) order.
-func (g *ledger) records() []Tenure {
+// open holds' starts in (name, token) order, one per name held (the holds of locks).
+func (g *ledger) records(locks *Locks) []Tenure {
 	out := make([]Tenure, 0, g.live+len(g.open))
 	for _, t := range g.order {
 		if !t.gone {
@@ -136,8 +171,20 @@ func (g *ledger) records() []Tenure {
 		}
 	}
 	n := len(out)
-	for k, start := range g.open {
-		out = append(out, Tenure{Name: k.name, Token: k.token, StartMillis: start})
+	add := func(name string, token uint64) {
+		if o, ok := g.open[token]; ok {
+			out = append(out, Tenure{Name: name, Token: token, StartMillis: o.start()})
+		}
+	}
+	for _, l := range locks.locks {
+		if l.held() {
+			add(l.name, l.token)
+		}
+		if l.more != nil {
+			for _, h := range l.more.holds {
+				add(l.name, h.token)
+			}
+		}
 	}
 	slices.SortFunc(out[n:], func(a, b Tenure) int {
 		return cmp.Or(strings.Compare(a.Name, b.Name), cmp.Compare(a.Token, b.Token))
@@ -154,7 +201,7 @@ func (s *State) restoreTenure(t Tenure) error {
 	case len(t.Note) > MaxReasonLen || !utf8.ValidString(t.Note):
 		return fmt.Errorf("%w: ledger entry with a bad note in snapshot", ErrCorrupt)
 	case t.End == 0 && t.StartMillis != 0:
-		s.ledger.open[holdKey{t.Name, t.Token}] = t.StartMillis
+		s.ledger.opened(t.Token, t.StartMillis)
 	case t.End == 0:
 		return fmt.Errorf("%w: ledger entry of an open hold without its start in snapshot", ErrCorrupt)
 	case t.End == EventReleased || t.End == EventExpired || t.End == EventRevoked || t.End == EventForceReleased || t.End == EventDisconnected:

@@ -105,7 +105,7 @@ func (s *State) SnapshotView() *SnapshotView {
 	}
 	v.keys, v.inProgress = s.keys.records()
 	v.groups = s.groups.records()
-	v.ledger = s.ledger.records()
+	v.ledger = s.ledger.records(s.locks)
 	v.elections = s.elections.records()
 	for id, ttl := range s.leases {
 		v.leases = append(v.leases, Lease{ID: id, TTLMillis: ttl})

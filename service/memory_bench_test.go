@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/internal/testnode"
 	"github.com/leasehold/leasehold/leader"
+	"github.com/leasehold/leasehold/replication"
 )
 
 // BenchmarkIdleLeaseMemory measures the heap a serving node keeps per idle lease, end to
@@ -64,7 +66,9 @@ func benchIdleLeases(b *testing.B, n int, withLock bool) {
 		wg.Go(func() {
 			for i := w; i < n; i += workers {
 				// Distinct TTLs, as the scale run's (a client keeps one lease per TTL).
-				id, err := node.Leader.Grant(ctx, 10*time.Minute+time.Duration(i%1000)*time.Millisecond)
+				id, err := untilQueued(func() (core.LeaseID, error) {
+					return node.Leader.Grant(ctx, 10*time.Minute+time.Duration(i%1000)*time.Millisecond)
+				})
 				if err != nil {
 					errs <- err
 					return
@@ -75,7 +79,7 @@ func benchIdleLeases(b *testing.B, n int, withLock bool) {
 				}
 				a := leader.AcquireArgs{AcquireArgs: core.AcquireArgs{Lease: id, Name: fmt.Sprintf("scale-leases/%d/%d", w, i),
 					Class: core.Efficiency, Holder: core.Holder{Host: "worker-17.example.internal", PID: uint32(1000 + w)}}}
-				if _, err := node.Leader.Acquire(ctx, a); err != nil {
+				if _, err := untilQueued(func() (leader.Grant, error) { return node.Leader.Acquire(ctx, a) }); err != nil {
 					errs <- err
 					return
 				}
@@ -114,7 +118,7 @@ func benchHeldLocks(b *testing.B, leases, perLease int) {
 	ctx := context.Background()
 	ids := make([]core.LeaseID, leases)
 	for i := range ids {
-		id, err := node.Leader.Grant(ctx, 10*time.Minute)
+		id, err := untilQueued(func() (core.LeaseID, error) { return node.Leader.Grant(ctx, 10*time.Minute) })
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -130,7 +134,7 @@ func benchHeldLocks(b *testing.B, leases, perLease int) {
 			for i := w; i < n; i += workers {
 				a := leader.AcquireArgs{AcquireArgs: core.AcquireArgs{Lease: ids[i/perLease], Name: fmt.Sprintf("scale/lease-%d/lock-%05d", i/perLease, i%perLease),
 					Class: core.Correctness, Holder: core.Holder{Host: "worker-17.example.internal", PID: uint32(1000 + i/perLease)}}}
-				if _, err := node.Leader.Acquire(ctx, a); err != nil {
+				if _, err := untilQueued(func() (leader.Grant, error) { return node.Leader.Acquire(ctx, a) }); err != nil {
 					errs <- err
 					return
 				}
@@ -147,6 +151,19 @@ func benchHeldLocks(b *testing.B, leases, perLease int) {
 		writeHeapProfile(b, *leaseHeap)
 	}
 	b.ReportMetric(float64(int64(after)-int64(before))/float64(n), "bytes/lock")
+}
+
+// untilQueued calls f again while it fails with replication.ErrBusy (nothing was
+// written: on a loaded machine raft's queue may not take an entry in time), as the
+// client does.
+func untilQueued[T any](f func() (T, error)) (T, error) {
+	for {
+		v, err := f()
+		if !errors.Is(err, replication.ErrBusy) {
+			return v, err
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // liveHeap returns the bytes of live heap objects after a full collection.
