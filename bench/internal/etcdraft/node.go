@@ -63,7 +63,7 @@ type Config struct {
 
 // proposal is one command waiting for its outcome.
 type proposal struct {
-	data []byte // request ID (8 bytes) and the encoded command
+	cmd  []byte // the encoded command
 	done chan outcome
 }
 
@@ -85,7 +85,8 @@ type Node struct {
 	done  chan struct{}
 
 	// Owned by run.
-	pending map[uint64]proposal
+	queued  []proposal          // taken in this turn, not yet proposed
+	pending map[uint64]proposal // proposed, by request ID
 	nextReq uint64
 	leader  bool
 
@@ -171,9 +172,7 @@ func (n *Node) Apply(ctx context.Context, cmd core.Command) (core.Result, error)
 	if err != nil {
 		return core.Result{}, err
 	}
-	data := make([]byte, 8, 8+len(b))
-	data = append(data, b...)
-	p := proposal{data: data, done: make(chan outcome, 1)}
+	p := proposal{cmd: b, done: make(chan outcome, 1)}
 	select {
 	case n.propc <- p:
 	case <-n.stop:
@@ -264,6 +263,7 @@ func (n *Node) run() {
 				break drain
 			}
 		}
+		n.flush()
 		for n.rn.HasReady() {
 			if err := n.handleReady(n.rn.Ready()); err != nil {
 				// The log can no longer be written: stop, as the server's node does
@@ -280,20 +280,47 @@ func (n *Node) step(m *pb.Message) {
 	_ = n.rn.Step(m) // messages from an old term or an unknown peer are dropped
 }
 
-// propose hands p to raft, or answers it ErrNotLeader.
+// propose queues p for the entry the loop proposes when it has taken in what arrived.
 func (n *Node) propose(p proposal) {
 	if !n.leader {
 		p.done <- outcome{err: ErrNotLeader}
 		return
 	}
-	n.nextReq++
-	id := n.nextReq
-	binary.BigEndian.PutUint64(p.data, id)
-	if err := n.rn.Propose(p.data); err != nil {
-		p.done <- outcome{err: fmt.Errorf("%w: %w", ErrNotLeader, err)}
+	n.queued = append(n.queued, p)
+}
+
+// flush proposes the queued commands as one entry (group commit: one record, one
+// message per follower and one decode however many commands arrived during the last
+// write), each under a request ID that tells its proposer when the entry is applied.
+// Entry format: uvarint count, then per command its request ID (8 bytes), uvarint
+// length and encoding.
+func (n *Node) flush() {
+	if len(n.queued) == 0 {
 		return
 	}
-	n.pending[id] = p
+	size := binary.MaxVarintLen64
+	for _, p := range n.queued {
+		size += 8 + binary.MaxVarintLen64 + len(p.cmd)
+	}
+	data := binary.AppendUvarint(make([]byte, 0, size), uint64(len(n.queued)))
+	first := n.nextReq + 1
+	for _, p := range n.queued {
+		n.nextReq++
+		data = binary.BigEndian.AppendUint64(data, n.nextReq)
+		data = binary.AppendUvarint(data, uint64(len(p.cmd)))
+		data = append(data, p.cmd...)
+	}
+	if err := n.rn.Propose(data); err != nil {
+		for _, p := range n.queued {
+			p.done <- outcome{err: fmt.Errorf("%w: %w", ErrNotLeader, err)}
+		}
+	} else {
+		for i, p := range n.queued {
+			n.pending[first+uint64(i)] = p
+		}
+	}
+	clear(n.queued)
+	n.queued = n.queued[:0]
 }
 
 // handleReady sends, persists and applies one Ready, in the order that keeps G3:
@@ -372,20 +399,26 @@ func (n *Node) apply(ents []*pb.Entry) {
 	var answers []answer
 	n.mu.Lock()
 	for _, e := range ents {
-		if e.GetType() != pb.EntryNormal || len(e.GetData()) < 8 {
+		if e.GetType() != pb.EntryNormal || len(e.GetData()) == 0 {
 			continue // the leader's empty entry of its term; no configuration changes here
 		}
-		data := e.GetData()
-		var o outcome
-		if cmd, err := core.DecodeCommand(data[8:]); err != nil {
-			o.res.Err = err
-		} else {
-			o.res = n.state.Apply(cmd)
-		}
-		id := binary.BigEndian.Uint64(data)
-		if p, ok := n.pending[id]; ok {
-			delete(n.pending, id)
-			answers = append(answers, answer{p, o})
+		err := eachCommand(e.GetData(), func(id uint64, data []byte) {
+			var o outcome
+			if cmd, err := core.DecodeCommand(data); err != nil {
+				o.res.Err = err // skipped identically on every node
+			} else {
+				o.res = n.state.Apply(cmd)
+			}
+			if p, ok := n.pending[id]; ok {
+				delete(n.pending, id)
+				answers = append(answers, answer{p, o})
+			}
+		})
+		if err != nil {
+			// The commands before the damage are applied; the rest of the entry is
+			// skipped, identically on every node. Their proposer learns it from the
+			// request IDs it never sees (ErrOutcomeUnknown when leadership goes).
+			continue
 		}
 	}
 	n.applied = ents[len(ents)-1].GetIndex()
@@ -395,6 +428,31 @@ func (n *Node) apply(ents []*pb.Entry) {
 	}
 }
 
+// eachCommand calls fn with each command of an entry (see flush), in order.
+func eachCommand(b []byte, fn func(id uint64, cmd []byte)) error {
+	count, k := binary.Uvarint(b)
+	if k <= 0 {
+		return errors.New("bad command count")
+	}
+	b = b[k:]
+	for i := range count {
+		if len(b) < 8 {
+			return fmt.Errorf("command %d: short request ID", i)
+		}
+		id := binary.BigEndian.Uint64(b)
+		l, k := binary.Uvarint(b[8:])
+		if k <= 0 || l > uint64(len(b)-8-k) {
+			return fmt.Errorf("command %d: bad length", i)
+		}
+		fn(id, b[8+k:8+k+int(l)])
+		b = b[8+k+int(l):]
+	}
+	if len(b) != 0 {
+		return fmt.Errorf("%d bytes after the last command", len(b))
+	}
+	return nil
+}
+
 func (n *Node) failPending(err error) {
 	for id, p := range n.pending {
 		p.done <- outcome{err: err}
@@ -402,8 +460,12 @@ func (n *Node) failPending(err error) {
 	}
 }
 
-// failQueued answers the proposals not yet taken in: nothing of them was written.
+// failQueued answers the proposals not yet proposed: nothing of them was written.
 func (n *Node) failQueued() {
+	for _, p := range n.queued {
+		p.done <- outcome{err: ErrStopped}
+	}
+	n.queued = nil
 	for {
 		select {
 		case p := <-n.propc:
