@@ -5,8 +5,10 @@
 // core commands and the same state machine. Per engine and size it runs one proposer
 // (latency of each commit) and then -workers proposers (commits/s, process CPU per
 // commit from getrusage). Each proposer alternates a correctness acquire and a release
-// of its own lock; one commit is one Apply. Even rounds swap the order of the two
-// engines at each size.
+// of its own lock; one commit is one Apply. Each round rotates the order of the engines
+// at each size. Engines: hashicorp (package replication, as the server runs it), etcd
+// (the prototype), etcd-direct (the prototype writing messages from its loop,
+// Transport.Direct).
 //
 //	go run ./cmd/raftcompare -rounds 5 -duration 3s
 package main
@@ -81,7 +83,7 @@ func run(rounds int, duration, warmup time.Duration, workers int, dir, only, cpu
 	}
 	var setups []setup
 	for _, nodes := range []int{1, 3} {
-		for _, s := range []setup{{name: "hashicorp", start: startHashicorp}, {name: "etcd", start: startEtcd}} {
+		for _, s := range []setup{{name: "hashicorp", start: startHashicorp}, {name: "etcd", start: startEtcd(false)}, {name: "etcd-direct", start: startEtcd(true)}} {
 			s.nodes = nodes
 			if strings.Contains(fmt.Sprintf("%s/%d", s.name, s.nodes), only) {
 				setups = append(setups, s)
@@ -93,17 +95,7 @@ func run(rounds int, duration, warmup time.Duration, workers int, dir, only, cpu
 	fmt.Println("|--:|---|--:|--:|--:|--:|--:|--:|--:|---|")
 	results := map[string][]result{}
 	for r := 1; r <= rounds; r++ {
-		order := slices.Clone(setups)
-		if r%2 == 0 {
-			// Even rounds run the engines of each size the other way round, so that
-			// neither always follows the other.
-			for i := 0; i+1 < len(order); i += 2 {
-				if order[i].nodes == order[i+1].nodes {
-					order[i], order[i+1] = order[i+1], order[i]
-				}
-			}
-		}
-		for i, s := range order {
+		for i, s := range rotated(setups, r) {
 			res, err := measure(s, filepath.Join(dir, fmt.Sprintf("r%d-%d", r, i)), duration, warmup, workers)
 			if err != nil {
 				return fmt.Errorf("round %d, %s/%d: %w", r, s.name, s.nodes, err)
@@ -123,6 +115,24 @@ func run(rounds int, duration, warmup time.Duration, workers int, dir, only, cpu
 			median(rs, func(r result) float64 { return r.rate }), median(rs, func(r result) float64 { return r.cpu }))
 	}
 	return nil
+}
+
+// rotated returns the setups of round r: those of each size rotated by r, so that no
+// engine always runs first or after the same one.
+func rotated(setups []setup, r int) []setup {
+	var out []setup
+	for start := 0; start < len(setups); {
+		end := start
+		for end < len(setups) && setups[end].nodes == setups[start].nodes {
+			end++
+		}
+		group := setups[start:end]
+		for i := range group {
+			out = append(out, group[(i+r-1)%len(group)])
+		}
+		start = end
+	}
+	return out
 }
 
 type result struct {
@@ -280,9 +290,16 @@ func loadavg() string {
 	return strings.Join(f[:3], " ")
 }
 
-// startEtcd starts the prototype: nodes voters, each on its own replication/wal log.
-func startEtcd(dir string, nodes int) (engine, func(), error) {
-	ns, err := etcdraft.StartCluster(etcdraft.ClusterConfig{Dir: dir, Nodes: nodes})
+// startEtcd starts the prototype: nodes voters, each on its own replication/wal log;
+// direct sets the transports' Direct.
+func startEtcd(direct bool) func(dir string, nodes int) (engine, func(), error) {
+	return func(dir string, nodes int) (engine, func(), error) {
+		return startEtcdCluster(dir, nodes, direct)
+	}
+}
+
+func startEtcdCluster(dir string, nodes int, direct bool) (engine, func(), error) {
+	ns, err := etcdraft.StartCluster(etcdraft.ClusterConfig{Dir: dir, Nodes: nodes, DirectSend: direct})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -21,6 +21,8 @@ type ClusterConfig struct {
 	Limits core.Limits
 	// ElectionTicks of 10 ms each; default 50 (Config).
 	ElectionTicks int
+	// DirectSend sets every transport's Direct.
+	DirectSend bool
 	// Wrap, if set, wraps node i's log (tests hold disk writes back with it).
 	Wrap func(i int, l LogStore) LogStore
 }
@@ -50,6 +52,7 @@ func StartCluster(cfg ClusterConfig) ([]*Node, error) {
 		if err != nil {
 			return fail(err)
 		}
+		t.Direct = cfg.DirectSend
 		ts[i], voters[i] = t, uint64(i+1)
 	}
 	for i, t := range ts {

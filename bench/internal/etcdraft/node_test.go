@@ -48,10 +48,11 @@ func (g *gatedLog) unblock() {
 
 // cluster starts three nodes on gated logs with a 1 s election timeout (a disk held
 // back for a few hundred milliseconds must not cost the leader its lease).
-func cluster(t *testing.T) ([]*Node, []*gatedLog) {
+// With direct, the transports write from the loop (Transport.Direct).
+func cluster(t *testing.T, direct bool) ([]*Node, []*gatedLog) {
 	t.Helper()
 	gates := make([]*gatedLog, 3)
-	nodes, err := StartCluster(ClusterConfig{Dir: t.TempDir(), Nodes: 3, ElectionTicks: 100, Wrap: func(i int, l LogStore) LogStore {
+	nodes, err := StartCluster(ClusterConfig{Dir: t.TempDir(), Nodes: 3, ElectionTicks: 100, DirectSend: direct, Wrap: func(i int, l LogStore) LogStore {
 		gates[i] = &gatedLog{LogStore: l}
 		return gates[i]
 	}})
@@ -109,7 +110,18 @@ func snapshotBytes(t *testing.T, n *Node) []byte {
 // the same entries and ends with a byte-identical state, whose tokens are the ones the
 // proposers were given.
 func TestThreeNodesAgree(t *testing.T) {
-	nodes, _ := cluster(t)
+	eachTransport(t, testThreeNodesAgree)
+}
+
+// eachTransport runs test with queued sends and with direct ones.
+func eachTransport(t *testing.T, test func(*testing.T, bool)) {
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) { test(t, direct) })
+	}
+}
+
+func testThreeNodesAgree(t *testing.T, direct bool) {
+	nodes, _ := cluster(t, direct)
 	l, _ := leaderOf(t, nodes)
 	grant(t, l)
 	const workers, rounds = 8, 25
@@ -196,7 +208,11 @@ func answered(t *testing.T, done <-chan error) {
 // leader's own copy is not a quorum, so the proposal is not answered; once one
 // follower's write ends it is.
 func TestCommitWaitsForQuorumDisk(t *testing.T) {
-	nodes, gates := cluster(t)
+	eachTransport(t, testCommitWaitsForQuorumDisk)
+}
+
+func testCommitWaitsForQuorumDisk(t *testing.T, direct bool) {
+	nodes, gates := cluster(t, direct)
 	l, li := leaderOf(t, nodes)
 	grant(t, l)
 	var follower *gatedLog
@@ -215,7 +231,11 @@ func TestCommitWaitsForQuorumDisk(t *testing.T) {
 // TestLeaderWaitsForOwnDisk (G3 on the leader): the followers' copies make a quorum,
 // but the leader answers only once its own write has ended.
 func TestLeaderWaitsForOwnDisk(t *testing.T) {
-	nodes, gates := cluster(t)
+	eachTransport(t, testLeaderWaitsForOwnDisk)
+}
+
+func testLeaderWaitsForOwnDisk(t *testing.T, direct bool) {
+	nodes, gates := cluster(t, direct)
 	l, li := leaderOf(t, nodes)
 	grant(t, l)
 	gates[li].block()
@@ -227,7 +247,7 @@ func TestLeaderWaitsForOwnDisk(t *testing.T) {
 
 // TestFollowerRefuses: a follower answers ErrNotLeader and writes nothing.
 func TestFollowerRefuses(t *testing.T) {
-	nodes, _ := cluster(t)
+	nodes, _ := cluster(t, false)
 	_, li := leaderOf(t, nodes)
 	f := nodes[(li+1)%3]
 	if _, err := f.Apply(context.Background(), core.Command{Op: core.OpGrant, Lease: lease, TTLMillis: 1000}); !errors.Is(err, ErrNotLeader) {

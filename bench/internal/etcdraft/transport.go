@@ -19,6 +19,12 @@ import (
 // protobuf encoding. Messages are best effort, as raft expects: a message that finds
 // its peer's queue full or its connection broken is dropped, and raft sends again.
 type Transport struct {
+	// Direct makes Send write on the caller's goroutine (the node's loop) when the
+	// peer's connection is up and nothing waits in its queue, saving the wake-up of the
+	// sending goroutine; the write then gets directWriteTimeout before the connection
+	// is dropped. Set it before the first Send.
+	Direct bool
+
 	ln      net.Listener
 	deliver func(*pb.Message) // set once by the node before Start
 
@@ -74,13 +80,21 @@ func (t *Transport) start(deliver func(*pb.Message)) {
 	}()
 }
 
-// Send queues m for its peer without blocking; it reports false if m was dropped.
+// directWriteTimeout bounds a write on the loop's goroutine (Transport.Direct): a peer
+// that does not take it by then loses the connection, and raft sends again.
+const directWriteTimeout = 5 * time.Millisecond
+
+// Send queues m for its peer without blocking (or, with Direct, writes it); it reports
+// false if m was dropped.
 func (t *Transport) Send(m *pb.Message) bool {
 	t.mu.Lock()
 	p := t.peers[m.GetTo()]
 	t.mu.Unlock()
 	if p == nil {
 		return false
+	}
+	if t.Direct && p.sendNow(m) {
+		return true
 	}
 	select {
 	case p.q <- m:
@@ -162,17 +176,46 @@ func (t *Transport) receive(c net.Conn) {
 type peer struct {
 	addr string
 	q    chan *pb.Message
+
+	mu   sync.Mutex // guards conn and buf, and serialises writes
+	conn net.Conn   // nil until dialled, and after a write failed
+	buf  []byte     // Direct's encoding scratch
+}
+
+// sendNow writes m at once if the connection is up and no message waits in the queue
+// (so that m does not overtake them); it reports whether it took m.
+func (p *peer) sendNow(m *pb.Message) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil || len(p.q) > 0 {
+		return false
+	}
+	var err error
+	if p.buf, err = appendMessage(p.buf[:0], m); err != nil {
+		return false
+	}
+	_ = p.conn.SetWriteDeadline(time.Now().Add(directWriteTimeout))
+	if _, err := p.conn.Write(p.buf); err != nil {
+		p.dropLocked()
+	}
+	return true
+}
+
+func (p *peer) dropLocked() {
+	if p.conn != nil {
+		_ = p.conn.Close()
+		p.conn = nil
+	}
 }
 
 // run sends until stop is closed, writing every message queued at the time in one
 // write. A failed connection is dropped with the messages it held, and dialled again
 // for the next message.
 func (p *peer) run(stop <-chan struct{}) {
-	var conn net.Conn
 	defer func() {
-		if conn != nil {
-			_ = conn.Close()
-		}
+		p.mu.Lock()
+		p.dropLocked()
+		p.mu.Unlock()
 	}()
 	var buf []byte
 	for {
@@ -198,22 +241,32 @@ func (p *peer) run(stop <-chan struct{}) {
 			}
 			break
 		}
-		if conn == nil {
-			c, err := net.DialTimeout("tcp", p.addr, time.Second)
-			if err != nil {
-				pause(stop, 50*time.Millisecond)
-				continue
-			}
-			if tc, ok := c.(*net.TCPConn); ok {
-				_ = tc.SetNoDelay(true)
-			}
-			conn = c
-		}
-		if _, err := conn.Write(buf); err != nil {
-			_ = conn.Close()
-			conn = nil
+		if !p.write(buf) {
+			pause(stop, 50*time.Millisecond)
 		}
 	}
+}
+
+// write writes b on the connection, dialling it first if needed; it reports false if
+// the peer could not be dialled.
+func (p *peer) write(b []byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil {
+		c, err := net.DialTimeout("tcp", p.addr, time.Second)
+		if err != nil {
+			return false
+		}
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetNoDelay(true)
+		}
+		p.conn = c
+	}
+	_ = p.conn.SetWriteDeadline(time.Time{})
+	if _, err := p.conn.Write(b); err != nil {
+		p.dropLocked()
+	}
+	return true
 }
 
 func appendMessage(b []byte, m *pb.Message) ([]byte, error) {
