@@ -10,7 +10,7 @@
 // (the prototype), etcd-direct (the prototype writing messages from its loop,
 // Transport.Direct).
 //
-//	go run ./cmd/raftcompare -rounds 5 -duration 3s
+//	go run ./cmd/raftcompare -rounds 8 -duration 3s
 package main
 
 import (
@@ -39,6 +39,33 @@ type engine interface {
 	Apply(ctx context.Context, cmd core.Command) (core.Result, error)
 }
 
+// member is one node of either implementation.
+type member interface {
+	engine
+	IsLeader() bool
+}
+
+// cluster sends each command to the node that leads: on a machine this loaded either
+// engine's leader is sometimes deposed in a run, and the run goes on with the next
+// (the command that failed counts as failed).
+type cluster[M member] struct {
+	nodes  []M
+	leader atomic.Int32
+}
+
+func (c *cluster[M]) Apply(ctx context.Context, cmd core.Command) (core.Result, error) {
+	l := c.nodes[c.leader.Load()]
+	res, err := l.Apply(ctx, cmd)
+	if err != nil && !l.IsLeader() {
+		for i, n := range c.nodes {
+			if n.IsLeader() {
+				c.leader.Store(int32(i))
+			}
+		}
+	}
+	return res, err
+}
+
 // setup is one engine at one cluster size.
 type setup struct {
 	name  string
@@ -52,16 +79,17 @@ func main() {
 	warmup := flag.Duration("warmup", 500*time.Millisecond, "unmeasured load before each window")
 	workers := flag.Int("workers", 64, "proposers of the throughput run")
 	dir := flag.String("dir", "", "data directory (default: a temporary one, removed at the end)")
-	only := flag.String("only", "", "run only setups whose name contains this (e.g. etcd/3)")
+	engines := flag.String("engines", "hashicorp,etcd", "engines to run, comma-separated: hashicorp, etcd, etcd-direct")
+	sizes := flag.String("nodes", "1,3", "cluster sizes to run, comma-separated: 1, 3")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run here")
 	flag.Parse()
-	if err := run(*rounds, *duration, *warmup, *workers, *dir, *only, *cpuprofile); err != nil {
+	if err := run(*rounds, *duration, *warmup, *workers, *dir, strings.Split(*engines, ","), strings.Split(*sizes, ","), *cpuprofile); err != nil {
 		fmt.Fprintln(os.Stderr, "raftcompare:", err)
 		os.Exit(1)
 	}
 }
 
-func run(rounds int, duration, warmup time.Duration, workers int, dir, only, cpuprofile string) error {
+func run(rounds int, duration, warmup time.Duration, workers int, dir string, engines, sizes []string, cpuprofile string) error {
 	if dir == "" {
 		d, err := os.MkdirTemp("", "raftcompare-")
 		if err != nil {
@@ -85,10 +113,13 @@ func run(rounds int, duration, warmup time.Duration, workers int, dir, only, cpu
 	for _, nodes := range []int{1, 3} {
 		for _, s := range []setup{{name: "hashicorp", start: startHashicorp}, {name: "etcd", start: startEtcd(false)}, {name: "etcd-direct", start: startEtcd(true)}} {
 			s.nodes = nodes
-			if strings.Contains(fmt.Sprintf("%s/%d", s.name, s.nodes), only) {
+			if slices.Contains(engines, s.name) && slices.Contains(sizes, fmt.Sprint(nodes)) {
 				setups = append(setups, s)
 			}
 		}
+	}
+	if len(setups) == 0 {
+		return fmt.Errorf("no engine of %q at sizes %q", engines, sizes)
 	}
 	fmt.Printf("%d rounds, %v windows after %v warm-up, %d proposers for throughput, data in %s\n\n", rounds, duration, warmup, workers, dir)
 	fmt.Println("| round | engine | nodes | 1 proposer p50 µs | p99 µs | commits/s | 64 proposers commits/s | CPU µs/commit | failed | load avg |")
@@ -113,6 +144,33 @@ func run(rounds int, duration, warmup time.Duration, workers int, dir, only, cpu
 		fmt.Printf("| %s | %d | %.0f | %.0f | %.0f | %.1f |\n", s.name, s.nodes,
 			median(rs, func(r result) float64 { return r.p50 }), median(rs, func(r result) float64 { return r.p99 }),
 			median(rs, func(r result) float64 { return r.rate }), median(rs, func(r result) float64 { return r.cpu }))
+	}
+	fmt.Println("\nper round, each engine ÷ hashicorp at the same size (median of the rounds in brackets):")
+	for _, s := range setups {
+		if s.name == "hashicorp" {
+			continue
+		}
+		base := results[fmt.Sprintf("hashicorp/%d", s.nodes)]
+		rs := results[fmt.Sprintf("%s/%d", s.name, s.nodes)]
+		if len(base) != len(rs) {
+			continue
+		}
+		for _, m := range []struct {
+			name string
+			f    func(result) float64
+		}{
+			{"1 proposer p50", func(r result) float64 { return r.p50 }},
+			{"64 proposers commits/s", func(r result) float64 { return r.rate }},
+			{"CPU µs/commit", func(r result) float64 { return r.cpu }},
+		} {
+			ratios := make([]result, len(rs))
+			var line []string
+			for i := range rs {
+				ratios[i].p50 = m.f(rs[i]) / m.f(base[i])
+				line = append(line, fmt.Sprintf("%.2f", ratios[i].p50))
+			}
+			fmt.Printf("- %s/%d %s: %s (%.2f)\n", s.name, s.nodes, m.name, strings.Join(line, ", "), median(ratios, func(r result) float64 { return r.p50 }))
+		}
 	}
 	return nil
 }
@@ -185,7 +243,7 @@ func measure(s setup, dir string, duration, warmup time.Duration, workers int) (
 }
 
 // maxErrors is how many failed commits a run tolerates before it gives up.
-const maxErrors = 1000
+const maxErrors = 100000
 
 // load runs workers proposers for warmup and then duration, and returns the latencies
 // (if asked), the commits and the process CPU of the measured window, and the failed
@@ -309,7 +367,9 @@ func startEtcdCluster(dir string, nodes int, direct bool) (engine, func(), error
 	if err != nil {
 		return nil, nil, err
 	}
-	return l, func() {
+	c := &cluster[*etcdraft.Node]{nodes: ns}
+	c.leader.Store(int32(slices.Index(ns, l)))
+	return c, func() {
 		for _, n := range ns {
 			_ = n.Close()
 		}
@@ -357,11 +417,11 @@ func startHashicorp(dir string, nodes int) (engine, func(), error) {
 			return nil, nil, err
 		}
 	}
-	return l, stop, nil
+	return &cluster[*replication.Node]{nodes: ns}, stop, nil
 }
 
-// Both engines' Apply has this signature.
+// Both engines' nodes have these methods.
 var (
-	_ engine = (*replication.Node)(nil)
-	_ engine = (*etcdraft.Node)(nil)
+	_ member = (*replication.Node)(nil)
+	_ member = (*etcdraft.Node)(nil)
 )
