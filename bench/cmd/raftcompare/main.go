@@ -2,7 +2,7 @@
 // against the go.etcd.io/raft/v3 prototype (internal/etcdraft) in one process and one
 // run, alternating: every round runs each engine on one node and on three (loopback
 // TCP), each on replication/wal logs in -dir with a real fdatasync per write, the same
-// core commands and the same state machine. Per engine and size it runs one proposer
+// core commands and the same state machine (core.State). Per engine and size it runs one proposer
 // (latency of each commit) and then -workers proposers (commits/s, process CPU per
 // commit from getrusage). Each proposer alternates a correctness acquire and a release
 // of its own lock; one commit is one Apply. Each round rotates the order of the engines
