@@ -204,44 +204,36 @@ func answered(t *testing.T, done <-chan error) {
 	}
 }
 
-// TestCommitWaitsForQuorumDisk (G3): with both followers' disk writes held back the
-// leader's own copy is not a quorum, so the proposal is not answered; once one
-// follower's write ends it is.
-func TestCommitWaitsForQuorumDisk(t *testing.T) {
-	eachTransport(t, testCommitWaitsForQuorumDisk)
+// TestAnswerWaitsForDisk (G3): a proposal is answered only once a quorum has it on
+// disk and the leader has too. With both followers' writes held back the leader's own
+// copy is not a quorum; with the leader's held back the followers' copies are a quorum,
+// but the leader still waits for its own. Releasing one held write lets it through.
+func TestAnswerWaitsForDisk(t *testing.T) {
+	eachTransport(t, func(t *testing.T, direct bool) {
+		t.Run("followers held", func(t *testing.T) { testAnswerWaitsForDisk(t, direct, true) })
+		t.Run("leader held", func(t *testing.T) { testAnswerWaitsForDisk(t, direct, false) })
+	})
 }
 
-func testCommitWaitsForQuorumDisk(t *testing.T, direct bool) {
+func testAnswerWaitsForDisk(t *testing.T, direct, followers bool) {
 	nodes, gates := cluster(t, direct)
 	l, li := leaderOf(t, nodes)
 	grant(t, l)
-	var follower *gatedLog
-	for i, g := range gates {
-		if i != li {
-			g.block()
-			follower = g
+	held, why := []*gatedLog{gates[li]}, "the leader's own write has not ended"
+	if followers {
+		held, why = nil, "no follower has it on disk"
+		for i, g := range gates {
+			if i != li {
+				held = append(held, g)
+			}
 		}
 	}
+	for _, g := range held {
+		g.block()
+	}
 	done := applyAsync(l, "a")
-	notYet(t, done, "no follower has it on disk")
-	follower.unblock()
-	answered(t, done)
-}
-
-// TestLeaderWaitsForOwnDisk (G3 on the leader): the followers' copies make a quorum,
-// but the leader answers only once its own write has ended.
-func TestLeaderWaitsForOwnDisk(t *testing.T) {
-	eachTransport(t, testLeaderWaitsForOwnDisk)
-}
-
-func testLeaderWaitsForOwnDisk(t *testing.T, direct bool) {
-	nodes, gates := cluster(t, direct)
-	l, li := leaderOf(t, nodes)
-	grant(t, l)
-	gates[li].block()
-	done := applyAsync(l, "a")
-	notYet(t, done, "the leader's own write has not ended")
-	gates[li].unblock()
+	notYet(t, done, why)
+	held[0].unblock()
 	answered(t, done)
 }
 
