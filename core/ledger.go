@@ -8,10 +8,12 @@ import (
 	"unicode/utf8"
 )
 
-// Tenure is one hold of a correctness lock in the ledger: who held it, under which
-// token, from when to when, and how it ended. Times are the proposing leader's wall
-// clock (Command.WallMillis, Unix milliseconds), for display only: the state machine
-// reads no clock, and nothing depends on them. The ledger's order is the log's.
+// Tenure is one hold of a lock in a ledger: who held it, under which token, from when
+// to when, and how it ended. In the replicated ledger (State.History, correctness
+// locks) times are the proposing leader's wall clock (Command.WallMillis, Unix
+// milliseconds) and the order is the log's; in a leader's efficiency ledger they are
+// that leader's wall clock and the order is its table's. Either way the times are for
+// display only: nothing depends on them.
 type Tenure struct {
 	Name   string `json:"name"`
 	Token  uint64 `json:"token"`
@@ -21,8 +23,8 @@ type Tenure struct {
 	// a command written before commands carried the time).
 	StartMillis int64 `json:"start,omitempty"`
 	EndMillis   int64 `json:"end,omitempty"`
-	// End is how the tenure ended: EventReleased, EventExpired, EventRevoked or
-	// EventForceReleased; 0 for a hold still open.
+	// End is how the tenure ended: EventReleased, EventExpired, EventRevoked,
+	// EventForceReleased or EventDisconnected; 0 for a hold still open.
 	End EventKind `json:"how,omitempty"`
 	// Note is a force release's reason, with who asked.
 	Note string `json:"note,omitempty"`
@@ -42,8 +44,13 @@ type holdKey struct {
 	token uint64
 }
 
-// ledger is the replicated record of recent tenures (State.History).
-type ledger struct {
+// Ledger is a bounded record of recent tenures, fed with a lock table's events (Note):
+// the replicated State keeps one for the correctness locks (State.History), and a
+// leader one for its efficiency table. It keeps each lock's last LedgerPerLock ended
+// tenures and LedgerTotal in all, dropping the oldest first, and the start of every
+// hold still open. Its zero value is not usable: make one with NewLedger. It is not
+// safe for concurrent use.
+type Ledger struct {
 	perLock, total int
 	open           map[holdKey]int64 // start of every hold still open whose start is known
 	byLock         map[string][]*Tenure
@@ -51,12 +58,17 @@ type ledger struct {
 	live           int       // tenures in order not gone
 }
 
-func newLedger(l Limits) ledger {
-	return ledger{perLock: l.LedgerPerLock, total: l.LedgerTotal, open: make(map[holdKey]int64), byLock: make(map[string][]*Tenure)}
+// NewLedger returns an empty ledger bounded by l's LedgerPerLock and LedgerTotal (their
+// defaults when unset).
+func NewLedger(l Limits) Ledger {
+	l = l.withDefaults()
+	return Ledger{perLock: l.LedgerPerLock, total: l.LedgerTotal, open: make(map[holdKey]int64), byLock: make(map[string][]*Tenure)}
 }
 
-// note records what event e (of the command proposed at now) does to the ledger.
-func (g *ledger) note(e Event, now int64) {
+// Note records what event e, of a change made at now (Unix milliseconds; 0: unknown),
+// does to the ledger: an acquire opens a hold, and a release, expiry, revocation, force
+// release or disconnect ends one; other kinds change nothing.
+func (g *Ledger) Note(e Event, now int64) {
 	k := holdKey{e.Name, e.Token}
 	switch e.Kind {
 	case EventAcquired:
@@ -70,9 +82,12 @@ func (g *ledger) note(e Event, now int64) {
 	}
 }
 
+// Has reports whether the ledger keeps an ended tenure of lock name.
+func (g *Ledger) Has(name string) bool { return len(g.byLock[name]) > 0 }
+
 // add appends an ended tenure, dropping the lock's oldest beyond perLock and the
 // ledger's oldest beyond total.
-func (g *ledger) add(t *Tenure) {
+func (g *Ledger) add(t *Tenure) {
 	list := append(g.byLock[t.Name], t)
 	if len(list) > g.perLock {
 		list[0].gone = true
@@ -103,14 +118,18 @@ func (g *ledger) add(t *Tenure) {
 	}
 }
 
+// History returns correctness lock name's recent tenures, oldest first, then its holds
+// still open (End 0), as the lock table has them. The result is a copy.
+func (s *State) History(name string) []Tenure { return s.ledger.History(name, s.locks) }
+
 // History returns lock name's recent tenures, oldest first, then its holds still open
-// (End 0), as the lock table has them. The result is a copy.
-func (s *State) History(name string) []Tenure {
+// in locks (End 0; the table whose events the ledger notes). The result is a copy.
+func (g *Ledger) History(name string, locks *Locks) []Tenure {
 	var out []Tenure
-	for _, t := range s.ledger.byLock[name] {
+	for _, t := range g.byLock[name] {
 		out = append(out, *t)
 	}
-	if l := s.locks.Get(name); l != nil {
+	if l := locks.Get(name); l != nil {
 		holds := l.Holds
 		mode := Shared
 		if l.Limit > 0 {
@@ -120,7 +139,7 @@ func (s *State) History(name string) []Tenure {
 			holds, mode = []Hold{*l.Hold}, Exclusive
 		}
 		for _, h := range holds {
-			out = append(out, Tenure{Name: name, Token: h.Token, Holder: h.Holder, Mode: mode, StartMillis: s.ledger.open[holdKey{name, h.Token}]})
+			out = append(out, Tenure{Name: name, Token: h.Token, Holder: h.Holder, Mode: mode, StartMillis: g.open[holdKey{name, h.Token}]})
 		}
 	}
 	return out
@@ -128,7 +147,7 @@ func (s *State) History(name string) []Tenure {
 
 // records copies the ledger for a snapshot: the ended tenures oldest first, then the
 // open holds' starts in (name, token) order.
-func (g *ledger) records() []Tenure {
+func (g *Ledger) records() []Tenure {
 	out := make([]Tenure, 0, g.live+len(g.open))
 	for _, t := range g.order {
 		if !t.gone {
