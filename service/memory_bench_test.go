@@ -57,29 +57,36 @@ func writeHeapProfile(b *testing.B, file string) {
 func benchIdleLeases(b *testing.B, n int, withLock bool) {
 	node := testnode.Start(b)
 	ctx := context.Background()
-	const workers = 64
 	ids := make([]core.LeaseID, n)
+	measure(b, n, "bytes/lease", func(w, i int) error {
+		// Distinct TTLs, as the scale run's (a client keeps one lease per TTL).
+		id, err := untilQueued(func() (core.LeaseID, error) {
+			return node.Leader.Grant(ctx, 10*time.Minute+time.Duration(i%1000)*time.Millisecond)
+		})
+		ids[i] = id
+		if err != nil || !withLock {
+			return err
+		}
+		a := leader.AcquireArgs{AcquireArgs: core.AcquireArgs{Lease: id, Name: fmt.Sprintf("scale-leases/%d/%d", w, i),
+			Class: core.Efficiency, Holder: core.Holder{Host: "worker-17.example.internal", PID: uint32(1000 + w)}}}
+		_, err = untilQueued(func() (leader.Grant, error) { return node.Leader.Acquire(ctx, a) })
+		return err
+	})
+	runtime.KeepAlive(ids)
+}
+
+// measure runs do(w, i) for every i below n, on 64 workers (w is the worker), and
+// reports the live heap it added per item as unit; with -leaseheap it writes the heap
+// profile at the point of measure.
+func measure(b *testing.B, n int, unit string, do func(w, i int) error) {
+	const workers = 64
 	before := liveHeap()
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for w := range workers {
 		wg.Go(func() {
 			for i := w; i < n; i += workers {
-				// Distinct TTLs, as the scale run's (a client keeps one lease per TTL).
-				id, err := untilQueued(func() (core.LeaseID, error) {
-					return node.Leader.Grant(ctx, 10*time.Minute+time.Duration(i%1000)*time.Millisecond)
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-				ids[i] = id
-				if !withLock {
-					continue
-				}
-				a := leader.AcquireArgs{AcquireArgs: core.AcquireArgs{Lease: id, Name: fmt.Sprintf("scale-leases/%d/%d", w, i),
-					Class: core.Efficiency, Holder: core.Holder{Host: "worker-17.example.internal", PID: uint32(1000 + w)}}}
-				if _, err := untilQueued(func() (leader.Grant, error) { return node.Leader.Acquire(ctx, a) }); err != nil {
+				if err := do(w, i); err != nil {
 					errs <- err
 					return
 				}
@@ -95,8 +102,7 @@ func benchIdleLeases(b *testing.B, n int, withLock bool) {
 	if *leaseHeap != "" {
 		writeHeapProfile(b, *leaseHeap)
 	}
-	b.ReportMetric(float64(int64(after)-int64(before))/float64(n), "bytes/lease")
-	runtime.KeepAlive(ids)
+	b.ReportMetric(float64(int64(after)-int64(before))/float64(n), unit)
 }
 
 // BenchmarkHeldLocksNodeMemory is core's BenchmarkHeldLocksMemory end to end on the
@@ -124,33 +130,13 @@ func benchHeldLocks(b *testing.B, leases, perLease int) {
 		}
 		ids[i] = id
 	}
-	before := liveHeap()
-	const workers = 64
 	n := leases * perLease
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for w := range workers {
-		wg.Go(func() {
-			for i := w; i < n; i += workers {
-				a := leader.AcquireArgs{AcquireArgs: core.AcquireArgs{Lease: ids[i/perLease], Name: fmt.Sprintf("scale/lease-%d/lock-%05d", i/perLease, i%perLease),
-					Class: core.Correctness, Holder: core.Holder{Host: "worker-17.example.internal", PID: uint32(1000 + i/perLease)}}}
-				if _, err := untilQueued(func() (leader.Grant, error) { return node.Leader.Acquire(ctx, a) }); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		b.Fatal(err)
-	}
-	after := liveHeap()
-	if *leaseHeap != "" {
-		writeHeapProfile(b, *leaseHeap)
-	}
-	b.ReportMetric(float64(int64(after)-int64(before))/float64(n), "bytes/lock")
+	measure(b, n, "bytes/lock", func(_, i int) error {
+		a := leader.AcquireArgs{AcquireArgs: core.AcquireArgs{Lease: ids[i/perLease], Name: fmt.Sprintf("scale/lease-%d/lock-%05d", i/perLease, i%perLease),
+			Class: core.Correctness, Holder: core.Holder{Host: "worker-17.example.internal", PID: uint32(1000 + i/perLease)}}}
+		_, err := untilQueued(func() (leader.Grant, error) { return node.Leader.Acquire(ctx, a) })
+		return err
+	})
 }
 
 // untilQueued calls f again while it fails with replication.ErrBusy (nothing was
