@@ -201,6 +201,16 @@ func (s *State) ElectionChanges(name string, after uint64, buf []ElectionChange)
 	return buf, nil
 }
 
+// LastElectionChange returns election name's newest change held, and false when none
+// is.
+func (s *State) LastElectionChange(name string) (ElectionChange, bool) {
+	list := s.history.byName[name]
+	if len(list) == 0 {
+		return ElectionChange{}, false
+	}
+	return *list[len(list)-1], true
+}
+
 // records returns the changes held, oldest first, for a snapshot.
 func (h *history) records() []ElectionChange {
 	out := make([]ElectionChange, 0, h.live)
