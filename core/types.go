@@ -296,7 +296,7 @@ type Limits struct {
 	MaxGroupMembers int `json:"maxGroupMembers,omitempty"`
 	// ElectionHistory, ElectionHistoryTotal and ElectionHistoryBytes bound the election
 	// history that Observe resumes from (electionhistory.go): the changes kept per
-	// election, in all, and their size in all (names, values, holders and 128 bytes a
+	// election, in all, and their size in all (names, values, holders and 168 bytes a
 	// change; at least MaxValueLen). Defaults DefaultElectionHistory,
 	// DefaultElectionHistoryTotal, DefaultElectionHistoryBytes.
 	ElectionHistory      int `json:"electionHistory,omitempty"`
