@@ -91,8 +91,8 @@ type serverFlags struct {
 	// electionHistory, electionHistoryTotal and electionHistoryBytes bound the
 	// election history (core.Limits).
 	electionHistory, electionHistoryTotal, electionHistoryBytes int
-	peers                                      peerFlags
-	security                                   serverSecurity
+	peers                                                       peerFlags
+	security                                                    serverSecurity
 }
 
 // runServer runs a node as the flags say and returns the exit code.
