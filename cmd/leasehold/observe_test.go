@@ -93,3 +93,22 @@ func TestObserveCLI(t *testing.T) {
 		t.Errorf("observe --after 0 past the retention: exit %d, %q; want 1 (compacted) and nothing shown", code, stdout)
 	}
 }
+
+// TestServerBoundIdleTimeoutFlag: --bound-idle-timeout reaches server.Config: a value
+// below 1s is refused as a usage error before anything starts.
+func TestServerBoundIdleTimeoutFlag(t *testing.T) {
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := cli(t, "server", "--bound-idle-timeout", "100ms", "--data-dir", t.TempDir(),
+			"--addr", "127.0.0.1:0", "--raft-addr", "127.0.0.1:0", "--fast-lane-addr", "127.0.0.1:0")
+		done <- code
+	}()
+	select {
+	case code := <-done:
+		if code != exitUsage {
+			t.Fatalf("server --bound-idle-timeout 100ms: exit %d, want %d", code, exitUsage)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("server --bound-idle-timeout 100ms started: the flag did not reach the config")
+	}
+}
