@@ -103,7 +103,8 @@ type history struct {
 	byName map[string][]*ElectionChange // oldest first
 	order  []*ElectionChange            // every change held, oldest first; some gone
 	live   int                          // changes in order not gone
-	size   int                          // their size
+	gone   int                          // changes in order gone
+	size   int                          // the size of the live
 }
 
 func newHistory(l Limits) history {
@@ -128,6 +129,7 @@ func (h *history) add(c *ElectionChange) {
 	list := append(h.byName[c.Name], c)
 	if len(list) > h.perElection {
 		list[0].gone = true
+		h.gone++
 		h.live--
 		h.size -= list[0].size()
 		list = slices.Delete(list, 0, 1)
@@ -149,6 +151,12 @@ func (h *history) add(c *ElectionChange) {
 		}
 	}
 	h.trim()
+	if 4*h.gone > h.live+64 {
+		// A quiet election's old change at the front would keep the gone of a busy
+		// one behind it: squeeze them out, so order stays within a quarter of live.
+		h.order = slices.DeleteFunc(h.order, func(c *ElectionChange) bool { return c.gone })
+		h.gone = 0
+	}
 }
 
 // pop removes and returns the oldest change held (order's first not gone).
@@ -165,6 +173,7 @@ func (h *history) trim() {
 	for len(h.order) > 0 && h.order[0].gone {
 		h.order[0] = nil
 		h.order = h.order[1:]
+		h.gone--
 	}
 }
 

@@ -137,6 +137,23 @@ func TestElectionHistoryBounds(t *testing.T) {
 	}
 }
 
+// TestElectionHistoryQuietAndBusy: a busy election's dropped changes do not pile up
+// behind a quiet election's old change (which the totals never reach).
+func TestElectionHistoryQuietAndBusy(t *testing.T) {
+	h := newHarness(t, Limits{ElectionHistory: 4}, leaseA, leaseB)
+	h.ok(Command{Op: OpCampaign, Lease: leaseA, Name: "quiet"})
+	e := h.ok(Command{Op: OpCampaign, Lease: leaseB, Name: "busy"}).Token
+	for i := range 2000 {
+		h.ok(Command{Op: OpProclaim, Lease: leaseB, Name: "busy", Token: e, Value: []byte(fmt.Sprint(i))})
+		if err := checkHistory(&h.s.history); err != nil {
+			t.Fatalf("after %d proclaims: %v", i+1, err)
+		}
+	}
+	if len(h.s.history.order) > 100 || len(h.changesOf("quiet", 0)) != 1 {
+		t.Fatalf("order holds %d changes for 5 live", len(h.s.history.order))
+	}
+}
+
 // TestElectionHistoryBytes: ElectionHistoryBytes bounds the size of the changes held;
 // the newest change is always kept.
 func TestElectionHistoryBytes(t *testing.T) {
@@ -376,6 +393,9 @@ func checkHistory(h *history) error {
 		prev = c.Rev
 		size += c.size()
 		perName[c.Name] = append(perName[c.Name], c)
+	}
+	if len(h.order) != h.live+h.gone || 4*h.gone > h.live+64 {
+		return fmt.Errorf("order of %d: %d live, %d gone", len(h.order), h.live, h.gone)
 	}
 	if prev > h.rev || len(held) != h.live || size != h.size || h.live > h.total || h.size > h.bytes && h.live > 1 {
 		return fmt.Errorf("rev %d last %d, live %d of %d (total %d), size %d of %d (bound %d)", h.rev, prev, h.live, len(held), h.total, h.size, size, h.bytes)
