@@ -503,6 +503,9 @@ func split(s string) []string {
 
 // profileSelf writes this process's CPU profile over d (or until ctx ends) to path.
 func profileSelf(ctx context.Context, d time.Duration, path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
 	out, err := os.Create(path)
 	if err != nil {
 		return err
