@@ -278,9 +278,11 @@ func (w *Writer) Queue(frame []byte) bool {
 	return w.flushLocked()
 }
 
-// Flush writes what Queue left pending, unless a sender is already writing it. It
-// returns false once a write has failed.
-func (w *Writer) Flush() bool {
+// Flush writes what Queue left pending, unless a sender is already writing it. With
+// yield, as for Send, it first lets the other ready goroutines run once, so that answers
+// they are about to send (a waiter granted by a release just answered, say) join the
+// write. It returns false once a write has failed.
+func (w *Writer) Flush(yield bool) bool {
 	w.mu.Lock()
 	if w.err != nil {
 		w.mu.Unlock()
@@ -291,6 +293,11 @@ func (w *Writer) Flush() bool {
 		return true
 	}
 	w.flushing = true
+	if yield {
+		w.mu.Unlock()
+		runtime.Gosched()
+		w.mu.Lock()
+	}
 	return w.flushLocked()
 }
 

@@ -215,10 +215,10 @@ func TestQueueFlush(t *testing.T) {
 	if len(cw.writes) != 0 {
 		t.Fatalf("Queue wrote %d times before Flush", len(cw.writes))
 	}
-	if !w.Flush() || len(cw.writes) != 1 || !bytes.Equal(cw.writes[0], want) {
+	if !w.Flush(false) || len(cw.writes) != 1 || !bytes.Equal(cw.writes[0], want) {
 		t.Fatalf("Flush: %d writes, want one of the queued frames", len(cw.writes))
 	}
-	if !w.Flush() || len(cw.writes) != 1 {
+	if !w.Flush(false) || len(cw.writes) != 1 {
 		t.Fatalf("Flush with nothing queued wrote: %d writes", len(cw.writes))
 	}
 

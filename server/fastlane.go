@@ -148,16 +148,17 @@ func (c *fastConn) end(err error) {
 // reading to a new goroutine to serve a request that may wait.
 //
 // The answers the reader gives itself (method.atOnce, method.now, a request refused by
-// admit) are queued, not written one by one: they leave in one write when no whole
-// frame is left in the read buffer (Reader.Buffered), before the next read could block,
-// or before the reader hands over — so N requests that arrive in one read are answered
-// in one write, and a lone request is written at once. An answer so waits at most for
+// admit) are queued, not written one by one, while more whole frames wait in the read
+// buffer (Reader.Buffered); the answer to the last one is written with them, and
+// whatever is still queued is written before the next read could block or the reader
+// hands over — so N requests that arrive in one read are answered in one write, and a
+// lone request is written at once. An answer so waits at most for
 // the reader to serve the other frames of the same read (32 KiB at most), and no more
 // than fastlane.QueueLimit bytes of answers wait.
 func (c *fastConn) read() {
 	for {
 		if !c.r.Buffered() {
-			c.w.Flush()
+			c.flush()
 		}
 		f, err := c.r.Read()
 		if err != nil {
@@ -184,12 +185,12 @@ func (c *fastConn) read() {
 		}
 		if m.atOnce != nil && m.atOnce(c.s, req) {
 			// Nothing can cancel it: no other frame is read until it is answered.
-			c.serve(c.ctx, m, f.ID, req, sendQueued)
+			c.serve(c.ctx, m, f.ID, req, c.readerSend())
 			continue
 		}
 		if m.now != nil {
 			if resp, ok := m.now(c.s, req); ok {
-				c.answer(m, f.ID, time.Now(), resp, nil, sendQueued)
+				c.answer(m, f.ID, time.Now(), resp, nil, c.readerSend())
 				continue
 			}
 		}
@@ -203,7 +204,7 @@ func (c *fastConn) read() {
 		if m.then != nil && m.then(c.s, ctx, req, c.later(m, f.ID)) {
 			continue
 		}
-		c.w.Flush() // the queued answers do not wait for the new reader to be scheduled
+		c.flush() // the queued answers do not wait for the new reader to be scheduled
 		c.pool.Go(func() {
 			defer c.wg.Done()
 			c.read()
@@ -212,6 +213,23 @@ func (c *fastConn) read() {
 		return
 	}
 }
+
+// readerSend is how the reader sends an answer it gives itself: queued while more whole
+// frames wait in its read buffer, and with the last one written, together with what was
+// queued, as any sender writes (Writer.Send, yielding first when other requests are in
+// flight).
+func (c *fastConn) readerSend() sendMode {
+	if c.r.Buffered() {
+		return sendQueued
+	}
+	return sendNow
+}
+
+// flush writes the answers the reader queued. With other requests in flight (waiting
+// acquires, say), it lets their goroutines run once first, as Writer.Send does, so that
+// an answer one of them is about to send — the grant a queued release just made —
+// joins the write.
+func (c *fastConn) flush() { c.w.Flush(c.busy()) }
 
 // admit finds request f's method and decodes its request. A duplicate id, too many
 // requests in flight, an unknown method or a payload that does not decode is answered
@@ -251,7 +269,7 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 		if m != nil {
 			err = c.s.finish(m, time.Now(), err)
 		}
-		c.w.Queue(errorFrame(f.Method, f.ID, err))
+		c.out(errorFrame(f.Method, f.ID, err), c.readerSend(), false)
 		return nil, nil, false
 	}
 	return m, req, true
