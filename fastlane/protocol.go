@@ -240,6 +240,14 @@ func (w *Writer) Send(frame []byte, yield bool) bool {
 		return false
 	}
 	w.pending = append(w.pending, frame...)
+	return w.writeLocked(yield)
+}
+
+// writeLocked leaves what is pending to the sender already writing, if there is one, or
+// else becomes the writer: with yield it lets the other ready goroutines run once
+// first, then writes until nothing is pending. w.mu is held on entry and unlocked on
+// return; it reports whether the connection is still usable.
+func (w *Writer) writeLocked(yield bool) bool {
 	if w.flushing {
 		w.mu.Unlock()
 		return true
@@ -270,12 +278,11 @@ func (w *Writer) Queue(frame []byte) bool {
 		return false
 	}
 	w.pending = append(w.pending, frame...)
-	if w.flushing || len(w.pending) < QueueLimit {
+	if len(w.pending) < QueueLimit {
 		w.mu.Unlock()
 		return true
 	}
-	w.flushing = true
-	return w.flushLocked()
+	return w.writeLocked(false)
 }
 
 // Flush writes what Queue left pending, unless a sender is already writing it. With
@@ -288,17 +295,11 @@ func (w *Writer) Flush(yield bool) bool {
 		w.mu.Unlock()
 		return false
 	}
-	if w.flushing || len(w.pending) == 0 {
+	if len(w.pending) == 0 {
 		w.mu.Unlock()
 		return true
 	}
-	w.flushing = true
-	if yield {
-		w.mu.Unlock()
-		runtime.Gosched()
-		w.mu.Lock()
-	}
-	return w.flushLocked()
+	return w.writeLocked(yield)
 }
 
 // Offer queues frame and returns without writing: a sender already writing takes it
