@@ -22,9 +22,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -58,6 +60,7 @@ type flags struct {
 	scaleLeaseTTL      time.Duration
 	scaleWindow        time.Duration
 	profile            bool
+	clientProfile      bool
 	startTimeout       time.Duration
 	prefix             string
 }
@@ -91,6 +94,7 @@ func main() {
 	flag.DurationVar(&f.scaleWindow, "scale-window", 30*time.Second, "scale-leases: measured window")
 	flag.BoolVar(&f.profile, "profile", false, "run leasehold with --pprof and write its CPU profile over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND][-nNODE].cpu.pprof (every node's, in a cluster) and, for scale-leases, to OUT/NAME-scale-leases.cpu.pprof; with the server's heap profile after each scale run's window in OUT/NAME-scale-leases.heap.pprof and OUT/NAME-scale-locks-CLASS.heap.pprof")
 	flag.DurationVar(&f.startTimeout, "start-timeout", 90*time.Second, "how long a server may take to start")
+	flag.BoolVar(&f.clientProfile, "client-profile", false, "write the benchmark process's CPU profile (where every system's clients run) over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND].client.cpu.pprof")
 	fromJSON := flag.String("from-json", "", "render the report of an earlier run from its JSON file, without running anything")
 	flag.Parse()
 	if *fromJSON != "" {
@@ -232,14 +236,23 @@ func mainErr(f flags) int {
 						break
 					}
 					cfg := run.Config{Warmup: f.warmup, Duration: f.duration, Prefix: "bench"}
+					base := filepath.Join(f.out, fmt.Sprintf("%s-%s-%s%s", f.prefix, name, sc.Name, roundSuffix(round, f.rounds)))
+					var during []func(context.Context, time.Duration)
 					if l, ok := sys.(*peers.Leasehold); ok && f.profile {
-						base := filepath.Join(f.out, fmt.Sprintf("%s-%s-%s%s", f.prefix, name, sc.Name, roundSuffix(round, f.rounds)))
-						cfg.DuringWindow = func(ctx context.Context, d time.Duration) {
+						during = append(during, func(ctx context.Context, d time.Duration) {
 							if err := l.FetchProfiles(ctx, d, base); err != nil {
 								fmt.Fprintf(logw, "   %s: no profile: %v\n", sc.Name, err)
 							}
-						}
+						})
 					}
+					if f.clientProfile {
+						during = append(during, func(ctx context.Context, d time.Duration) {
+							if err := profileSelf(ctx, d, base+".client.cpu.pprof"); err != nil {
+								fmt.Fprintf(logw, "   %s: no client profile: %v\n", sc.Name, err)
+							}
+						})
+					}
+					cfg.DuringWindow = allDuring(during)
 					res := run.Run(ctx, sys, sc, cfg)
 					got = append(got, res)
 					if res.Skipped != "" {
@@ -490,4 +503,39 @@ func split(s string) []string {
 		}
 	}
 	return out
+}
+
+// profileSelf writes this process's CPU profile over d (or until ctx ends) to path.
+func profileSelf(ctx context.Context, d time.Duration, path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		_ = out.Close()
+		return err
+	}
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+	pprof.StopCPUProfile()
+	return out.Close()
+}
+
+// allDuring runs every fn at once over the measured window; nil when there is none.
+func allDuring(fns []func(context.Context, time.Duration)) func(context.Context, time.Duration) {
+	if len(fns) == 0 {
+		return nil
+	}
+	return func(ctx context.Context, d time.Duration) {
+		var wg sync.WaitGroup
+		for _, fn := range fns {
+			wg.Go(func() { fn(ctx, d) })
+		}
+		wg.Wait()
+	}
 }
