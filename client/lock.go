@@ -211,11 +211,10 @@ func (c *Client) lock(ctx context.Context, set *leaseSet, names []string, opts [
 		}
 		if errors.Is(err, errLostOnArrival) && ctx.Err() == nil && !retried {
 			// The lease lapsed while the Lock waited (the service was out of reach longer
-			// than the lease's cautious deadline, a restart say): take the grant out in the
-			// background and wait again once, on a fresh lease. A second loss is
-			// returned: keepalives are not getting through.
+			// than the lease's cautious deadline, a restart say); acquire gave the late
+			// grant back. Wait again once, on a fresh lease. A second loss is returned:
+			// keepalives are not getting through.
 			retried = true
-			s.background(names, func(ctx context.Context) error { return c.abandon(ctx, s, req) })
 			continue
 		}
 		if err != nil && ctx.Err() != nil {
@@ -269,6 +268,13 @@ func (c *Client) acquire(ctx context.Context, s *lease, req *leaseholdv1.Acquire
 		// keepalive found it gone): the grant is gone or about to be. A Lock whose
 		// context is done on arrival is no lock: say why instead.
 		l.lost(err)
+		// The lease ended here at its cautious deadline, before the service's: the
+		// service may still hold the grant. Give it back now (bounded by one attempt), so
+		// that the next Lock of the name, on a fresh lease, does not find it held by this
+		// very client; if that fails, the lease's end frees it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.attempt)
+		_ = c.releaseGrant(rctx, s, name, l.token)
+		cancel()
 		return nil, fmt.Errorf("client: lock %q was lost as it was granted (token %d): %w: %w", name, l.token, errLostOnArrival, err)
 	}
 	return l, nil

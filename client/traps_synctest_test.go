@@ -26,6 +26,9 @@ import (
 type trapServer struct {
 	*fakeServer
 	acquireDelay time.Duration
+	// slowAcquires, if set, limits acquireDelay to the first slowAcquires acquires.
+	slowAcquires int
+	acquires     int
 
 	gmu      sync.Mutex
 	held     map[string]uint64 // name → token (the one lease of the fake)
@@ -35,7 +38,11 @@ type trapServer struct {
 }
 
 func (f *trapServer) Acquire(ctx context.Context, req *leaseholdv1.AcquireRequest) (*leaseholdv1.AcquireResponse, error) {
-	if f.acquireDelay > 0 {
+	f.gmu.Lock()
+	f.acquires++
+	slow := f.acquireDelay > 0 && (f.slowAcquires == 0 || f.acquires <= f.slowAcquires)
+	f.gmu.Unlock()
+	if slow {
 		select {
 		case <-time.After(f.acquireDelay):
 		case <-ctx.Done():
@@ -218,6 +225,30 @@ func TestLockNeverReturnsLostLock(t *testing.T) {
 		}
 		if !errors.Is(err, ErrLeaseDeadline) {
 			t.Fatalf("Lock = %v, want the cause, ErrLeaseDeadline", err)
+		}
+	})
+}
+
+// TestLockLateGrantGivenBack: a grant that arrives after its lease's cautious deadline
+// is given back to the service before Lock tries again on a fresh lease, so the second
+// try gets a new grant — not the same token back, and not "held" by this very client.
+func TestLockLateGrantGivenBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &trapServer{
+			fakeServer:   &fakeServer{ttl: fakeTTL, answer: func(int) (time.Duration, error) { return -1, nil }},
+			acquireDelay: fakeTTL,
+			slowAcquires: 1,
+		}
+		c := trapClient(t, f)
+		l, err := c.Lock(context.Background(), "trap/late-once", Correctness)
+		if err != nil {
+			t.Fatalf("Lock after one late grant: %v, want a lock on a fresh lease", err)
+		}
+		if l.Token() == 1 {
+			t.Fatalf("Lock got token 1, the late grant, back: it was not given back first")
+		}
+		if f.releases == 0 {
+			t.Fatalf("the late grant was never released")
 		}
 	})
 }
