@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/leasehold/leasehold/internal/clienttrace"
 	"github.com/leasehold/leasehold/internal/reason"
 )
 
@@ -106,6 +107,7 @@ func (c *Client) judge(ctx context.Context, node string, err error, silent bool)
 		c.nodes.served(node)
 		return final
 	}
+	clienttrace.AttemptFailed(node, err)
 	if ctx.Err() != nil {
 		return final
 	}
