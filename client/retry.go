@@ -108,7 +108,7 @@ func (c *Client) judge(ctx context.Context, node string, err error, silent bool)
 		c.nodes.served(node)
 		return final
 	}
-	clienttrace.AttemptFailed(node, err)
+	clienttrace.AttemptFailed(ctx, node, err)
 	if ctx.Err() != nil {
 		return final
 	}

@@ -40,10 +40,16 @@ type leaderWatch struct {
 // standStagger is how long the n-th survivor in ID order waits before it stands, if no
 // new leader has reached it by then: time for the one before it to win (a vote is one
 // round trip and one fsync) even on a loaded machine.
-const standStagger = 200 * time.Millisecond
+const standStagger = 400 * time.Millisecond
 
-// probeTimeout bounds the dial that asks whether the leader's process still listens.
-const probeTimeout = 250 * time.Millisecond
+// probeTimeout bounds the dial that asks whether the leader's process still listens;
+// probeHold is how long an accepted probe connection must stay open for the leader to
+// count as alive, and probeTries how many dials a dying leader gets (see gone).
+const (
+	probeTimeout = 250 * time.Millisecond
+	probeHold    = 50 * time.Millisecond
+	probeTries   = 3
+)
 
 func (w *leaderWatch) start(n *Node) { w.node.Store(n) }
 
@@ -79,7 +85,7 @@ func (w *leaderWatch) connEnded() {
 // turn.
 func (n *Node) standIfLeaderGone() {
 	addr, id := n.raft.LeaderWithID()
-	if addr == "" || !refuses(addr) {
+	if addr == "" || !gone(addr) {
 		return
 	}
 	rank := n.survivorRank(id)
@@ -88,7 +94,7 @@ func (n *Node) standIfLeaderGone() {
 	}
 	if rank > 0 {
 		time.Sleep(time.Duration(rank) * standStagger)
-		if now, _ := n.raft.LeaderWithID(); n.raft.State() != raft.Follower || now != addr || !refuses(addr) {
+		if now, _ := n.raft.LeaderWithID(); n.raft.State() != raft.Follower || now != addr || !gone(addr) {
 			return // a new leader got through, or this node stands already
 		}
 	}
@@ -118,12 +124,25 @@ func (n *Node) survivorRank(dead raft.ServerID) int {
 	return slices.Index(ids, n.cfg.NodeID)
 }
 
-// refuses reports whether a TCP connection to addr is refused: no process listens there.
-func refuses(addr raft.ServerAddress) bool {
-	c, err := net.DialTimeout("tcp", string(addr), probeTimeout)
-	if err == nil {
+// gone reports whether the process behind addr is gone: a TCP connection to it is
+// refused, as nothing listens there. A connection that is accepted and then ends within
+// probeHold, with nothing sent, is a process that is dying as it is dialled (its kernel
+// completed the handshake; its listener closes unread): gone looks again, up to
+// probeTries times. One that stays open is a live node (a raft node waits for the first
+// byte), and so is one that cannot be told (a dial that times out: a partition).
+func gone(addr raft.ServerAddress) bool {
+	var b [1]byte
+	for range probeTries {
+		c, err := net.DialTimeout("tcp", string(addr), probeTimeout)
+		if err != nil {
+			return errors.Is(err, syscall.ECONNREFUSED)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(probeHold))
+		_, err = c.Read(b[:])
 		_ = c.Close()
-		return false
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() || err == nil {
+			return false
+		}
 	}
-	return errors.Is(err, syscall.ECONNREFUSED)
+	return false
 }

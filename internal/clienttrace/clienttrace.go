@@ -4,10 +4,14 @@
 // import it, and with no watcher set each failed attempt costs one atomic load.
 package clienttrace
 
-import "sync/atomic"
+import (
+	"context"
+	"sync/atomic"
+)
 
-// Failure is called with the node an attempt went to and the attempt's error.
-type Failure func(node string, err error)
+// Failure is called with the context of the call (its values are the caller's), the
+// node the attempt went to and the attempt's error.
+type Failure func(ctx context.Context, node string, err error)
 
 var watcher atomic.Pointer[Failure]
 
@@ -20,8 +24,8 @@ func Watch(f Failure) (stop func()) {
 }
 
 // AttemptFailed reports a failed attempt on node to the watcher, if there is one.
-func AttemptFailed(node string, err error) {
+func AttemptFailed(ctx context.Context, node string, err error) {
 	if f := watcher.Load(); f != nil {
-		(*f)(node, err)
+		(*f)(ctx, node, err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,8 +43,11 @@ func TestFailoverTime(t *testing.T) {
 	ctx := context.Background()
 	var fmu sync.Mutex
 	var failures []time.Time // when attempts of the client failed
-	defer clienttrace.Watch(func(string, error) {
+	defer clienttrace.Watch(func(ctx context.Context, _ string, _ error) {
 		now := time.Now()
+		if lc, ok := ctx.Value(lockCallKey{}).(*lockCall); ok {
+			lc.failed.Store(now.UnixNano())
+		}
 		fmu.Lock()
 		failures = append(failures, now)
 		fmu.Unlock()
@@ -55,7 +59,7 @@ func TestFailoverTime(t *testing.T) {
 	defer func() { _ = cl.Close(context.Background()) }()
 
 	var mu sync.Mutex
-	var grants []time.Time // acknowledgment times of successful grants
+	var grants []*lockCall // the Lock calls that were granted
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -65,7 +69,8 @@ func TestFailoverTime(t *testing.T) {
 				return
 			default:
 			}
-			lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			call := &lockCall{start: time.Now()}
+			lctx, cancel := context.WithTimeout(context.WithValue(ctx, lockCallKey{}, call), 10*time.Second)
 			l, err := cl.Lock(lctx, "failover/bench", client.Correctness, client.WaitFor(2*time.Second), client.LockTTL(3*time.Second))
 			cancel()
 			if err != nil {
@@ -75,9 +80,9 @@ func TestFailoverTime(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 				continue
 			}
-			now := time.Now()
+			call.end = time.Now()
 			mu.Lock()
-			grants = append(grants, now)
+			grants = append(grants, call)
 			mu.Unlock()
 			uctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			_ = l.Unlock(uctx)
@@ -86,12 +91,25 @@ func TestFailoverTime(t *testing.T) {
 	})
 	defer func() { close(stop); wg.Wait() }()
 
-	firstAfter := func(mu *sync.Mutex, times *[]time.Time, t0 time.Time) (time.Time, bool) {
+	// firstGrant is the end of the first Lock call served after t0: begun after it, or
+	// failed over after it (a call the old leader granted just before it died may return
+	// after t0, the moment the test saw the process gone: it does not count).
+	firstGrant := func(t0 time.Time) (time.Time, bool) {
 		mu.Lock()
 		defer mu.Unlock()
-		for _, g := range *times {
-			if g.After(t0) {
-				return g, true
+		for _, g := range grants {
+			if g.end.After(t0) && (g.start.After(t0) || g.failed.Load() > t0.UnixNano()) {
+				return g.end, true
+			}
+		}
+		return time.Time{}, false
+	}
+	firstFailure := func(t0 time.Time) (time.Time, bool) {
+		fmu.Lock()
+		defer fmu.Unlock()
+		for _, f := range failures {
+			if f.After(t0) {
+				return f, true
 			}
 		}
 		return time.Time{}, false
@@ -107,7 +125,7 @@ func TestFailoverTime(t *testing.T) {
 		// Let the loop get going on the healthy cluster first.
 		warm := time.Now()
 		for {
-			if _, ok := firstAfter(&mu, &grants, warm); ok {
+			if _, ok := firstGrant(warm); ok {
 				break
 			}
 			if time.Since(warm) > time.Minute {
@@ -124,7 +142,7 @@ func TestFailoverTime(t *testing.T) {
 		killed := time.Now()
 		var got time.Time
 		for {
-			if g, ok := firstAfter(&mu, &grants, killed); ok {
+			if g, ok := firstGrant(killed); ok {
 				got = g
 				break
 			}
@@ -136,7 +154,7 @@ func TestFailoverTime(t *testing.T) {
 		d := got.Sub(killed)
 		samples = append(samples, d)
 		b := failoverSteps{total: d}
-		if f, ok := firstAfter(&fmu, &failures, killed); ok && f.Before(got) {
+		if f, ok := firstFailure(killed); ok && f.Before(got) {
 			b.noticed = f.Sub(killed)
 		}
 		nctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -162,6 +180,16 @@ func TestFailoverTime(t *testing.T) {
 		ms(sorted[len(sorted)-1]), ms(sorted[0]), strings.Join(parts, " "))
 }
 
+// lockCall is one Lock call of TestFailoverTime's loop: when it began and returned, and
+// when an attempt of it last failed (Unix nanoseconds, 0: none), set by the client's
+// trace through the call's context.
+type lockCall struct {
+	start, end time.Time
+	failed     atomic.Int64
+}
+
+type lockCallKey struct{}
+
 // nearestRank returns the p-th percentile of sorted (ascending, not empty) by nearest
 // rank: the smallest sample with at least p% of the samples at or below it.
 func nearestRank(sorted []time.Duration, p int) time.Duration {
@@ -179,9 +207,10 @@ type failoverSteps struct {
 
 // Log lines of a node that mark the steps (substrings of the line).
 const (
-	logCandidate = "starting election" // raft's "heartbeat timeout reached, starting election"
-	logElected   = "raft made this node leader"
-	logReady     = "serving as leader"
+	logTimedOut = "heartbeat timeout reached, starting election" // raft's
+	logStanding = "standing for election now"                    // replication's leaderWatch
+	logElected  = "raft made this node leader"
+	logReady    = "serving as leader"
 )
 
 // read takes the steps the servers logged after killed: the candidate from the
@@ -191,8 +220,10 @@ func (b *failoverSteps) read(c *Cluster, dead, next int, killed time.Time) {
 		if i == dead {
 			continue
 		}
-		if at, ok := logTimeAfter(n.Log, logCandidate, killed); ok && (b.candidate == 0 || at < b.candidate) {
-			b.candidate = at
+		for _, what := range []string{logTimedOut, logStanding} {
+			if at, ok := logTimeAfter(n.Log, what, killed); ok && (b.candidate == 0 || at < b.candidate) {
+				b.candidate = at
+			}
 		}
 	}
 	b.elected, _ = logTimeAfter(c.Nodes[next].Log, logElected, killed)
