@@ -23,9 +23,11 @@ import (
 // raft to stand for election now, as a leadership transfer does (raft's TimeoutNow): the
 // other voters grant the vote although they have not timed out yet, provided this
 // node's log is as up to date as theirs — the log check of the vote, hence every safety
-// property of raft, is untouched. A voter's survivors stand one after another, in the
-// order of their IDs, standStagger apart, so that they do not split the vote; one that
-// has heard from a new leader meanwhile stays put. When the check cannot tell (a
+// property of raft, is untouched. The survivors take turns in the order of their IDs,
+// standStagger apart, so that they do not split the vote; at its turn a survivor stays
+// put if a new leader reached it or it voted for one before it, and stands if the one
+// before it was refused its vote (its log was behind: one entry in flight when the leader
+// died reached only this node). When the check cannot tell (a
 // machine that vanished, a partition), raft's own timeouts elect a leader as before.
 //
 // Raft's leadership rules alone decide who leads; what leads faster is only when the
@@ -94,8 +96,10 @@ func (n *Node) standIfLeaderGone() {
 	}
 	if rank > 0 {
 		time.Sleep(time.Duration(rank) * standStagger)
-		if now, _ := n.raft.LeaderWithID(); n.raft.State() != raft.Follower || now != addr || !gone(addr) {
-			return // a new leader got through, or this node stands already
+		// A survivor before this one that stood and was refused this node's vote (its log
+		// was behind) cleared the leader this node knew: stand then, too.
+		if now, _ := n.raft.LeaderWithID(); n.raft.State() != raft.Follower || now != "" && now != addr || n.votedForAnother() || !gone(addr) {
+			return // a new leader got through, one is being elected, or this node stands already
 		}
 	}
 	n.cfg.Logger.Warn("the leader refuses connections (its process is gone): standing for election now",
@@ -105,6 +109,19 @@ func (n *Node) standIfLeaderGone() {
 	if err := n.transport.TimeoutNow(raft.ServerID(n.cfg.NodeID), local, req, &raft.TimeoutNowResponse{}); err != nil {
 		n.cfg.Logger.Warn("could not stand for election; raft's timeout will", "err", err)
 	}
+}
+
+// votedForAnother reports whether this node gave its vote in the current term to another
+// candidate, whose election is then under way (if it fails, raft's timeouts take over).
+// It reads the vote raft keeps in the stable store (raft's keys LastVoteTerm and
+// LastVoteCand, part of its data format).
+func (n *Node) votedForAnother() bool {
+	term, err := n.stable.GetUint64([]byte("LastVoteTerm"))
+	if err != nil || term != n.raft.CurrentTerm() {
+		return false
+	}
+	cand, err := n.stable.Get([]byte("LastVoteCand"))
+	return err == nil && len(cand) > 0 && string(cand) != string(n.transport.LocalAddr())
 }
 
 // survivorRank is this node's place, in ID order, among the voters other than dead; -1
