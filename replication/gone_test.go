@@ -3,6 +3,7 @@ package replication
 import (
 	"net"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 )
@@ -55,5 +56,63 @@ func TestGone(t *testing.T) {
 	}()
 	if !gone(raft.ServerAddress(dying.Addr().String())) {
 		t.Error("a port that accepted, closed and then refused does not count as gone")
+	}
+}
+
+// TestDialedConnRedialsAfterPeerClosed: a pooled connection whose other end closed
+// between two requests (the other node restarted) is dialled again when the next request
+// starts, so the request goes through instead of failing on the dead connection.
+func TestDialedConnRedialsAfterPeerClosed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan int, 4)
+	go func() {
+		for i := 1; ; i++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- i
+			go func(first bool) {
+				defer c.Close()
+				var b [1]byte
+				for {
+					if _, err := c.Read(b[:]); err != nil {
+						return
+					}
+					if _, err := c.Write(b[:]); err != nil || first {
+						return // the first connection ends after one answer
+					}
+				}
+			}(i == 1)
+		}
+	}()
+	s := &stream{Listener: ln, dial: dialTCP}
+	c, err := s.Dial(raft.ServerAddress(ln.Addr().String()), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ask := func(v byte) {
+		t.Helper()
+		if _, err := c.Write([]byte{v}); err != nil {
+			t.Fatalf("write %d: %v", v, err)
+		}
+		var b [1]byte
+		if _, err := c.Read(b[:]); err != nil || b[0] != v {
+			t.Fatalf("answer to %d: %v %v", v, b[0], err)
+		}
+	}
+	ask(1)
+	if n := <-accepted; n != 1 {
+		t.Fatalf("connection %d", n)
+	}
+	time.Sleep(50 * time.Millisecond) // the server's close reaches this side
+	ask(2)
+	if n := <-accepted; n != 2 {
+		t.Fatalf("the second request went on connection %d, want a new one (2)", n)
 	}
 }

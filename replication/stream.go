@@ -10,6 +10,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+
+	"github.com/leasehold/leasehold/internal/peerclosed"
 )
 
 // stream is the raft.StreamLayer of a node's network transport, over plain TCP or TLS.
@@ -18,7 +20,7 @@ import (
 type stream struct {
 	net.Listener
 	advertise net.Addr
-	dial      func(address string, timeout time.Duration) (net.Conn, error)
+	dial      func(address string, timeout time.Duration) (c, raw net.Conn, err error)
 	ended     func()
 }
 
@@ -54,8 +56,10 @@ func netTransport(cfg Config, tc *raft.NetworkTransportConfig, ended func()) (*r
 // errNotAdvertisable is returned for a raft address other nodes could not dial.
 var errNotAdvertisable = errors.New("raft address is not advertisable: set RaftAdvertise")
 
-func dialTCP(address string, timeout time.Duration) (net.Conn, error) {
-	return net.DialTimeout("tcp", address, timeout)
+// dialTCP dials a plain TCP connection (c and raw are the same).
+func dialTCP(address string, timeout time.Duration) (c, raw net.Conn, err error) {
+	c, err = net.DialTimeout("tcp", address, timeout)
+	return c, c, err
 }
 
 // Accept waits for the next connection from another node.
@@ -69,7 +73,64 @@ func (s *stream) Accept() (net.Conn, error) {
 
 // Dial opens a connection to another node's raft port within timeout.
 func (s *stream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return s.dial(string(address), timeout)
+	c, raw, err := s.dial(string(address), timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &dialedConn{Conn: c, raw: raw, redial: func() (net.Conn, net.Conn, error) { return s.dial(string(address), timeout) }}, nil
+}
+
+// dialedConn is a connection this node opened to another. Raft keeps these in a pool
+// between RPCs and sends the next RPC on one without looking: if the other node's process
+// ended meanwhile (it was restarted), that RPC fails — and a vote request is not sent
+// again, so the election waits out a whole election timeout. So when a request starts on
+// the connection (its first write, or a write after a read: raft reads each answer whole
+// before it sends again), dialedConn checks that the other end has not closed it, and if
+// it has, dials again and carries on on the new connection, with the deadlines set.
+// Raft uses a connection from one goroutine at a time.
+type dialedConn struct {
+	net.Conn
+	raw      net.Conn // the TCP connection (under TLS, if any), to look at
+	redial   func() (c, raw net.Conn, err error)
+	started  bool // a request is being written: its answer is not read yet
+	rdl, wdl time.Time
+}
+
+func (c *dialedConn) Write(p []byte) (int, error) {
+	if !c.started {
+		c.started = true
+		if peerclosed.Check(c.raw) != nil {
+			nc, raw, err := c.redial()
+			if err != nil {
+				return 0, err
+			}
+			_ = c.Close() // the old connection
+			c.Conn, c.raw = nc, raw
+			_ = nc.SetReadDeadline(c.rdl)
+			_ = nc.SetWriteDeadline(c.wdl)
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *dialedConn) Read(p []byte) (int, error) {
+	c.started = false
+	return c.Conn.Read(p)
+}
+
+func (c *dialedConn) SetDeadline(t time.Time) error {
+	c.rdl, c.wdl = t, t
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *dialedConn) SetReadDeadline(t time.Time) error {
+	c.rdl = t
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *dialedConn) SetWriteDeadline(t time.Time) error {
+	c.wdl = t
+	return c.Conn.SetWriteDeadline(t)
 }
 
 // Addr is the address other nodes reach this one at.

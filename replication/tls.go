@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"net"
@@ -19,17 +20,28 @@ type PeerTLS struct {
 }
 
 // dialer returns the stream's dial over TLS: a connection to another node's raft port,
-// handshake included, within timeout.
-func (p *PeerTLS) dialer() func(address string, timeout time.Duration) (net.Conn, error) {
-	return func(address string, timeout time.Duration) (net.Conn, error) {
+// handshake included, within timeout, and the TCP connection under it.
+func (p *PeerTLS) dialer() func(address string, timeout time.Duration) (c, raw net.Conn, err error) {
+	return func(address string, timeout time.Duration) (net.Conn, net.Conn, error) {
 		cfg := p.Dial()
 		if cfg.ServerName == "" {
 			host, _, err := net.SplitHostPort(address)
 			if err != nil {
-				return nil, fmt.Errorf("replication: raft address %q: %w", address, err)
+				return nil, nil, fmt.Errorf("replication: raft address %q: %w", address, err)
 			}
 			cfg.ServerName = host
 		}
-		return tls.DialWithDialer(&net.Dialer{Timeout: timeout}, "tcp", address, cfg)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", address)
+		if err != nil {
+			return nil, nil, err
+		}
+		c := tls.Client(raw, cfg)
+		if err := c.HandshakeContext(ctx); err != nil {
+			_ = raw.Close()
+			return nil, nil, err
+		}
+		return c, raw, nil
 	}
 }

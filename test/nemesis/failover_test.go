@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,7 +27,8 @@ import (
 // that leader served, and when the first grant came; then p50, p90, p99 and the maximum
 // (nearest rank: over 30 rounds p99 is the slowest). Run it with `make failover-bench`
 // (it is skipped unless LEASEHOLD_FAILOVER_BENCH=1); LEASEHOLD_FAILOVER_ROUNDS sets the
-// number of kills (default 30).
+// number of kills (default 30); LEASEHOLD_FAILOVER_LOGS names a directory to keep the
+// nodes' logs in.
 func TestFailoverTime(t *testing.T) {
 	if os.Getenv("LEASEHOLD_FAILOVER_BENCH") != "1" {
 		t.Skip("set LEASEHOLD_FAILOVER_BENCH=1 to measure failover (make failover-bench)")
@@ -42,14 +44,15 @@ func TestFailoverTime(t *testing.T) {
 	c := NewCluster(t, netnsUnavailable() == "")
 	ctx := context.Background()
 	var fmu sync.Mutex
-	var failures []time.Time // when attempts of the client failed
-	defer clienttrace.Watch(func(ctx context.Context, _ string, _ error) {
+	var failures []attemptFailure // the client's failed attempts
+	defer clienttrace.Watch(func(ctx context.Context, node string, err error) {
 		now := time.Now()
-		if lc, ok := ctx.Value(lockCallKey{}).(*lockCall); ok {
+		lc, inLock := ctx.Value(lockCallKey{}).(*lockCall)
+		if inLock {
 			lc.failed.Store(now.UnixNano())
 		}
 		fmu.Lock()
-		failures = append(failures, now)
+		failures = append(failures, attemptFailure{at: now, node: node, lock: inLock, err: err})
 		fmu.Unlock()
 	})()
 	cl, err := client.Dial(ctx, c.Addrs())
@@ -104,15 +107,17 @@ func TestFailoverTime(t *testing.T) {
 		}
 		return time.Time{}, false
 	}
-	firstFailure := func(t0 time.Time) (time.Time, bool) {
+	// failuresIn returns the client's failed attempts in (from, to].
+	failuresIn := func(from, to time.Time) []attemptFailure {
 		fmu.Lock()
 		defer fmu.Unlock()
+		var out []attemptFailure
 		for _, f := range failures {
-			if f.After(t0) {
-				return f, true
+			if f.at.After(from) && !f.at.After(to) {
+				out = append(out, f)
 			}
 		}
-		return time.Time{}, false
+		return out
 	}
 	var samples []time.Duration
 	for round := 0; round < rounds; round++ {
@@ -154,8 +159,9 @@ func TestFailoverTime(t *testing.T) {
 		d := got.Sub(killed)
 		samples = append(samples, d)
 		b := failoverSteps{total: d}
-		if f, ok := firstFailure(killed); ok && f.Before(got) {
-			b.noticed = f.Sub(killed)
+		failed := failuresIn(killed, got)
+		if len(failed) > 0 {
+			b.noticed = failed[0].at.Sub(killed)
 		}
 		nctx, cancel := context.WithTimeout(ctx, time.Minute)
 		next, err := c.WaitNewLeader(nctx, leader)
@@ -164,8 +170,22 @@ func TestFailoverTime(t *testing.T) {
 			b.read(c, leader, next, killed)
 		}
 		t.Logf("round %2d: killed leader %s; %s", round+1, L.ID, b)
+		if b.ready > 0 && b.total-b.ready > 200*time.Millisecond {
+			// The client took long after the leader served: say what its attempts met.
+			for _, f := range failed {
+				t.Logf("    +%v on %s (lock call %v): %v", f.at.Sub(killed).Round(time.Millisecond), f.node, f.lock, f.err)
+			}
+		}
 		if err := L.Start(); err != nil {
 			t.Fatal(err)
+		}
+	}
+	if dir := os.Getenv("LEASEHOLD_FAILOVER_LOGS"); dir != "" {
+		// Keep the nodes' logs (the cluster's directory goes when the test passes).
+		for _, n := range c.Nodes {
+			if b, err := os.ReadFile(n.Log); err == nil {
+				_ = os.WriteFile(filepath.Join(dir, n.ID+".log"), b, 0o644)
+			}
 		}
 	}
 	sorted := slices.Clone(samples)
@@ -189,6 +209,15 @@ type lockCall struct {
 }
 
 type lockCallKey struct{}
+
+// attemptFailure is one failed attempt of TestFailoverTime's client: when, on which
+// node, whether a Lock call of the loop made it (else the Unlock or a keepalive), why.
+type attemptFailure struct {
+	at   time.Time
+	node string
+	lock bool
+	err  error
+}
 
 // nearestRank returns the p-th percentile of sorted (ascending, not empty) by nearest
 // rank: the smallest sample with at least p% of the samples at or below it.
