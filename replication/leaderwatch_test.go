@@ -75,3 +75,19 @@ func TestDeadLeaderReplacedAtOnce(t *testing.T) {
 		t.Logf("new leader %s %v after the leader closed", next.NodeID(), took)
 	}
 }
+
+// TestLeaderLeaseDefault: a leader steps down after 500 ms without a quorum by default,
+// or after the heartbeat timeout when that is shorter, so a shorter heartbeat timeout
+// alone is still a valid configuration.
+func TestLeaderLeaseDefault(t *testing.T) {
+	if got := (replication.Config{}).WithDefaults().LeaderLeaseTimeout; got != 500*time.Millisecond {
+		t.Errorf("default leader lease timeout %v, want 500ms", got)
+	}
+	c := replication.Config{DataDir: t.TempDir(), HeartbeatTimeout: 200 * time.Millisecond}
+	if got := c.WithDefaults().LeaderLeaseTimeout; got != 200*time.Millisecond {
+		t.Errorf("leader lease timeout with a 200ms heartbeat timeout: %v, want 200ms", got)
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("a 200ms heartbeat timeout alone is refused: %v", err)
+	}
+}

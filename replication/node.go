@@ -65,7 +65,12 @@ type Config struct {
 	// Limits bound the state machine; every node must use the same.
 	Limits core.Limits
 	// HeartbeatTimeout and ElectionTimeout default to 500ms, LeaderLeaseTimeout to
-	// 250ms. LeaderLeaseTimeout must not exceed HeartbeatTimeout.
+	// 500ms or the HeartbeatTimeout if that is shorter; it must not exceed it. A leader
+	// that has heard from no quorum for LeaderLeaseTimeout steps down. Nothing safe rests
+	// on it (keepalives and reads confirm the leadership with a commit, see
+	// VerifyLeader); it only bounds how long a cut-off leader goes on answering. It was
+	// 250ms: on a loaded machine a new leader then stepped down while its follower caught
+	// up (no answer for 255 ms), and the next election took a second (failover bench).
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
@@ -112,7 +117,7 @@ func DefaultConfig() Config {
 		RaftAddr:           DefaultRaftAddr,
 		HeartbeatTimeout:   500 * time.Millisecond,
 		ElectionTimeout:    500 * time.Millisecond,
-		LeaderLeaseTimeout: 250 * time.Millisecond,
+		LeaderLeaseTimeout: 500 * time.Millisecond,
 		SnapshotThreshold:  8192,
 		SnapshotInterval:   30 * time.Second,
 		Logger:             slog.Default(),
@@ -136,7 +141,7 @@ func (c Config) WithDefaults() Config {
 	}
 	def(&c.HeartbeatTimeout, d.HeartbeatTimeout)
 	def(&c.ElectionTimeout, d.ElectionTimeout)
-	def(&c.LeaderLeaseTimeout, d.LeaderLeaseTimeout)
+	def(&c.LeaderLeaseTimeout, min(d.LeaderLeaseTimeout, c.HeartbeatTimeout))
 	def(&c.SnapshotInterval, d.SnapshotInterval)
 	if c.SnapshotThreshold == 0 {
 		c.SnapshotThreshold = d.SnapshotThreshold

@@ -120,6 +120,7 @@ func TestFailoverTime(t *testing.T) {
 		return out
 	}
 	var samples []time.Duration
+	redone := 0 // rounds not counted (at most 10)
 	for round := 0; round < rounds; round++ {
 		hctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		leader, err := c.WaitHealthy(hctx)
@@ -157,7 +158,6 @@ func TestFailoverTime(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 		d := got.Sub(killed)
-		samples = append(samples, d)
 		b := failoverSteps{total: d}
 		failed := failuresIn(killed, got)
 		if len(failed) > 0 {
@@ -169,7 +169,16 @@ func TestFailoverTime(t *testing.T) {
 		if err == nil {
 			b.read(c, leader, next, killed)
 		}
-		t.Logf("round %2d: killed leader %s; %s", round+1, L.ID, b)
+		if err == nil && b.elected == 0 && redone < 10 {
+			// No node became leader after the kill: the killed node had lost the
+			// leadership just before (a loaded machine). Not a failover: again.
+			t.Logf("round %2d: %s was no longer the leader when it was killed; not counted, once more", round+1, L.ID)
+			round--
+			redone++
+		} else {
+			samples = append(samples, d)
+			t.Logf("round %2d: killed leader %s; %s", round+1, L.ID, b)
+		}
 		if b.ready > 0 && b.total-b.ready > 200*time.Millisecond {
 			// The client took long after the leader served: say what its attempts met.
 			for _, f := range failed {
