@@ -177,6 +177,29 @@ func TestFailoverShuttingDown(t *testing.T) {
 	testFailoverNotStarted(t, reason.ShuttingDown, "draining", "the node that shuts down")
 }
 
+// TestFailoverBusy: a leader whose log could not take an entry in time answers "busy"
+// (nothing written); the client sends the request again to the same node after a pause,
+// a Put included, rather than leaving a leader that only needs a moment.
+func TestFailoverBusy(t *testing.T) {
+	node := testnode.Start(t)
+	var n atomic.Int32
+	busy := unavailable(reason.Busy, "")
+	hint := unavailable(reason.NotLeader, node.Addr())
+	leader := startFakeNode(t, func() error {
+		if n.Add(1) <= 2 {
+			return busy()
+		}
+		return hint()
+	})
+	ctx, c := dial(t, leader.addr+","+node.Addr())
+	if _, err := c.Put(ctx, "busy/k", []byte("v")); err != nil {
+		t.Fatalf("Put after two busy answers: %v", err)
+	}
+	if got := leader.calls.Load(); got != 3 {
+		t.Errorf("the busy node got %d calls, want 3 (two busy answers, then the hint): the client left it at once", got)
+	}
+}
+
 // testFailoverNotStarted: the first of two nodes answers every call Unavailable with
 // why, a reason that says the request was not started; a Put (not repeated after an
 // unknown outcome) and every other kind of call succeed on the second node, and the

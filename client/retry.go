@@ -127,6 +127,10 @@ func (c *Client) judge(ctx context.Context, node string, err error, silent bool)
 	case reason.LeaderUnknown:
 		c.nodes.leave(node)
 		return resend
+	case reason.Busy:
+		// The leader's log was full for a moment: nothing was written. Stay with the
+		// node; the caller's backoff spaces the next try.
+		return resend
 	case reason.ShuttingDown:
 		// The node refused the request before starting it, and will be gone soon.
 		c.nodes.distrust(node)

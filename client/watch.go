@@ -105,11 +105,14 @@ func (c *Client) watchOnce(ctx context.Context, prefix string, next **leaseholdv
 	return connect.NewError(connect.CodeUnavailable, errors.New("client: the watch stream ended")) // the server never ends one cleanly: resume
 }
 
-// History returns the ledger of the correctness lock name: its last tenures, oldest
-// first (how each ended: released, expired, revoked, force-released with who asked and
-// why), then its holds still open (End unspecified). It is bounded on the server (16
-// tenures per lock and 100,000 in all by default) and survives leader changes and
-// restores. Efficiency locks have none.
+// History returns the ledger of lock name: its last tenures, oldest first (how each
+// ended: released, expired, revoked, force-released with who asked and why,
+// disconnected), then its holds still open (End unspecified), each with its class. It
+// is bounded on the server (16 tenures per lock and 100,000 in all by default). The
+// correctness tenures come first and survive leader changes and restores. Efficiency
+// tenures are the current leader's only (its memory): they follow one
+// TENURE_END_LEADER_LOST entry, which says that what came before that leader began
+// serving (EndUnixMs, Epoch) is unknown. See LockService.History.
 func (c *Client) History(ctx context.Context, name string) ([]*leaseholdv1.Tenure, error) {
 	resp, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.HistoryResponse, error) {
 		return rpc(ctx, c, c.locks.History, &leaseholdv1.HistoryRequest{Name: name})

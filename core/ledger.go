@@ -8,10 +8,12 @@ import (
 	"unicode/utf8"
 )
 
-// Tenure is one hold of a correctness lock in the ledger: who held it, under which
-// token, from when to when, and how it ended. Times are the proposing leader's wall
-// clock (Command.WallMillis, Unix milliseconds), for display only: the state machine
-// reads no clock, and nothing depends on them. The ledger's order is the log's.
+// Tenure is one hold of a lock in a ledger: who held it, under which token, from when
+// to when, and how it ended. In the replicated ledger (State.History, correctness
+// locks) times are the proposing leader's wall clock (Command.WallMillis, Unix
+// milliseconds) and the order is the log's; in a leader's efficiency ledger they are
+// that leader's wall clock and the order is its table's. Either way the times are for
+// display only: nothing depends on them.
 type Tenure struct {
 	Name   string `json:"name"`
 	Token  uint64 `json:"token"`
@@ -21,8 +23,8 @@ type Tenure struct {
 	// a command written before commands carried the time).
 	StartMillis int64 `json:"start,omitempty"`
 	EndMillis   int64 `json:"end,omitempty"`
-	// End is how the tenure ended: EventReleased, EventExpired, EventRevoked or
-	// EventForceReleased; 0 for a hold still open.
+	// End is how the tenure ended: EventReleased, EventExpired, EventRevoked,
+	// EventForceReleased or EventDisconnected; 0 for a hold still open.
 	End EventKind `json:"how,omitempty"`
 	// Note is a force release's reason, with who asked.
 	Note string `json:"note,omitempty"`
@@ -42,21 +44,43 @@ type holdKey struct {
 	token uint64
 }
 
-// ledger is the replicated record of recent tenures (State.History).
-type ledger struct {
+// Ledger is a bounded record of recent tenures, fed with a lock table's events (Note):
+// the replicated State keeps one for the correctness locks (State.History), and a
+// leader one for its efficiency table. It keeps each lock's last LedgerPerLock ended
+// tenures and LedgerTotal in all, dropping the oldest first, and the start of every
+// hold still open. Its zero value is not usable: make one with NewLedger. It is not
+// safe for concurrent use.
+type Ledger struct {
 	perLock, total int
 	open           map[holdKey]int64 // start of every hold still open whose start is known
-	byLock         map[string][]*Tenure
-	order          []*Tenure // ended tenures, oldest first; some gone (perLock)
-	live           int       // tenures in order not gone
+	byLock         map[string]*lockTenures
+	// order[head:] are the ended tenures, oldest first; some gone (perLock). pop
+	// moves them down once half is free, so that a full ledger grows nothing.
+	order []*Tenure
+	head  int
+	live  int // tenures in order not gone
+	// spare are records no longer in the ledger, reused by add: a full ledger, or a
+	// lock at its bound, records an end without allocating.
+	spare []*Tenure
 }
 
-func newLedger(l Limits) ledger {
-	return ledger{perLock: l.LedgerPerLock, total: l.LedgerTotal, open: make(map[holdKey]int64), byLock: make(map[string][]*Tenure)}
+// maxSpare bounds Ledger.spare.
+const maxSpare = 64
+
+// lockTenures are one lock's ended tenures, oldest first.
+type lockTenures struct{ list []*Tenure }
+
+// NewLedger returns an empty ledger bounded by l's LedgerPerLock and LedgerTotal (their
+// defaults when unset).
+func NewLedger(l Limits) Ledger {
+	l = l.withDefaults()
+	return Ledger{perLock: l.LedgerPerLock, total: l.LedgerTotal, open: make(map[holdKey]int64), byLock: make(map[string]*lockTenures)}
 }
 
-// note records what event e (of the command proposed at now) does to the ledger.
-func (g *ledger) note(e Event, now int64) {
+// Note records what event e, of a change made at now (Unix milliseconds; 0: unknown),
+// does to the ledger: an acquire opens a hold, and a release, expiry, revocation, force
+// release or disconnect ends one; other kinds change nothing.
+func (g *Ledger) Note(e Event, now int64) {
 	k := holdKey{e.Name, e.Token}
 	switch e.Kind {
 	case EventAcquired:
@@ -66,51 +90,88 @@ func (g *ledger) note(e Event, now int64) {
 	case EventReleased, EventExpired, EventRevoked, EventForceReleased, EventDisconnected:
 		start := g.open[k]
 		delete(g.open, k)
-		g.add(&Tenure{Name: e.Name, Token: e.Token, Holder: e.Holder, Mode: e.Mode, StartMillis: start, EndMillis: now, End: e.Kind, Note: e.Note})
+		g.add(Tenure{Name: e.Name, Token: e.Token, Holder: e.Holder, Mode: e.Mode, StartMillis: start, EndMillis: now, End: e.Kind, Note: e.Note})
 	}
 }
+
+// Has reports whether the ledger keeps an ended tenure of lock name.
+func (g *Ledger) Has(name string) bool { return g.byLock[name] != nil }
 
 // add appends an ended tenure, dropping the lock's oldest beyond perLock and the
 // ledger's oldest beyond total.
-func (g *ledger) add(t *Tenure) {
-	list := append(g.byLock[t.Name], t)
-	if len(list) > g.perLock {
-		list[0].gone = true
-		list = slices.Delete(list, 0, 1)
+func (g *Ledger) add(v Tenure) {
+	var t *Tenure
+	if n := len(g.spare); n > 0 {
+		t, g.spare[n-1] = g.spare[n-1], nil
+		g.spare = g.spare[:n-1]
+	} else {
+		t = new(Tenure)
+	}
+	*t = v
+	lt := g.byLock[t.Name]
+	if lt == nil {
+		lt = &lockTenures{}
+		g.byLock[t.Name] = lt
+	}
+	lt.list = append(lt.list, t)
+	if len(lt.list) > g.perLock {
+		lt.list[0].gone = true
+		lt.list = slices.Delete(lt.list, 0, 1)
 		g.live--
 	}
-	g.byLock[t.Name] = list
 	g.order = append(g.order, t)
 	g.live++
 	for g.live > g.total {
-		old := g.order[0]
-		g.order[0] = nil
-		g.order = g.order[1:]
-		if old.gone {
-			continue
+		old := g.pop()
+		if !old.gone {
+			g.live--
+			lo := g.byLock[old.Name] // old is its lock's oldest
+			if lo.list = slices.Delete(lo.list, 0, 1); len(lo.list) == 0 {
+				delete(g.byLock, old.Name)
+			}
 		}
-		g.live--
-		rest := g.byLock[old.Name][1:] // old is its lock's oldest
-		if len(rest) == 0 {
-			delete(g.byLock, old.Name)
-		} else {
-			g.byLock[old.Name] = rest
-		}
+		g.free(old)
 	}
-	for len(g.order) > 0 && g.order[0].gone { // keep the order from filling with the gone
-		g.order[0] = nil
-		g.order = g.order[1:]
+	for g.head < len(g.order) && g.order[g.head].gone { // keep the order from filling with the gone
+		g.free(g.pop())
 	}
 }
 
-// History returns lock name's recent tenures, oldest first, then its holds still open
-// (End 0), as the lock table has them. The result is a copy.
-func (s *State) History(name string) []Tenure {
-	var out []Tenure
-	for _, t := range s.ledger.byLock[name] {
-		out = append(out, *t)
+// pop takes the oldest record out of the order.
+func (g *Ledger) pop() *Tenure {
+	t := g.order[g.head]
+	g.order[g.head] = nil
+	g.head++
+	if g.head*2 >= len(g.order) {
+		n := copy(g.order, g.order[g.head:])
+		clear(g.order[n:])
+		g.order, g.head = g.order[:n], 0
 	}
-	if l := s.locks.Get(name); l != nil {
+	return t
+}
+
+// free keeps t, which nothing refers to any more, for reuse.
+func (g *Ledger) free(t *Tenure) {
+	if len(g.spare) < maxSpare {
+		*t = Tenure{}
+		g.spare = append(g.spare, t)
+	}
+}
+
+// History returns correctness lock name's recent tenures, oldest first, then its holds
+// still open (End 0), as the lock table has them. The result is a copy.
+func (s *State) History(name string) []Tenure { return s.ledger.History(name, s.locks) }
+
+// History returns lock name's recent tenures, oldest first, then its holds still open
+// in locks (End 0; the table whose events the ledger notes). The result is a copy.
+func (g *Ledger) History(name string, locks *Locks) []Tenure {
+	var out []Tenure
+	if lt := g.byLock[name]; lt != nil {
+		for _, t := range lt.list {
+			out = append(out, *t)
+		}
+	}
+	if l := locks.Get(name); l != nil {
 		holds := l.Holds
 		mode := Shared
 		if l.Limit > 0 {
@@ -120,7 +181,7 @@ func (s *State) History(name string) []Tenure {
 			holds, mode = []Hold{*l.Hold}, Exclusive
 		}
 		for _, h := range holds {
-			out = append(out, Tenure{Name: name, Token: h.Token, Holder: h.Holder, Mode: mode, StartMillis: s.ledger.open[holdKey{name, h.Token}]})
+			out = append(out, Tenure{Name: name, Token: h.Token, Holder: h.Holder, Mode: mode, StartMillis: g.open[holdKey{name, h.Token}]})
 		}
 	}
 	return out
@@ -128,9 +189,9 @@ func (s *State) History(name string) []Tenure {
 
 // records copies the ledger for a snapshot: the ended tenures oldest first, then the
 // open holds' starts in (name, token) order.
-func (g *ledger) records() []Tenure {
+func (g *Ledger) records() []Tenure {
 	out := make([]Tenure, 0, g.live+len(g.open))
-	for _, t := range g.order {
+	for _, t := range g.order[g.head:] {
 		if !t.gone {
 			out = append(out, *t)
 		}
@@ -158,7 +219,7 @@ func (s *State) restoreTenure(t Tenure) error {
 	case t.End == 0:
 		return fmt.Errorf("%w: ledger entry of an open hold without its start in snapshot", ErrCorrupt)
 	case t.End == EventReleased || t.End == EventExpired || t.End == EventRevoked || t.End == EventForceReleased || t.End == EventDisconnected:
-		s.ledger.add(&t)
+		s.ledger.add(t)
 	default:
 		return fmt.Errorf("%w: ledger entry that ended as %d in snapshot", ErrCorrupt, t.End)
 	}

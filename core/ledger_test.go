@@ -115,11 +115,11 @@ func TestLedgerEntryBytes(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	g := newLedger(Limits{}.withDefaults())
+	g := NewLedger(Limits{}.withDefaults())
 	for i := range n {
 		name := fmt.Sprintf("orders/%09d", i)
-		g.note(Event{Kind: EventAcquired, Name: name, Token: uint64(i + 1)}, 1)
-		g.note(Event{Kind: EventReleased, Name: name, Token: uint64(i + 1), Holder: Holder{Host: fmt.Sprintf("worker-%d.example", i%100), PID: 4242}}, 2)
+		g.Note(Event{Kind: EventAcquired, Name: name, Token: uint64(i + 1)}, 1)
+		g.Note(Event{Kind: EventReleased, Name: name, Token: uint64(i + 1), Holder: Holder{Host: fmt.Sprintf("worker-%d.example", i%100), PID: 4242}}, 2)
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)

@@ -96,7 +96,7 @@ func TestLostLocks(t *testing.T) {
 func TestSnapshotVersion1Restores(t *testing.T) {
 	for i, s := range randomStates(t, 20) {
 		clear(s.locks.lost) // a version-1 writer had neither lost locks nor a ledger
-		s.ledger = newLedger(s.limits)
+		s.ledger = NewLedger(s.limits)
 		b := mustSnapshot(t, s)
 		v1 := append([]byte{snapshotV1}, b[1:]...)
 		r, err := RestoreState(v1, Limits{})

@@ -32,7 +32,7 @@ type State struct {
 	clusterID  string                 // "" until OpSetClusterID
 	keys       keyStore               // idempotency keys (idempotency.go)
 	groups     groupStore             // groups and partitions (groups.go)
-	ledger     ledger                 // recent tenures (ledger.go)
+	ledger     Ledger                 // recent tenures (ledger.go)
 	// now is the command being applied's WallMillis (the ledger's times); rec is
 	// Record's fn.
 	now int64
@@ -53,7 +53,7 @@ func NewState(limits Limits) *State {
 		keys:       newKeyStore(),
 		groups:     newGroupStore(),
 		elections:  newElections(),
-		ledger:     newLedger(limits),
+		ledger:     NewLedger(limits),
 	}
 	s.locks.Record(s.record)
 	return s
@@ -61,7 +61,7 @@ func NewState(limits Limits) *State {
 
 // record takes every event of the lock table: into the ledger, then to Record's fn.
 func (s *State) record(e Event) {
-	s.ledger.note(e, s.now)
+	s.ledger.Note(e, s.now)
 	if s.rec != nil {
 		s.rec(e)
 	}

@@ -4,6 +4,8 @@ package leader_test
 
 import (
 	"context"
+	"fmt"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -85,4 +87,44 @@ func BenchmarkPair(b *testing.B) {
 		b.Run("efficiency-now/"+m.name, func(b *testing.B) { benchPair(b, core.Efficiency, true, m.obs()) })
 		b.Run("correctness/"+m.name, func(b *testing.B) { benchPair(b, core.Correctness, false, m.obs()) })
 	}
+}
+
+// BenchmarkEfficiencyLedgerMemory measures the heap the leader's efficiency ledger keeps
+// per entry (docs/OPERATIONS.md): 100,000 efficiency locks (names like
+// "jobs/digest-000042", one tenure each, its holder a host of 100 and a pid), each
+// acquired and released once, every name and host its own allocation as when decoded
+// from a request. Released, the locks leave the table; what stays is the ledger.
+// bytes/entry is the live heap after a GC, less the heap before, over the entries. Run
+// it with -benchtime=1x.
+func BenchmarkEfficiencyLedgerMemory(b *testing.B) {
+	const n = 100_000
+	for b.Loop() {
+		l, id := benchLeader(b, nil)
+		ctx := context.Background()
+		before := liveHeap()
+		for i := range n {
+			a := leader.AcquireArgs{AcquireArgs: core.AcquireArgs{Lease: id, Name: fmt.Sprintf("jobs/digest-%06d", i), Class: core.Efficiency,
+				Holder: core.Holder{Host: fmt.Sprintf("worker-%d.example.internal", i%100), PID: 4242}}}
+			g, err := l.Acquire(ctx, a)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := l.Release(ctx, id, a.Name, g.Token); err != nil {
+				b.Fatal(err)
+			}
+		}
+		after := liveHeap()
+		b.ReportMetric(float64(after-before)/n, "bytes/entry")
+		if h, err := l.EfficiencyHistory("jobs/digest-000000"); err != nil || len(h.Tenures) != 1 {
+			b.Fatalf("the first lock's ledger: %+v, %v", h, err)
+		}
+		runtime.KeepAlive(l)
+	}
+}
+
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }

@@ -9,8 +9,8 @@ import (
 // classes is the one place that decides which class a lock name is in use as while this
 // node leads. Every acquire of either class asks it first (claimLocked), and every call
 // that must find the table holding a name asks it (inMemoryLocked): release, force
-// release, describe, and the end of a leadership for its waiters. It is guarded by
-// Leader.mu.
+// release, describe, and the end of a leadership for its waiters; History asks which
+// ledgers to show (servedInMemoryLocked). It is guarded by Leader.mu.
 //
 // A name is in use
 //   - as efficiency while the leader's efficiency table has it (held, waited for, or in
@@ -77,6 +77,15 @@ func (c *classes) settleLocked(name string) {
 // inMemoryLocked reports whether name is in use as efficiency: released, force-released
 // and described from the efficiency table, never through the log.
 func (c *classes) inMemoryLocked(name string) bool { return c.l.eff.Has(name) }
+
+// servedInMemoryLocked reports whether name has been in use as efficiency in this
+// epoch: it is now (inMemoryLocked), or the efficiency ledger still keeps a tenure of
+// it. History shows the efficiency ledger of such a name (EfficiencyHistory) after the
+// replicated one, which it shows for every name: a name may have been used in both
+// classes, one after the other.
+func (c *classes) servedInMemoryLocked(name string) bool {
+	return c.inMemoryLocked(name) || c.l.effLedger.Has(name)
+}
 
 // replicatedLocked reports whether the replicated table has name.
 func (c *classes) replicatedLocked(name string) bool {

@@ -14,7 +14,7 @@
 // applied commands), leases.go (Grant, KeepAlive and its leadership confirmation,
 // Revoke), countdown.go (lease countdowns, the expiry loop), acquire.go, class.go (the
 // one place that decides a name's class), efficiency.go (the in-memory table),
-// tokens.go (its token blocks), waits.go (queued acquires), release.go (Release,
+// tokens.go (its token blocks), ledger.go (its ledger), waits.go (queued acquires), release.go (Release,
 // ForceRelease), delay.go (lock-delays), groups.go (partition drains), views.go (Describe, List, CheckToken, Stats),
 // observe.go (what it measures for metrics: waits, holds, expiry lateness).
 //
@@ -120,6 +120,11 @@ type Leader struct {
 	eff    *core.Locks
 	effSeq block
 	refill bool // a reservation is in flight
+	// The efficiency table's ledger this epoch, when the epoch began, and whether any
+	// token had been issued before it (ledger.go).
+	effLedger core.Ledger
+	since     time.Time
+	lostSome  bool
 	// Which class a name is in use as (class.go).
 	names classes
 	// Lock-delays (delay.go).
@@ -153,6 +158,7 @@ func New(log Log, cfg Config) *Leader {
 		drains: make(map[drainKey]*time.Timer),
 		eff:    core.NewLocks(cfg.Limits),
 	}
+	l.effLedger = core.NewLedger(cfg.Limits)
 	l.groupsChanged = make(chan struct{})
 	l.names.init(l)
 	return l

@@ -32,7 +32,8 @@ func (l *Leader) Run(ctx context.Context, changes <-chan bool) {
 
 // Promote starts serving as leader: it waits until every committed entry is applied,
 // starts a full-TTL countdown for every lease, a full lock-delay for every delayed
-// lock and a full drain deadline for every draining partition, and opens a new efficiency epoch (with no tokens reserved yet).
+// lock and a full drain deadline for every draining partition, and opens a new efficiency
+// epoch (with no tokens reserved yet, and an empty efficiency ledger).
 func (l *Leader) Promote(ctx context.Context) error {
 	if err := l.log.Barrier(ctx); err != nil {
 		return fmt.Errorf("leader: barrier: %w", err)
@@ -49,8 +50,10 @@ func (l *Leader) Promote(ctx context.Context) error {
 	l.kick = make(chan struct{}, 1)
 	l.eff = core.NewLocks(l.cfg.Limits)
 	l.effSeq = block{}
+	l.effLedger = core.NewLedger(l.cfg.Limits)
 	l.recordLocked()
 	now := time.Now()
+	l.since = now
 	var delayed []*core.Lock
 	type drain struct {
 		k      drainKey
@@ -58,6 +61,7 @@ func (l *Leader) Promote(ctx context.Context) error {
 	}
 	var drains []drain
 	l.log.Read(func(s *core.State) {
+		l.lostSome = s.LastToken() > 0
 		s.Draining(func(group string, partition int, epoch uint64, millis int64) {
 			drains = append(drains, drain{drainKey{group, uint32(partition), epoch}, millis})
 		})
@@ -96,8 +100,8 @@ func (l *Leader) Promote(ctx context.Context) error {
 	return nil
 }
 
-// Demote stops serving: countdowns stop, efficiency locks are dropped (their holders
-// learn it from the epoch in keepalive answers), an Acquire waiting in an efficiency
+// Demote stops serving: countdowns stop, efficiency locks and their ledger are dropped
+// (their holders learn it from the epoch in keepalive answers), an Acquire waiting in an efficiency
 // queue fails with ErrEpochLost and one waiting for a correctness grant with
 // ErrNotLeader (its place in the replicated queue stays: retried on the new leader, the
 // acquire finds it).
@@ -126,6 +130,7 @@ func (l *Leader) Demote() {
 		return ErrNotLeader
 	})
 	l.eff = core.NewLocks(l.cfg.Limits)
+	l.effLedger = core.NewLedger(l.cfg.Limits)
 	l.lg.Info("stopped serving as leader")
 }
 

@@ -1,13 +1,16 @@
 package leader
 
 import (
+	"time"
+
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/watch"
 )
 
-// recordLocked opens a new epoch's history of efficiency events: the epoch's start
-// (every efficiency lock of an earlier leader is gone), then every change of the new
-// table, stamped with the epoch. The correctness locks' events come from the apply
+// recordLocked opens a new epoch's record of the efficiency table's changes: every
+// event goes into the epoch's ledger (ledger.go) and, when the leader has a hub, to
+// Watch's history, after the epoch's start (every efficiency lock of an earlier leader
+// is gone), stamped with the epoch. The correctness locks' events come from the apply
 // path (replication), not from here.
 //
 // The epoch's start is published with its first event, not at once: every efficiency
@@ -18,17 +21,17 @@ import (
 // this term's entries): a watcher resuming here from an earlier leader's revision
 // skips none of them.
 func (l *Leader) recordLocked() {
-	hub, epoch := l.cfg.Events, l.epoch
-	if hub == nil {
-		return
-	}
-	started := false
+	hub, epoch, ledger := l.cfg.Events, l.epoch, &l.effLedger
+	started := hub == nil
 	l.eff.Record(func(e core.Event) {
+		ledger.Note(e, time.Now().UnixMilli())
 		if !started {
 			started = true
 			hub.Publish(core.Event{Kind: core.EventEpoch, Class: core.Efficiency}, epoch)
 		}
-		hub.Publish(e, epoch)
+		if hub != nil {
+			hub.Publish(e, epoch)
+		}
 	})
 }
 

@@ -117,8 +117,8 @@ type outcome struct {
 // is handed over from inside raft's leader loop (batcher.written), which is also what
 // empties raft's queue; the queue holds MaxAppendEntries entries and the batcher keeps
 // about one batch in it, so the bound is never reached in practice, but it keeps a
-// leader loop from waiting on itself. A batch that times out fails with ErrNotLeader:
-// nothing of it was written.
+// leader loop from waiting on itself. A batch that times out fails with ErrBusy: nothing of
+// it was written.
 const batchEnqueueTimeout = 50 * time.Millisecond
 
 // batcher groups proposals into log entries (see the comment at the top of the file).

@@ -29,6 +29,10 @@ var (
 	// ErrOutcomeUnknown is returned by Apply when leadership was lost or the node shut
 	// down after the command was handed to raft: it may or may not have been committed.
 	ErrOutcomeUnknown = errors.New("replication: outcome unknown (leadership lost before commit was confirmed)")
+	// ErrBusy is returned by Apply when the leader's log could not take the entry in time
+	// (raft's queue stayed full for batchEnqueueTimeout). Nothing was written; the caller
+	// may send it again, to this node, after a pause.
+	ErrBusy = errors.New("replication: the log is busy (the entry was not queued in time; nothing was written)")
 	// ErrDataDirInUse is returned by Open when another process has the data directory.
 	ErrDataDirInUse = errors.New("replication: data directory is in use by another process")
 )
@@ -354,8 +358,10 @@ func (o outcome) result() (core.Result, error) {
 	switch err := o.err; {
 	case err == nil:
 		return o.res, nil
-	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrEnqueueTimeout):
+	case errors.Is(err, raft.ErrNotLeader):
 		return core.Result{}, fmt.Errorf("%w: %w", ErrNotLeader, err)
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		return core.Result{}, fmt.Errorf("%w: %w", ErrBusy, err)
 	default:
 		return core.Result{}, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 	}

@@ -49,6 +49,7 @@ var errorCodes = []struct {
 	{leader.ErrNotLeader, connect.CodeUnavailable, reason.NotLeader},
 	{replication.ErrNotLeader, connect.CodeUnavailable, reason.NotLeader},
 	{replication.ErrOutcomeUnknown, connect.CodeUnavailable, reason.OutcomeUnknown},
+	{replication.ErrBusy, connect.CodeUnavailable, reason.Busy},
 	{leader.ErrEpochLost, connect.CodeUnavailable, reason.EpochLost},
 	{leader.ErrObserverLagging, connect.CodeResourceExhausted, reason.ObserverLagging},
 	{errNoSuchMember, connect.CodeNotFound, reason.NoSuchMember},

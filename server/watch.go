@@ -115,22 +115,47 @@ func eventToProto(e *watch.Event) *leaseholdv1.WatchEvent {
 	}
 }
 
-// History serves LockService.History: lock name's ledger (core.State.History), read on
-// the leader from its applied state.
+// History serves LockService.History: lock name's correctness tenures, read on the
+// leader from its applied state (core.State.History), then, when the name has been in
+// use as efficiency under this leader, the marker of what earlier leaders lost (unless
+// nothing can have been lost) and this leader's efficiency tenures
+// (leader.EfficiencyHistory). It fails with leader.ErrNotLeader when this node stopped
+// leading after the request was routed here: only the leader knows its efficiency
+// ledger.
 func (s *Server) History(_ context.Context, req *leaseholdv1.HistoryRequest) (*leaseholdv1.HistoryResponse, error) {
-	if err := core.ValidateName("name", req.GetName()); err != nil {
+	name := req.GetName()
+	if err := core.ValidateName("name", name); err != nil {
+		return nil, err
+	}
+	eff, err := s.leader.EfficiencyHistory(name)
+	if err != nil {
 		return nil, err
 	}
 	var tenures []core.Tenure
-	s.raft.Read(func(st *core.State) { tenures = st.History(req.GetName()) })
-	resp := &leaseholdv1.HistoryResponse{Tenures: make([]*leaseholdv1.Tenure, len(tenures))}
-	for i, t := range tenures {
-		resp.Tenures[i] = &leaseholdv1.Tenure{
-			Token: t.Token, Holder: holderToProto(t.Holder), Mode: modeToProto(t.Mode),
-			StartUnixMs: t.StartMillis, EndUnixMs: t.EndMillis, End: tenureEnd(t.End), Reason: t.Note,
-		}
+	s.raft.Read(func(st *core.State) { tenures = st.History(name) })
+	resp := &leaseholdv1.HistoryResponse{Tenures: make([]*leaseholdv1.Tenure, 0, len(tenures)+len(eff.Tenures)+1)}
+	for i := range tenures {
+		resp.Tenures = append(resp.Tenures, tenureToProto(&tenures[i], leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS, ""))
+	}
+	if !eff.Served {
+		return resp, nil
+	}
+	if eff.Lost {
+		resp.Tenures = append(resp.Tenures, &leaseholdv1.Tenure{End: leaseholdv1.TenureEnd_TENURE_END_LEADER_LOST,
+			EndUnixMs: eff.Since.UnixMilli(), Class: leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY, Epoch: eff.Epoch})
+	}
+	for i := range eff.Tenures {
+		resp.Tenures = append(resp.Tenures, tenureToProto(&eff.Tenures[i], leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY, eff.Epoch))
 	}
 	return resp, nil
+}
+
+func tenureToProto(t *core.Tenure, class leaseholdv1.LockClass, epoch string) *leaseholdv1.Tenure {
+	return &leaseholdv1.Tenure{
+		Token: t.Token, Holder: holderToProto(t.Holder), Mode: modeToProto(t.Mode),
+		StartUnixMs: t.StartMillis, EndUnixMs: t.EndMillis, End: tenureEnd(t.End), Reason: t.Note,
+		Class: class, Epoch: epoch,
+	}
 }
 
 func tenureEnd(k core.EventKind) leaseholdv1.TenureEnd {

@@ -179,7 +179,9 @@ func startFollower(ctx context.Context, t *testing.T, id, join string) (*service
 // TestDashboardAcrossLeaderChange opens /ui of a follower of a three-node cluster and
 // stops the leader: the page's Watch, relayed by the follower, ends; the page resumes
 // from its last revision once a new leader serves, and the feed shows every lock event
-// from before and after the change once each, in revision order.
+// from before and after the change once each, in revision order. An efficiency lock
+// taken on the new leader shows its tenure in its ledger, after the marker of what the
+// old leader's memory held (lost with it).
 func TestDashboardAcrossLeaderChange(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs three leasehold nodes and a browser")
@@ -230,6 +232,23 @@ func TestDashboardAcrossLeaderChange(t *testing.T) {
 	}
 	b.expectNested(t, "lc/", 10*time.Second)
 	b.screenshot(t, "leader-change.png")
+
+	// An efficiency lock on the new leader: its ledger shows the hold, then the marker
+	// of what the old leader's memory held (the new leader's epoch, when it began).
+	el, err := c.Lock(ctx, "eff/after", client.Efficiency)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.wait(t, `document.querySelector('#locks tr[data-name="eff/after"]') !== null`, 2*time.Second)
+	if err := b.do(chromedp.Click(chromedp.CSS(`#locks tr[data-name="eff/after"]`))); err != nil {
+		t.Fatal(err)
+	}
+	b.wait(t, fmt.Sprintf(`(rows => rows.length === 2 && rows[0].dataset.token === "%d" && rows[0].dataset.end === "held" && rows[0].textContent.includes("efficiency") && rows[1].dataset.end === "leader lost" && rows[1].textContent.includes("lost with the leader") && rows[1].textContent.includes("epoch "))([...document.querySelectorAll("#ledger tbody tr")])`, el.Token()), 2*time.Second)
+	b.screenshot(t, "efficiency-ledger.png")
+	if err := el.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.wait(t, fmt.Sprintf(`(rows => rows.length === 2 && rows[0].dataset.token === "%d" && rows[0].dataset.end === "released" && rows[1].dataset.end === "leader lost")([...document.querySelectorAll("#ledger tbody tr")])`, el.Token()), 2*time.Second)
 	b.checkConsole(t)
 }
 

@@ -78,11 +78,13 @@ func newHistoryCmd() *cobra.Command {
 	var output *outputFormat
 	cmd := &cobra.Command{
 		Use:   "history NAME",
-		Short: "a correctness lock's last tenures: holder, token, from, to, how each ended",
-		Long: `Show the ledger of a correctness lock: its last tenures, oldest first — token,
-holder, mode, from, to, and how each ended (released, expired, revoked, force-released
-with who asked and why) — then its current holds. Replicated: it survives failover and
-restore. Efficiency locks have none.`,
+		Short: "a lock's last tenures: holder, token, from, to, how each ended",
+		Long: `Show the ledger of a lock: its last tenures, oldest first — token, holder, mode,
+class, from, to, and how each ended (released, expired, revoked, force-released with who
+asked and why, disconnected) — then its current holds. Correctness tenures are
+replicated: they survive failover and restore. Efficiency tenures live in the leader's
+memory: only the current leader's are shown, after a line "lost with the leader" that
+says when that leader began serving — what the lock had before is unknown.`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeFromServer(&addr, lockNames),
 		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
@@ -105,7 +107,7 @@ restore. Efficiency locks have none.`,
 // printHistory prints a ledger as a table.
 func printHistory(w io.Writer, tenures []*leaseholdv1.Tenure) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TOKEN\tHOLDER\tMODE\tFROM\tTO\tENDED")
+	fmt.Fprintln(tw, "TOKEN\tHOLDER\tMODE\tCLASS\tFROM\tTO\tENDED")
 	stamp := func(ms int64) string {
 		if ms == 0 {
 			return "?"
@@ -113,6 +115,12 @@ func printHistory(w io.Writer, tenures []*leaseholdv1.Tenure) {
 		return time.UnixMilli(ms).UTC().Format("2006-01-02 15:04:05.000")
 	}
 	for _, t := range tenures {
+		class := strings.ToLower(strings.TrimPrefix(t.GetClass().String(), "LOCK_CLASS_"))
+		if t.GetEnd() == leaseholdv1.TenureEnd_TENURE_END_LEADER_LOST {
+			fmt.Fprintf(tw, "-\t-\t-\t%s\t-\t%s\tlost with the leader: tenures before this are unknown (leader of epoch %s began serving)\n",
+				class, stamp(t.GetEndUnixMs()), t.GetEpoch())
+			continue
+		}
 		to, ended := stamp(t.GetEndUnixMs()), strings.ToLower(strings.TrimPrefix(t.GetEnd().String(), "TENURE_END_"))
 		if t.GetEnd() == leaseholdv1.TenureEnd_TENURE_END_UNSPECIFIED {
 			to, ended = "-", "held"
@@ -121,7 +129,7 @@ func printHistory(w io.Writer, tenures []*leaseholdv1.Tenure) {
 			ended += " (" + t.GetReason() + ")"
 		}
 		mode := strings.ToLower(strings.TrimPrefix(t.GetMode().String(), "LOCK_MODE_"))
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", t.GetToken(), describeHolder(t.GetHolder()), mode, stamp(t.GetStartUnixMs()), to, ended)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", t.GetToken(), describeHolder(t.GetHolder()), mode, class, stamp(t.GetStartUnixMs()), to, ended)
 	}
 	_ = tw.Flush()
 }

@@ -68,6 +68,8 @@ const (
 	NotCaughtUp  = "not_caught_up" // a new member added as a non-voter has not caught up
 	NoClusterID  = "no_cluster_id" // this node does not know its cluster yet
 	ShuttingDown = "shutting_down" // this node is shutting down and did not start the request
+	// Unavailable, nothing done: send again to the same node after a pause.
+	Busy = "busy" // the leader's log could not take the entry in time
 
 	// Unauthenticated and PermissionDenied (auth, G11).
 	Unauthenticated  = "unauthenticated"

@@ -612,19 +612,28 @@
         $("#ledger").hidden = true;
         return;
       }
-      const tenures = (h.tenures || []).slice().reverse(); // newest first
+      // Newest first: the leader's efficiency tenures, the marker of what earlier leaders
+      // lost (TENURE_END_LEADER_LOST), then the replicated correctness tenures.
+      const tenures = (h.tenures || []).slice().reverse();
       $("#ledger").hidden = tenures.length === 0;
       $("#ledger-note").textContent = tenures.length
-        ? "Newest first; times are the leader's clock, for display."
-        : className(l.class) === "efficiency"
-          ? "Efficiency locks have no ledger: their holds never enter the log."
-          : "No tenures recorded.";
-      $("#ledger tbody").replaceChildren(...tenures.map((x) => el("tr", { "data-token": x.token || "0", "data-end": endName(x.end) || "held" },
-        el("td", { class: "token" }, x.token || "0"),
-        el("td", {}, holderText(x.holder)),
-        el("td", { class: "mono" }, when(x.startUnixMs)),
-        el("td", { class: "mono" }, x.end ? when(x.endUnixMs) : ""),
-        el("td", {}, x.end ? endName(x.end) + (x.reason ? ` (${x.reason})` : "") : el("strong", {}, "held now")))));
+        ? "Newest first; times are the leader's clock, for display. Efficiency tenures are the current leader's memory only."
+        : "No tenures recorded.";
+      $("#ledger tbody").replaceChildren(...tenures.map((x) => x.end === "TENURE_END_LEADER_LOST"
+        ? el("tr", { "data-token": "0", "data-end": "leader lost", class: "lost" },
+          el("td", { class: "token" }, "—"),
+          el("td", {}, ""),
+          el("td", {}, className(x.class)),
+          el("td", { class: "mono" }, ""),
+          el("td", { class: "mono" }, when(x.endUnixMs)),
+          el("td", {}, el("em", {}, `lost with the leader: tenures before this are unknown (leader of epoch ${x.epoch || "?"} began serving)`)))
+        : el("tr", { "data-token": x.token || "0", "data-end": endName(x.end) || "held" },
+          el("td", { class: "token" }, x.token || "0"),
+          el("td", {}, holderText(x.holder)),
+          el("td", {}, className(x.class)),
+          el("td", { class: "mono" }, when(x.startUnixMs)),
+          el("td", { class: "mono" }, x.end ? when(x.endUnixMs) : ""),
+          el("td", {}, x.end ? endName(x.end) + (x.reason ? ` (${x.reason})` : "") : el("strong", {}, "held now")))));
     } catch (err) {
       if (name === state.selected) $("#ledger-now").replaceChildren(el("p", { class: "error" }, explain(err)));
     }

@@ -235,6 +235,10 @@ const (
 	TenureEnd_TENURE_END_FORCE_RELEASED TenureEnd = 4
 	// Its lease was bound to a connection that ended (release on disconnect, G7).
 	TenureEnd_TENURE_END_DISCONNECTED TenureEnd = 5
+	// Not a tenure: the efficiency state before end_unix_ms (when the leader of `epoch`
+	// began serving) was lost with an earlier leader; what tenures came before it is
+	// unknown (see LockService.History).
+	TenureEnd_TENURE_END_LEADER_LOST TenureEnd = 6
 )
 
 // Enum value maps for TenureEnd.
@@ -246,6 +250,7 @@ var (
 		3: "TENURE_END_REVOKED",
 		4: "TENURE_END_FORCE_RELEASED",
 		5: "TENURE_END_DISCONNECTED",
+		6: "TENURE_END_LEADER_LOST",
 	}
 	TenureEnd_value = map[string]int32{
 		"TENURE_END_UNSPECIFIED":    0,
@@ -254,6 +259,7 @@ var (
 		"TENURE_END_REVOKED":        3,
 		"TENURE_END_FORCE_RELEASED": 4,
 		"TENURE_END_DISCONNECTED":   5,
+		"TENURE_END_LEADER_LOST":    6,
 	}
 )
 
@@ -1350,7 +1356,13 @@ type Tenure struct {
 	EndUnixMs   int64     `protobuf:"varint,5,opt,name=end_unix_ms,json=endUnixMs,proto3" json:"end_unix_ms,omitempty"`
 	End         TenureEnd `protobuf:"varint,6,opt,name=end,proto3,enum=leasehold.v1.TenureEnd" json:"end,omitempty"`
 	// A force release's reason, with the identity that asked.
-	Reason        string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The lock's class when it was held: correctness (the replicated ledger) or
+	// efficiency (the leader's memory).
+	Class LockClass `protobuf:"varint,8,opt,name=class,proto3,enum=leasehold.v1.LockClass" json:"class,omitempty"`
+	// Efficiency only: the epoch of the leader that served the hold (and, in a
+	// TENURE_END_LEADER_LOST entry, of the leader whose serving began at end_unix_ms).
+	Epoch         string `protobuf:"bytes,9,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1430,6 +1442,20 @@ func (x *Tenure) GetEnd() TenureEnd {
 func (x *Tenure) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+func (x *Tenure) GetClass() LockClass {
+	if x != nil {
+		return x.Class
+	}
+	return LockClass_LOCK_CLASS_UNSPECIFIED
+}
+
+func (x *Tenure) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
 	}
 	return ""
 }
@@ -5799,7 +5825,7 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x0eHistoryRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"A\n" +
 	"\x0fHistoryResponse\x12.\n" +
-	"\atenures\x18\x01 \x03(\v2\x14.leasehold.v1.TenureR\atenures\"\xff\x01\n" +
+	"\atenures\x18\x01 \x03(\v2\x14.leasehold.v1.TenureR\atenures\"\xc4\x02\n" +
 	"\x06Tenure\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x04R\x05token\x12,\n" +
 	"\x06holder\x18\x02 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12*\n" +
@@ -5807,7 +5833,9 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\rstart_unix_ms\x18\x04 \x01(\x03R\vstartUnixMs\x12\x1e\n" +
 	"\vend_unix_ms\x18\x05 \x01(\x03R\tendUnixMs\x12)\n" +
 	"\x03end\x18\x06 \x01(\x0e2\x17.leasehold.v1.TenureEndR\x03end\x12\x16\n" +
-	"\x06reason\x18\a \x01(\tR\x06reason\"8\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12-\n" +
+	"\x05class\x18\b \x01(\x0e2\x17.leasehold.v1.LockClassR\x05class\x12\x14\n" +
+	"\x05epoch\x18\t \x01(\tR\x05epoch\"8\n" +
 	"\bRevision\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\rR\x06offset\"T\n" +
@@ -6115,14 +6143,15 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x10HELD_REASON_HELD\x10\x01\x12\x1d\n" +
 	"\x19HELD_REASON_MODE_CONFLICT\x10\x02\x12\x1a\n" +
 	"\x16HELD_REASON_LOCK_DELAY\x10\x03\x12\x1d\n" +
-	"\x19HELD_REASON_WAITERS_AHEAD\x10\x04*\xac\x01\n" +
+	"\x19HELD_REASON_WAITERS_AHEAD\x10\x04*\xc8\x01\n" +
 	"\tTenureEnd\x12\x1a\n" +
 	"\x16TENURE_END_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13TENURE_END_RELEASED\x10\x01\x12\x16\n" +
 	"\x12TENURE_END_EXPIRED\x10\x02\x12\x16\n" +
 	"\x12TENURE_END_REVOKED\x10\x03\x12\x1d\n" +
 	"\x19TENURE_END_FORCE_RELEASED\x10\x04\x12\x1b\n" +
-	"\x17TENURE_END_DISCONNECTED\x10\x05*\x8d\x02\n" +
+	"\x17TENURE_END_DISCONNECTED\x10\x05\x12\x1a\n" +
+	"\x16TENURE_END_LEADER_LOST\x10\x06*\x8d\x02\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13EVENT_KIND_ACQUIRED\x10\x01\x12\x17\n" +
@@ -6307,120 +6336,121 @@ var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	6,  // 8: leasehold.v1.Tenure.holder:type_name -> leasehold.v1.Holder
 	1,  // 9: leasehold.v1.Tenure.mode:type_name -> leasehold.v1.LockMode
 	3,  // 10: leasehold.v1.Tenure.end:type_name -> leasehold.v1.TenureEnd
-	22, // 11: leasehold.v1.WatchRequest.start:type_name -> leasehold.v1.Revision
-	25, // 12: leasehold.v1.WatchResponse.events:type_name -> leasehold.v1.WatchEvent
-	22, // 13: leasehold.v1.WatchResponse.next:type_name -> leasehold.v1.Revision
-	22, // 14: leasehold.v1.WatchEvent.revision:type_name -> leasehold.v1.Revision
-	4,  // 15: leasehold.v1.WatchEvent.kind:type_name -> leasehold.v1.EventKind
-	0,  // 16: leasehold.v1.WatchEvent.class:type_name -> leasehold.v1.LockClass
-	6,  // 17: leasehold.v1.WatchEvent.holder:type_name -> leasehold.v1.Holder
-	1,  // 18: leasehold.v1.WatchEvent.mode:type_name -> leasehold.v1.LockMode
-	0,  // 19: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
-	6,  // 20: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
-	1,  // 21: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
-	0,  // 22: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
-	34, // 23: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
-	34, // 24: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
-	0,  // 25: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
-	6,  // 26: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
-	1,  // 27: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
-	35, // 28: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
-	6,  // 29: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
-	40, // 30: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
-	40, // 31: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
-	49, // 32: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
-	6,  // 33: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
-	5,  // 34: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
-	6,  // 35: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
-	5,  // 36: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
-	6,  // 37: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
-	62, // 38: leasehold.v1.JoinResponse.assignments:type_name -> leasehold.v1.Assignment
-	69, // 39: leasehold.v1.GroupServiceStatusResponse.members:type_name -> leasehold.v1.GroupMember
-	70, // 40: leasehold.v1.GroupServiceStatusResponse.partitions:type_name -> leasehold.v1.PartitionOwner
-	62, // 41: leasehold.v1.AssignmentsResponse.assignments:type_name -> leasehold.v1.Assignment
-	6,  // 42: leasehold.v1.CampaignRequest.holder:type_name -> leasehold.v1.Holder
-	6,  // 43: leasehold.v1.LeaderResponse.holder:type_name -> leasehold.v1.Holder
-	6,  // 44: leasehold.v1.ObserveResponse.holder:type_name -> leasehold.v1.Holder
-	83, // 45: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	83, // 46: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	83, // 47: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	7,  // 48: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	93, // 49: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	12, // 50: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	14, // 51: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	17, // 52: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	10, // 53: leasehold.v1.LeaseService.Bind:input_type -> leasehold.v1.BindRequest
-	26, // 54: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	28, // 55: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	30, // 56: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	32, // 57: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	36, // 58: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	38, // 59: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	23, // 60: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
-	19, // 61: leasehold.v1.LockService.History:input_type -> leasehold.v1.HistoryRequest
-	41, // 62: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	43, // 63: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	45, // 64: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	47, // 65: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	50, // 66: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
-	52, // 67: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
-	54, // 68: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
-	56, // 69: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
-	58, // 70: leasehold.v1.GroupService.Create:input_type -> leasehold.v1.GroupServiceCreateRequest
-	60, // 71: leasehold.v1.GroupService.Join:input_type -> leasehold.v1.JoinRequest
-	63, // 72: leasehold.v1.GroupService.Leave:input_type -> leasehold.v1.LeaveRequest
-	65, // 73: leasehold.v1.GroupService.Release:input_type -> leasehold.v1.GroupServiceReleaseRequest
-	67, // 74: leasehold.v1.GroupService.Status:input_type -> leasehold.v1.GroupServiceStatusRequest
-	71, // 75: leasehold.v1.GroupService.Assignments:input_type -> leasehold.v1.AssignmentsRequest
-	73, // 76: leasehold.v1.ElectionService.Campaign:input_type -> leasehold.v1.CampaignRequest
-	75, // 77: leasehold.v1.ElectionService.Proclaim:input_type -> leasehold.v1.ProclaimRequest
-	77, // 78: leasehold.v1.ElectionService.Leader:input_type -> leasehold.v1.LeaderRequest
-	79, // 79: leasehold.v1.ElectionService.Observe:input_type -> leasehold.v1.ObserveRequest
-	81, // 80: leasehold.v1.ElectionService.Resign:input_type -> leasehold.v1.ResignRequest
-	90, // 81: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	84, // 82: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	86, // 83: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	88, // 84: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	13, // 85: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	15, // 86: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	18, // 87: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	11, // 88: leasehold.v1.LeaseService.Bind:output_type -> leasehold.v1.BindResponse
-	27, // 89: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	29, // 90: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	31, // 91: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	33, // 92: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	37, // 93: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	39, // 94: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	24, // 95: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
-	20, // 96: leasehold.v1.LockService.History:output_type -> leasehold.v1.HistoryResponse
-	42, // 97: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	44, // 98: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	46, // 99: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	48, // 100: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	51, // 101: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
-	53, // 102: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
-	55, // 103: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
-	57, // 104: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
-	59, // 105: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
-	61, // 106: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
-	64, // 107: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
-	66, // 108: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
-	68, // 109: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
-	72, // 110: leasehold.v1.GroupService.Assignments:output_type -> leasehold.v1.AssignmentsResponse
-	74, // 111: leasehold.v1.ElectionService.Campaign:output_type -> leasehold.v1.CampaignResponse
-	76, // 112: leasehold.v1.ElectionService.Proclaim:output_type -> leasehold.v1.ProclaimResponse
-	78, // 113: leasehold.v1.ElectionService.Leader:output_type -> leasehold.v1.LeaderResponse
-	80, // 114: leasehold.v1.ElectionService.Observe:output_type -> leasehold.v1.ObserveResponse
-	82, // 115: leasehold.v1.ElectionService.Resign:output_type -> leasehold.v1.ResignResponse
-	91, // 116: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	85, // 117: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	87, // 118: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	89, // 119: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	85, // [85:120] is the sub-list for method output_type
-	50, // [50:85] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	49, // [49:50] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	0,  // 11: leasehold.v1.Tenure.class:type_name -> leasehold.v1.LockClass
+	22, // 12: leasehold.v1.WatchRequest.start:type_name -> leasehold.v1.Revision
+	25, // 13: leasehold.v1.WatchResponse.events:type_name -> leasehold.v1.WatchEvent
+	22, // 14: leasehold.v1.WatchResponse.next:type_name -> leasehold.v1.Revision
+	22, // 15: leasehold.v1.WatchEvent.revision:type_name -> leasehold.v1.Revision
+	4,  // 16: leasehold.v1.WatchEvent.kind:type_name -> leasehold.v1.EventKind
+	0,  // 17: leasehold.v1.WatchEvent.class:type_name -> leasehold.v1.LockClass
+	6,  // 18: leasehold.v1.WatchEvent.holder:type_name -> leasehold.v1.Holder
+	1,  // 19: leasehold.v1.WatchEvent.mode:type_name -> leasehold.v1.LockMode
+	0,  // 20: leasehold.v1.AcquireRequest.class:type_name -> leasehold.v1.LockClass
+	6,  // 21: leasehold.v1.AcquireRequest.holder:type_name -> leasehold.v1.Holder
+	1,  // 22: leasehold.v1.AcquireRequest.mode:type_name -> leasehold.v1.LockMode
+	0,  // 23: leasehold.v1.AcquireResponse.class:type_name -> leasehold.v1.LockClass
+	34, // 24: leasehold.v1.DescribeResponse.lock:type_name -> leasehold.v1.LockInfo
+	34, // 25: leasehold.v1.ListResponse.locks:type_name -> leasehold.v1.LockInfo
+	0,  // 26: leasehold.v1.LockInfo.class:type_name -> leasehold.v1.LockClass
+	6,  // 27: leasehold.v1.LockInfo.holder:type_name -> leasehold.v1.Holder
+	1,  // 28: leasehold.v1.LockInfo.mode:type_name -> leasehold.v1.LockMode
+	35, // 29: leasehold.v1.LockInfo.holders:type_name -> leasehold.v1.LockHolder
+	6,  // 30: leasehold.v1.LockHolder.holder:type_name -> leasehold.v1.Holder
+	40, // 31: leasehold.v1.PutRequest.fence:type_name -> leasehold.v1.Fence
+	40, // 32: leasehold.v1.DeleteRequest.fence:type_name -> leasehold.v1.Fence
+	49, // 33: leasehold.v1.KVServiceListResponse.items:type_name -> leasehold.v1.KeyValue
+	6,  // 34: leasehold.v1.BeginRequest.holder:type_name -> leasehold.v1.Holder
+	5,  // 35: leasehold.v1.BeginResponse.status:type_name -> leasehold.v1.KeyStatus
+	6,  // 36: leasehold.v1.BeginResponse.holder:type_name -> leasehold.v1.Holder
+	5,  // 37: leasehold.v1.IdempotencyServiceGetResponse.status:type_name -> leasehold.v1.KeyStatus
+	6,  // 38: leasehold.v1.IdempotencyServiceGetResponse.holder:type_name -> leasehold.v1.Holder
+	62, // 39: leasehold.v1.JoinResponse.assignments:type_name -> leasehold.v1.Assignment
+	69, // 40: leasehold.v1.GroupServiceStatusResponse.members:type_name -> leasehold.v1.GroupMember
+	70, // 41: leasehold.v1.GroupServiceStatusResponse.partitions:type_name -> leasehold.v1.PartitionOwner
+	62, // 42: leasehold.v1.AssignmentsResponse.assignments:type_name -> leasehold.v1.Assignment
+	6,  // 43: leasehold.v1.CampaignRequest.holder:type_name -> leasehold.v1.Holder
+	6,  // 44: leasehold.v1.LeaderResponse.holder:type_name -> leasehold.v1.Holder
+	6,  // 45: leasehold.v1.ObserveResponse.holder:type_name -> leasehold.v1.Holder
+	83, // 46: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	83, // 47: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	83, // 48: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	7,  // 49: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	93, // 50: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	12, // 51: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	14, // 52: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	17, // 53: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	10, // 54: leasehold.v1.LeaseService.Bind:input_type -> leasehold.v1.BindRequest
+	26, // 55: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	28, // 56: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	30, // 57: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	32, // 58: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	36, // 59: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	38, // 60: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	23, // 61: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
+	19, // 62: leasehold.v1.LockService.History:input_type -> leasehold.v1.HistoryRequest
+	41, // 63: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	43, // 64: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	45, // 65: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	47, // 66: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	50, // 67: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
+	52, // 68: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
+	54, // 69: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
+	56, // 70: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
+	58, // 71: leasehold.v1.GroupService.Create:input_type -> leasehold.v1.GroupServiceCreateRequest
+	60, // 72: leasehold.v1.GroupService.Join:input_type -> leasehold.v1.JoinRequest
+	63, // 73: leasehold.v1.GroupService.Leave:input_type -> leasehold.v1.LeaveRequest
+	65, // 74: leasehold.v1.GroupService.Release:input_type -> leasehold.v1.GroupServiceReleaseRequest
+	67, // 75: leasehold.v1.GroupService.Status:input_type -> leasehold.v1.GroupServiceStatusRequest
+	71, // 76: leasehold.v1.GroupService.Assignments:input_type -> leasehold.v1.AssignmentsRequest
+	73, // 77: leasehold.v1.ElectionService.Campaign:input_type -> leasehold.v1.CampaignRequest
+	75, // 78: leasehold.v1.ElectionService.Proclaim:input_type -> leasehold.v1.ProclaimRequest
+	77, // 79: leasehold.v1.ElectionService.Leader:input_type -> leasehold.v1.LeaderRequest
+	79, // 80: leasehold.v1.ElectionService.Observe:input_type -> leasehold.v1.ObserveRequest
+	81, // 81: leasehold.v1.ElectionService.Resign:input_type -> leasehold.v1.ResignRequest
+	90, // 82: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	84, // 83: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	86, // 84: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	88, // 85: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	13, // 86: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	15, // 87: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	18, // 88: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	11, // 89: leasehold.v1.LeaseService.Bind:output_type -> leasehold.v1.BindResponse
+	27, // 90: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	29, // 91: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	31, // 92: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	33, // 93: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	37, // 94: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	39, // 95: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	24, // 96: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
+	20, // 97: leasehold.v1.LockService.History:output_type -> leasehold.v1.HistoryResponse
+	42, // 98: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	44, // 99: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	46, // 100: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	48, // 101: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	51, // 102: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	53, // 103: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	55, // 104: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	57, // 105: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	59, // 106: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
+	61, // 107: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
+	64, // 108: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
+	66, // 109: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
+	68, // 110: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
+	72, // 111: leasehold.v1.GroupService.Assignments:output_type -> leasehold.v1.AssignmentsResponse
+	74, // 112: leasehold.v1.ElectionService.Campaign:output_type -> leasehold.v1.CampaignResponse
+	76, // 113: leasehold.v1.ElectionService.Proclaim:output_type -> leasehold.v1.ProclaimResponse
+	78, // 114: leasehold.v1.ElectionService.Leader:output_type -> leasehold.v1.LeaderResponse
+	80, // 115: leasehold.v1.ElectionService.Observe:output_type -> leasehold.v1.ObserveResponse
+	82, // 116: leasehold.v1.ElectionService.Resign:output_type -> leasehold.v1.ResignResponse
+	91, // 117: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	85, // 118: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	87, // 119: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	89, // 120: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	86, // [86:121] is the sub-list for method output_type
+	51, // [51:86] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	50, // [50:51] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }

@@ -379,11 +379,18 @@ type LockServiceClient interface {
 	// misses nothing and repeats nothing. Served by the leader (others relay it); it ends
 	// Unavailable when that node stops leading. Connect only (no fast lane).
 	Watch(context.Context, *v1.WatchRequest) (*connect.ServerStreamForClient[v1.WatchResponse], error)
-	// History shows the ledger of a correctness lock: its last tenures (a bounded number
-	// per lock and in all, the oldest dropped first), oldest first, then its holds still
-	// open. Replicated: it survives leader changes and snapshot restores. Times are the
-	// leader's wall clock when it proposed the grant and the end, for display only.
-	// Efficiency locks have no ledger (their holds never enter the log).
+	// History shows the ledger of a lock: its last tenures (a bounded number per lock and
+	// in all, the oldest dropped first), oldest first, then its holds still open. Served
+	// by the leader (others relay it). First the correctness tenures, from the replicated
+	// ledger: they survive leader changes and snapshot restores. Then, when the name has
+	// been in use as an efficiency lock under this leader, its efficiency tenures, from
+	// the leader's memory (no log write): first one TENURE_END_LEADER_LOST entry (token 0,
+	// no holder; end_unix_ms is when this leader began serving, epoch its epoch) saying
+	// that whatever efficiency tenures the name had before then are unknown — they were
+	// in an earlier leader's memory, lost with it (the entry is left out on a new
+	// cluster's first leader, before which no token was ever issued) — then this
+	// leader's tenures of it. A name never used answers no tenures. Times are the
+	// leader's wall clock, for display only.
 	History(context.Context, *v1.HistoryRequest) (*v1.HistoryResponse, error)
 }
 
@@ -570,11 +577,18 @@ type LockServiceHandler interface {
 	// misses nothing and repeats nothing. Served by the leader (others relay it); it ends
 	// Unavailable when that node stops leading. Connect only (no fast lane).
 	Watch(context.Context, *v1.WatchRequest, *connect.ServerStream[v1.WatchResponse]) error
-	// History shows the ledger of a correctness lock: its last tenures (a bounded number
-	// per lock and in all, the oldest dropped first), oldest first, then its holds still
-	// open. Replicated: it survives leader changes and snapshot restores. Times are the
-	// leader's wall clock when it proposed the grant and the end, for display only.
-	// Efficiency locks have no ledger (their holds never enter the log).
+	// History shows the ledger of a lock: its last tenures (a bounded number per lock and
+	// in all, the oldest dropped first), oldest first, then its holds still open. Served
+	// by the leader (others relay it). First the correctness tenures, from the replicated
+	// ledger: they survive leader changes and snapshot restores. Then, when the name has
+	// been in use as an efficiency lock under this leader, its efficiency tenures, from
+	// the leader's memory (no log write): first one TENURE_END_LEADER_LOST entry (token 0,
+	// no holder; end_unix_ms is when this leader began serving, epoch its epoch) saying
+	// that whatever efficiency tenures the name had before then are unknown — they were
+	// in an earlier leader's memory, lost with it (the entry is left out on a new
+	// cluster's first leader, before which no token was ever issued) — then this
+	// leader's tenures of it. A name never used answers no tenures. Times are the
+	// leader's wall clock, for display only.
 	History(context.Context, *v1.HistoryRequest) (*v1.HistoryResponse, error)
 }
 
