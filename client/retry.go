@@ -201,8 +201,10 @@ type policy struct {
 // because no node could serve them are repeated on the next node (chosen by judge), as p
 // allows — at once on a node not tried since the last backoff (a dead node refuses at
 // once, and a not-leader answer names the leader: waiting would only delay the answer of
-// the next node), after a backoff once every node the client moved to was tried; an attempt of a repeatable RPC over Connect is abandoned
-// when its node falls silent (cutIfSilent). When ctx ends between attempts, the error wraps
+// the next node), after a backoff once every node the client moved to was tried (or
+// when judge keeps it on the node, as for a busy leader); an attempt of a repeatable RPC
+// over Connect is abandoned when its node falls silent (cutIfSilent). When ctx ends
+// between attempts, the error wraps
 // ErrUnavailable, ctx's error and the last failure; a repeatable RPC out of tries, or a
 // non-repeatable one whose outcome is unknown, wraps ErrUnavailable and the failure.
 func call[T any](ctx context.Context, c *Client, p policy, rpc func(context.Context) (T, error)) (T, error) {
