@@ -164,11 +164,20 @@ func (c *Client) resign(ctx context.Context, l *Lock) {
 	})
 }
 
-// ElectionLeader is who leads an election.
+// ElectionLeader is who leads an election, or, from Observe, one change of it.
 type ElectionLeader struct {
 	Epoch  uint64
 	Value  []byte
 	Holder Holder
+	// Set by Observe only. Revision is the change's place in the election history:
+	// pass it to ObserveAfter to resume after this change. Ended is how the leadership
+	// before it ended, for a change that ended one (TENURE_END_RELEASED: it resigned;
+	// EXPIRED, REVOKED, DISCONNECTED: its lease ended so). Time is when the change was
+	// proposed, on the proposing leader's wall clock (zero: unknown, and for the first
+	// "who leads now" of an Observe without ObserveAfter).
+	Revision uint64
+	Ended    leaseholdv1.TenureEnd
+	Time     time.Time
 }
 
 // Leader returns who leads election name, and false when nobody does. It reads from
@@ -184,43 +193,89 @@ func (c *Client) Leader(ctx context.Context, name string) (ElectionLeader, bool,
 	return ElectionLeader{Epoch: resp.GetEpoch(), Value: resp.GetValue(), Holder: Holder{Host: h.GetHost(), PID: h.GetPid(), Note: h.GetNote()}}, true, nil
 }
 
+// ObserveOption configures Observe.
+type ObserveOption func(*observeOptions)
+
+type observeOptions struct {
+	after  uint64
+	resume bool
+}
+
+// ObserveAfter makes Observe start after the change with revision rev (an
+// ElectionLeader.Revision an earlier Observe showed, kept by the caller — across
+// restarts of its own, say): it shows every change after it, then goes on, and does
+// not show "who leads now" first. 0 starts from the oldest change the history holds
+// (compacted once any was dropped).
+func ObserveAfter(rev uint64) ObserveOption {
+	return func(o *observeOptions) { o.after, o.resume = rev, true }
+}
+
+// CompactedError is returned by Observe when the changes after the last one it showed
+// (or after ObserveAfter's revision) are no longer held by the cluster: some were
+// dropped before it could show them. It matches ErrCompacted. Observe again with
+// ObserveAfter(Oldest) to go on from the oldest change held, knowing that the changes
+// between After and Oldest are lost to it, or without ObserveAfter to start from who
+// leads now.
+type CompactedError struct {
+	Name string
+	// After is the revision Observe asked to resume after; Oldest the lowest one the
+	// history still answers (0 from a server that did not say).
+	After, Oldest uint64
+	Err           error // the server's answer
+}
+
+func (e *CompactedError) Error() string {
+	return fmt.Sprintf("%v: election %q after revision %d, the oldest point held is %d", ErrCompacted, e.Name, e.After, e.Oldest)
+}
+
+func (e *CompactedError) Unwrap() []error { return []error{ErrCompacted, e.Err} }
+
 // Observe calls fn with who leads election name now (ok false: nobody), then with each
-// change of leader as the cluster applies it, until ctx ends or fn returns an error
-// (which Observe returns). Within one stream every change comes once and in order, and
-// the epochs of the leaders shown strictly increase (G8). When the stream breaks (its
-// node failed, or it fell behind), Observe opens a new one, on the next node, and goes
-// on from the leader then: the changes in between are not shown, and a change already
-// shown is not shown again (epochs still only rise). A change to nobody leading has
-// ok false and the epoch of the leadership that ended.
-func (c *Client) Observe(ctx context.Context, name string, fn func(l ElectionLeader, ok bool) error) error {
-	var last ElectionLeader
-	var lastOK, started bool
+// change as the cluster applies it — a new leader (a higher epoch), a new value the
+// leader proclaimed (the same epoch), nobody leading any more (ok false, the epoch of
+// the leadership that ended) — until ctx ends or fn returns an error (which Observe
+// returns). Every change comes once and in order (G8), across broken streams too: when
+// a stream breaks (its node failed or restarted, the leader changed), Observe opens a
+// new one on the next node, resumed after the last change it showed, from the
+// cluster's replicated history of each election. No change is skipped and none is
+// shown twice.
+//
+// The history is bounded (64 changes per election, 10,000 in all by default): when the
+// changes to resume from were dropped while no stream was open — or fn was so slow
+// that the stream fell that far behind — Observe returns a *CompactedError (matching
+// ErrCompacted) rather than skip them. Other errors: ctx's; the server's
+// InvalidArgument or PermissionDenied.
+func (c *Client) Observe(ctx context.Context, name string, fn func(l ElectionLeader, ok bool) error, opts ...ObserveOption) error {
+	var o observeOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	b := newBackoff()
 	for {
 		node := c.nodes.current()
-		st, err := c.elect.Observe(ctx, &leaseholdv1.ObserveRequest{Name: name})
+		req := &leaseholdv1.ObserveRequest{Name: name}
+		if o.resume {
+			req.AfterRevision = &o.after
+		}
+		st, err := c.elect.Observe(ctx, req)
 		if err == nil {
 			for st.Receive() {
 				b = newBackoff()
 				m := st.Msg()
-				h := m.GetHolder()
-				l := ElectionLeader{Epoch: m.GetEpoch(), Value: m.GetValue(), Holder: Holder{Host: h.GetHost(), PID: h.GetPid(), Note: h.GetNote()}}
-				ok := m.GetHasLeader()
-				// After a resume: only what is newer than what was shown.
-				if started && (ok && l.Epoch <= last.Epoch || !ok && (!lastOK || l.Epoch != last.Epoch)) {
-					continue
-				}
-				if ferr := fn(l, ok); ferr != nil {
+				if ferr := fn(observed(m), m.GetHasLeader()); ferr != nil {
 					_ = st.Close()
 					return ferr
 				}
-				last, lastOK, started = l, ok, true
+				o.after, o.resume = m.GetRevision(), true
 			}
 			err = st.Err()
 			_ = st.Close()
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if _, d := detail(err); d.GetReason() == reason.Compacted {
+			return &CompactedError{Name: name, After: o.after, Oldest: d.GetOldestRevision(), Err: err}
 		}
 		if v := c.judge(ctx, node, err, false); v == final && err != nil && detailReason(err) != reason.ObserverLagging && connect.CodeOf(err) != connect.CodeUnavailable {
 			return err
@@ -229,4 +284,15 @@ func (c *Client) Observe(ctx context.Context, name string, fn func(l ElectionLea
 			return ctx.Err()
 		}
 	}
+}
+
+// observed is the ElectionLeader of an Observe message.
+func observed(m *leaseholdv1.ObserveResponse) ElectionLeader {
+	h := m.GetHolder()
+	l := ElectionLeader{Epoch: m.GetEpoch(), Value: m.GetValue(), Holder: Holder{Host: h.GetHost(), PID: h.GetPid(), Note: h.GetNote()},
+		Revision: m.GetRevision(), Ended: m.GetEnded()}
+	if ms := m.GetUnixMs(); ms != 0 {
+		l.Time = time.UnixMilli(ms)
+	}
+	return l
 }

@@ -167,7 +167,7 @@ func TestElect(t *testing.T) {
 	}
 	ctx = context.Background()
 
-	want := []seen{{la.Epoch(), "a", true}, {lb.Epoch(), "b", true}, {lc.Epoch(), "c", true}, {lb2.Epoch(), "b", true}, {lb2.Epoch(), "", false}}
+	want := []seen{{la.Epoch(), "a", true}, {la.Epoch(), "a2", true}, {lb.Epoch(), "b", true}, {lc.Epoch(), "c", true}, {lb2.Epoch(), "b", true}, {lb2.Epoch(), "", false}}
 	for i, w := range want {
 		select {
 		case got := <-events:

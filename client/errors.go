@@ -79,6 +79,9 @@ var (
 	// server confirmed (it returned ErrUnavailable): the release goes on in the
 	// background, and the holder must act as if the lock were gone.
 	ErrUnlockUnconfirmed = errors.New("client: Unlock called, release not confirmed yet")
+	// ErrCompacted: Observe could not resume, because the election changes after the
+	// last one it showed are no longer held (the error is a *CompactedError).
+	ErrCompacted = errors.New("client: the election history to resume from is no longer held (compacted)")
 )
 
 // HeldError is returned by Lock when the lock is held by someone else. It matches

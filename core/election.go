@@ -1,6 +1,7 @@
 package core
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,7 +11,9 @@ import (
 // with a value and waits, FIFO, until it leads; the leader may change its value
 // (Proclaim) and resign; when its lease ends, the next candidate leads. Each
 // leadership gets an epoch from the token sequence, so successive epochs of one
-// election strictly increase and an epoch is a fencing token like any other.
+// election strictly increase and an epoch is a fencing token like any other. Every
+// change — a leader, a proclaimed value, nobody leading — goes into the election
+// history (electionhistory.go) that Observe resumes from.
 //
 // Election names are a namespace of their own: an election "x" and a lock "x" are
 // unrelated.
@@ -21,7 +24,8 @@ const (
 	// that leads or waits already changes nothing and answers the same (idempotent).
 	OpCampaign Op = 31
 	// OpProclaim sets the value of election Name to Value; Lease must lead it under
-	// epoch Token (else ErrNotHolder).
+	// epoch Token (else ErrNotHolder). A value other than the one it has is a change
+	// (EffectProclaimed, and the history's); the same value changes nothing.
 	OpProclaim Op = 32
 	// OpResign ends Lease's leadership of Name under epoch Token (else ErrNotHolder);
 	// the next candidate leads, with a new epoch.
@@ -125,6 +129,7 @@ func (s *State) applyElection(c *Command) Result {
 			epoch := s.Next()
 			e.Leader = &Candidate{Lease: c.Lease, Epoch: epoch, Value: c.Value, Holder: c.Holder}
 			t.index(c.Lease, c.Name)
+			s.note(ElectionChange{Name: c.Name, Kind: ChangeElected, Epoch: epoch, Value: c.Value, Holder: c.Holder})
 			return Result{Token: epoch, Effects: []Effect{{Kind: EffectElected, Lease: c.Lease, Name: c.Name, Token: epoch, Value: c.Value, Holder: c.Holder}}}
 		case !c.Wait:
 			return Result{Err: fmt.Errorf("%w: election %q is led", ErrLockHeld, c.Name), HolderToken: e.Leader.Epoch, Holder: e.Leader.Holder}
@@ -138,14 +143,18 @@ func (s *State) applyElection(c *Command) Result {
 		if e == nil || e.Leader == nil || e.Leader.Lease != c.Lease || e.Leader.Epoch != c.Token {
 			return Result{Err: fmt.Errorf("%w: does not lead election %q under epoch %d", ErrNotHolder, c.Name, c.Token)}
 		}
+		if bytes.Equal(e.Leader.Value, c.Value) {
+			return Result{Token: c.Token} // no news
+		}
 		e.Leader.Value = c.Value
-		return Result{Token: c.Token}
+		s.note(ElectionChange{Name: c.Name, Kind: ChangeProclaimed, Epoch: c.Token, Value: c.Value, Holder: e.Leader.Holder})
+		return Result{Token: c.Token, Effects: []Effect{{Kind: EffectProclaimed, Lease: c.Lease, Name: c.Name, Token: c.Token, Value: c.Value, Holder: e.Leader.Holder}}}
 	case OpResign:
 		if e == nil || e.Leader == nil || e.Leader.Lease != c.Lease || e.Leader.Epoch != c.Token {
 			return Result{Err: fmt.Errorf("%w: does not lead election %q under epoch %d", ErrNotHolder, c.Name, c.Token)}
 		}
 		var r Result
-		s.unseat(e, &r)
+		s.unseat(e, EventReleased, &r)
 		return r
 	case OpWithdraw:
 		switch {
@@ -161,14 +170,16 @@ func (s *State) applyElection(c *Command) Result {
 	return Result{Err: fmt.Errorf("%w: unknown op %d", ErrInvalid, c.Op)}
 }
 
-// unseat ends e's leadership and seats the next candidate, if any, with a new epoch.
-func (s *State) unseat(e *Election, r *Result) {
+// unseat ends e's leadership (how: the EventKind the history records) and seats the
+// next candidate, if any, with a new epoch.
+func (s *State) unseat(e *Election, how EventKind, r *Result) {
 	t := s.elections
 	t.unindex(e.Leader.Lease, e.Name)
 	ended := e.Leader.Epoch
 	e.Leader = nil
 	if len(e.Candidates) == 0 {
 		delete(t.byName, e.Name)
+		s.note(ElectionChange{Name: e.Name, Kind: ChangeLeaderless, Epoch: ended, Ended: how})
 		r.Effects = append(r.Effects, Effect{Kind: EffectLeaderless, Name: e.Name, Token: ended})
 		return
 	}
@@ -176,12 +187,16 @@ func (s *State) unseat(e *Election, r *Result) {
 	e.Candidates = slices.Delete(e.Candidates, 0, 1)
 	next.Epoch = s.Next()
 	e.Leader = &next
+	s.note(ElectionChange{Name: e.Name, Kind: ChangeElected, Epoch: next.Epoch, Value: next.Value, Holder: next.Holder, Ended: how})
 	r.Effects = append(r.Effects, Effect{Kind: EffectElected, Lease: next.Lease, Name: e.Name, Token: next.Epoch, Value: next.Value, Holder: next.Holder})
 }
 
+// leadershipEnd is how a leadership ends when its lease ends for a reason.
+var leadershipEnd = map[EndReason]EventKind{EndExpired: EventExpired, EndRevoked: EventRevoked, EndDisconnected: EventDisconnected}
+
 // dropLeaseElections takes an ended lease out of every election, in name order: the
-// next candidate leads where it led.
-func (s *State) dropLeaseElections(lease LeaseID, r *Result) {
+// next candidate leads where it led (the history records how, the end of the lease).
+func (s *State) dropLeaseElections(lease LeaseID, how EventKind, r *Result) {
 	t := s.elections
 	names := make([]string, 0, len(t.byLease[lease]))
 	for n := range t.byLease[lease] {
@@ -191,7 +206,7 @@ func (s *State) dropLeaseElections(lease LeaseID, r *Result) {
 	for _, n := range names {
 		e := t.byName[n]
 		if e.Leader != nil && e.Leader.Lease == lease {
-			s.unseat(e, r)
+			s.unseat(e, how, r)
 			continue
 		}
 		if i := e.waiting(lease); i >= 0 {

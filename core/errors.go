@@ -76,6 +76,10 @@ var (
 	// ErrClusterID is returned by OpSetClusterID when the state already carries another
 	// cluster ID: a cluster is named once.
 	ErrClusterID = errors.New("core: the cluster already has another ID")
+	// ErrHistoryCompacted is returned by State.ElectionChanges (as a
+	// *HistoryCompactedError) for a resume point below the history an election still
+	// has: a change after it is no longer held.
+	ErrHistoryCompacted = errors.New("core: the election history is no longer held (compacted)")
 	// ErrCorrupt is returned when an encoded command or snapshot cannot be decoded.
 	ErrCorrupt = errors.New("core: corrupt encoding")
 )

@@ -45,7 +45,14 @@ const (
 // a version-1 snapshot has those before "lost". "groups", "ledger" and then
 // "elections" came after "lost" in version 2: a version-2 snapshot written before
 // them has none of them, and restores with no groups, ledger or elections.
-var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "groups", "ledger", "elections"}
+//
+// Since the election history, a version-2 snapshot may end with "electionRev" (the last
+// election change's revision), "electionFloor" (the highest revision the history's
+// totals dropped) and "electionHistory" (the changes held, oldest first:
+// ElectionChange), each when not zero or empty, after "elections". Snapshots written
+// before have none: the history starts empty, at revision 0.
+var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "groups", "ledger", "elections",
+	"electionRev", "electionFloor", "electionHistory"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
@@ -82,6 +89,9 @@ type SnapshotView struct {
 	groups     []groupRecord
 	ledger     []Tenure   // ledger.records()
 	elections  []Election // in name order; copies
+	// The election history: its revision and floor, the changes held (copies).
+	electionRev, electionFloor uint64
+	history                    []ElectionChange
 }
 
 // SnapshotView copies what a snapshot of s needs. It is meant to run where applies must
@@ -107,6 +117,7 @@ func (s *State) SnapshotView() *SnapshotView {
 	v.groups = s.groups.records()
 	v.ledger = s.ledger.records()
 	v.elections = s.elections.records()
+	v.electionRev, v.electionFloor, v.history = s.history.rev, s.history.floor, s.history.records()
 	for _, l := range s.leases {
 		v.leases = append(v.leases, *l)
 	}
@@ -192,6 +203,18 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	if len(v.elections) > 0 {
 		e.raw(`,"elections":`)
 		writeArray(e, v.elections)
+	}
+	if v.electionRev != 0 {
+		e.raw(`,"electionRev":`)
+		e.uint(v.electionRev)
+	}
+	if v.electionFloor != 0 {
+		e.raw(`,"electionFloor":`)
+		e.uint(v.electionFloor)
+	}
+	if len(v.history) > 0 {
+		e.raw(`,"electionHistory":`)
+		writeArray(e, v.history)
 	}
 	e.raw("}\n")
 	err := e.flush()
@@ -425,6 +448,14 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 			err = eachElement(dec, s.restoreTenure)
 		case "elections":
 			err = eachElement(dec, s.restoreElection)
+		case "electionRev":
+			err = dec.Decode(&s.history.rev)
+		case "electionFloor":
+			if err = dec.Decode(&s.history.floor); err == nil && s.history.floor > s.history.rev {
+				err = fmt.Errorf("%w: election history floor above its revision in snapshot", ErrCorrupt)
+			}
+		case "electionHistory":
+			err = eachElement(dec, s.restoreChange)
 		}
 		if err != nil {
 			return nil, err

@@ -33,6 +33,7 @@ type State struct {
 	keys       keyStore               // idempotency keys (idempotency.go)
 	groups     groupStore             // groups and partitions (groups.go)
 	ledger     Ledger                 // recent tenures (ledger.go)
+	history    history                // recent election changes (electionhistory.go)
 	// now is the command being applied's WallMillis (the ledger's times); rec is
 	// Record's fn.
 	now int64
@@ -54,6 +55,7 @@ func NewState(limits Limits) *State {
 		groups:     newGroupStore(),
 		elections:  newElections(),
 		ledger:     NewLedger(limits),
+		history:    newHistory(limits),
 	}
 	s.locks.Record(s.record)
 	return s
@@ -142,7 +144,7 @@ func (s *State) Apply(c Command) Result {
 		} else {
 			s.locks.DropLease(c.Lease, reason == EndExpired, s, &r)
 		}
-		s.dropLeaseElections(c.Lease, &r)
+		s.dropLeaseElections(c.Lease, leadershipEnd[reason], &r)
 		delete(s.leases, c.Lease)
 		s.keys.dropLease(c.Lease)
 		s.dropGroupLease(c.Lease, &r)

@@ -294,6 +294,14 @@ type Limits struct {
 	// MaxGroups bounds the number of groups, MaxGroupMembers the members of one group.
 	MaxGroups       int `json:"maxGroups,omitempty"`
 	MaxGroupMembers int `json:"maxGroupMembers,omitempty"`
+	// ElectionHistory, ElectionHistoryTotal and ElectionHistoryBytes bound the election
+	// history that Observe resumes from (electionhistory.go): the changes kept per
+	// election, in all, and their size in all (names, values, holders and 168 bytes a
+	// change; at least MaxValueLen). Defaults DefaultElectionHistory,
+	// DefaultElectionHistoryTotal, DefaultElectionHistoryBytes.
+	ElectionHistory      int `json:"electionHistory,omitempty"`
+	ElectionHistoryTotal int `json:"electionHistoryTotal,omitempty"`
+	ElectionHistoryBytes int `json:"electionHistoryBytes,omitempty"`
 }
 
 // DefaultLimits are the limits used for zero fields of Limits.
@@ -329,5 +337,15 @@ func (l Limits) withDefaults() Limits {
 	if l.LedgerTotal <= 0 {
 		l.LedgerTotal = DefaultLedgerTotal
 	}
+	if l.ElectionHistory <= 0 {
+		l.ElectionHistory = DefaultElectionHistory
+	}
+	if l.ElectionHistoryTotal <= 0 {
+		l.ElectionHistoryTotal = DefaultElectionHistoryTotal
+	}
+	if l.ElectionHistoryBytes <= 0 {
+		l.ElectionHistoryBytes = DefaultElectionHistoryBytes
+	}
+	l.ElectionHistoryBytes = max(l.ElectionHistoryBytes, MaxValueLen)
 	return l
 }

@@ -29,9 +29,9 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 			l.waits.notify(e.Lease, e.Name, outcome{token: e.Token})
 		case core.EffectElected:
 			l.waits.notify(e.Lease, electionKey(e.Name), outcome{token: e.Token})
-			l.observedLocked(e.Name, ElectionChange{Leads: true, Leadership: Leadership{Epoch: e.Token, Lease: e.Lease, Value: e.Value, Holder: e.Holder}})
-		case core.EffectLeaderless:
-			l.observedLocked(e.Name, ElectionChange{Leadership: Leadership{Epoch: e.Token}})
+			l.observedLocked(e.Name)
+		case core.EffectLeaderless, core.EffectProclaimed:
+			l.observedLocked(e.Name)
 		case core.EffectWaitEnded:
 			// Nothing to do here: EffectLeaseEnded follows in the same batch and tells
 			// the waiter, with the reason its lease ended (expired or revoked).

@@ -110,34 +110,37 @@ func (l *Leader) LeaderOf(name string) (Leadership, bool) {
 	return ld, ok
 }
 
-// ElectionChange is one change Observe reports: a leadership (Leads), or that nobody
-// leads any more (Epoch is the leadership that ended; 0 at a stream's start when
-// nobody led).
+// ElectionChange is one change Observe reports: a leadership (Leads; a Proclaim of a
+// new value repeats the leadership's epoch), or that nobody leads any more (Epoch is
+// the leadership that ended). Rev is its place in the election history
+// (core.State.ElectionChanges), Ended how the leadership before it ended
+// (core.ElectionChange.Ended), WallMillis when it was proposed. A stream's first "who
+// leads now" has Rev the history's revision then, no Ended or WallMillis, and, when
+// nobody leads, the epoch of the last leadership the history holds (0 if none). Lease
+// is not set.
 type ElectionChange struct {
 	Leads bool
 	Leadership
+	Rev        uint64
+	Ended      core.EventKind
+	WallMillis int64
 }
 
-// maxObserverLag is how many changes an Observe stream may fall behind before it ends
-// with ErrObserverLagging.
-const maxObserverLag = 1024
+// changeOf is the ElectionChange of a change of the history.
+func changeOf(c *core.ElectionChange) ElectionChange {
+	return ElectionChange{Leads: c.Kind != core.ChangeLeaderless, Leadership: Leadership{Epoch: c.Epoch, Value: c.Value, Holder: c.Holder},
+		Rev: c.Rev, Ended: c.Ended, WallMillis: c.WallMillis}
+}
 
-// observer is one Observe stream's queue of changes, filled by OnEffects (under
-// Leader.mu) in log order.
+// observer is one Observe stream: woken by OnEffects (under Leader.mu) when its
+// election changes.
 type observer struct {
-	queue   []ElectionChange
-	lagging bool
-	wake    chan struct{} // holds one signal: changes are queued
+	wake chan struct{} // holds one signal: the election changed
 }
 
-// observedLocked queues change for every observer of election name.
-func (l *Leader) observedLocked(name string, change ElectionChange) {
+// observedLocked wakes every observer of election name.
+func (l *Leader) observedLocked(name string) {
 	for o := range l.observers[name] {
-		if len(o.queue) >= maxObserverLag {
-			o.lagging = true
-		} else {
-			o.queue = append(o.queue, change)
-		}
 		select {
 		case o.wake <- struct{}{}:
 		default:
@@ -145,13 +148,19 @@ func (l *Leader) observedLocked(name string, change ElectionChange) {
 	}
 }
 
-// Observe calls send with who leads election name now, then with each change as this
-// node applies it, in log order, each once: the epochs of the leaderships sent
-// strictly increase (G8), and a change that happened before the first one sent is not
-// sent. It returns when ctx ends (ctx's error), when send fails (its error), or with
-// ErrObserverLagging when the stream fell maxObserverLag changes behind. It serves on
-// any node that applies the log; the server routes it to the leader.
-func (l *Leader) Observe(ctx context.Context, name string, send func(ElectionChange) error) error {
+// Observe calls send with the changes of election name, in log order, each once: the
+// changes after revision after when resume (a resume point an earlier stream reached,
+// on any node: the history is the same on every node), else who leads now first,
+// then every later change. It reads them from the replicated election history
+// (core.State.ElectionChanges), so a stream misses nothing between its start and its
+// end, and two streams, the second resumed where the first stopped, miss and repeat
+// nothing. It returns when ctx ends (ctx's error), when send fails (its error), or
+// with a *core.HistoryCompactedError when the changes after its point are no longer
+// held — at the start of a resume, or when the stream fell that far behind while it
+// sent. It serves on any node that applies the log; the server routes it to the
+// leader. A resume point this node has not applied yet (it is behind the node that
+// gave it) is waited for: the changes up to it are not sent again.
+func (l *Leader) Observe(ctx context.Context, name string, after uint64, resume bool, send func(ElectionChange) error) error {
 	o := &observer{wake: make(chan struct{}, 1)}
 	l.mu.Lock()
 	if l.observers == nil {
@@ -170,36 +179,41 @@ func (l *Leader) Observe(ctx context.Context, name string, send func(ElectionCha
 		}
 		l.mu.Unlock()
 	}()
-	// Read after registering: a change applied since is both in the state read and
-	// in the queue, and the epoch rule below drops it from the queue.
-	ld, leads := l.LeaderOf(name)
-	last := ElectionChange{Leads: leads, Leadership: ld}
-	if err := send(last); err != nil {
-		return err
+	// Read after registering: a change applied since wakes o, and is read from the
+	// history after the point reached.
+	if !resume {
+		var now ElectionChange
+		l.log.Read(func(s *core.State) {
+			after = s.ElectionRev()
+			now.Rev = after
+			if e := s.Elections().Get(name); e != nil && e.Leader != nil {
+				now.Leads, now.Leadership = true, Leadership{Epoch: e.Leader.Epoch, Value: e.Leader.Value, Holder: e.Leader.Holder}
+			} else if c, ok := s.LastElectionChange(name); ok {
+				now.Epoch = c.Epoch // the leadership that ended last
+			}
+		})
+		if err := send(now); err != nil {
+			return err
+		}
 	}
+	var buf []core.ElectionChange
 	for {
+		var err error
+		l.log.Read(func(s *core.State) { buf, err = s.ElectionChanges(name, after, buf[:0]) })
+		if err != nil {
+			return err
+		}
+		for i := range buf {
+			if err := send(changeOf(&buf[i])); err != nil {
+				return err
+			}
+			after = buf[i].Rev
+		}
+		clear(buf) // the values go with the sends
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-o.wake:
-		}
-		l.mu.Lock()
-		queue, lagging := o.queue, o.lagging
-		o.queue = nil
-		l.mu.Unlock()
-		for _, c := range queue {
-			// A new leadership is news when its epoch is higher than the last sent;
-			// an end, when it ends the leadership last sent.
-			if c.Leads && c.Epoch <= last.Epoch || !c.Leads && (!last.Leads || c.Epoch != last.Epoch) {
-				continue
-			}
-			if err := send(c); err != nil {
-				return err
-			}
-			last = c
-		}
-		if lagging {
-			return ErrObserverLagging
 		}
 	}
 }

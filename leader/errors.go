@@ -22,9 +22,6 @@ var (
 	// this node stops being leader: the in-memory table that queued it is gone, and with
 	// it the place in the queue. Retry on the new leader (a new epoch).
 	ErrEpochLost = errors.New("leader: efficiency lock state was lost with the leader")
-	// ErrObserverLagging ends an Observe stream that fell too many changes behind:
-	// start a new one (it begins from the leader then).
-	ErrObserverLagging = errors.New("leader: the observer fell too far behind")
 )
 
 // LeaseGoneError is returned for a lease that no longer exists, with the reason the

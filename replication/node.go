@@ -341,11 +341,13 @@ func (n *Node) ApplyThen(cmd core.Command, then func(core.Result, error)) {
 	n.batcher.propose(proposal{data: b, then: func(o outcome) { then(o.result()) }})
 }
 
-// stamped sets the wall clock on a command that can start or end a hold, for the
-// ledger's times (display only: the state machine depends on nothing but the log).
+// stamped sets the wall clock on a command that can start or end a hold or a
+// leadership, or change a leader's value, for the ledger's and the election history's
+// times (display only: the state machine depends on nothing but the log).
 func stamped(cmd core.Command) core.Command {
 	switch cmd.Op {
-	case core.OpAcquire, core.OpRelease, core.OpCancelWait, core.OpRevoke, core.OpExpire, core.OpForceRelease, core.OpEndDelay:
+	case core.OpAcquire, core.OpRelease, core.OpCancelWait, core.OpRevoke, core.OpExpire, core.OpForceRelease, core.OpEndDelay,
+		core.OpDisconnect, core.OpCampaign, core.OpProclaim, core.OpResign:
 		if cmd.WallMillis == 0 {
 			cmd.WallMillis = time.Now().UnixMilli()
 		}

@@ -63,7 +63,8 @@ type Config struct {
 	// server closes it and revokes those leases: a client whose path was cut looks,
 	// over TCP, like one that is quiet. The Go client sends a probe every 500 ms on
 	// such a connection and gives the leases up itself after 2 s unacknowledged, so
-	// it hears first. Default 5s.
+	// it hears first. Default 5s; at least 1s, so that the probes keep a healthy
+	// connection (`leasehold server --bound-idle-timeout`).
 	BoundIdleTimeout time.Duration
 	// MaxConnsPerClient bounds the connections one client IP address may hold open to
 	// the API port and the fast lane together; more are closed as soon as they are
@@ -170,6 +171,8 @@ func (c Config) Validate() error {
 		return errors.New("server: watch retention must be at least 1 event")
 	case c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0 || c.BoundIdleTimeout < 0:
 		return errors.New("server: connection timeouts must not be negative")
+	case c.BoundIdleTimeout > 0 && c.BoundIdleTimeout < time.Second:
+		return fmt.Errorf("server: the bound idle timeout %v is below 1s (the Go client probes a bound connection every 500 ms)", c.BoundIdleTimeout)
 	}
 	return nil
 }

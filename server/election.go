@@ -81,14 +81,15 @@ func (s *Server) Leader(_ context.Context, req *leaseholdv1.LeaderRequest) (*lea
 	return &leaseholdv1.LeaderResponse{HasLeader: true, Epoch: ld.Epoch, Value: ld.Value, Holder: holderToProto(ld.Holder)}, nil
 }
 
-// Observe serves ElectionService.Observe: the leader now, then every change, in log
-// order (leader.Observe).
+// Observe serves ElectionService.Observe: the leader now, or the changes after the
+// resume point, then every change, in log order (leader.Observe).
 func (s *Server) Observe(ctx context.Context, req *leaseholdv1.ObserveRequest, send func(*leaseholdv1.ObserveResponse) error) error {
 	if err := core.ValidateName("name", req.GetName()); err != nil {
 		return err
 	}
-	return s.leader.Observe(ctx, req.GetName(), func(c leader.ElectionChange) error {
-		resp := &leaseholdv1.ObserveResponse{HasLeader: c.Leads, Epoch: c.Epoch, Value: c.Value}
+	return s.leader.Observe(ctx, req.GetName(), req.GetAfterRevision(), req.AfterRevision != nil, func(c leader.ElectionChange) error {
+		resp := &leaseholdv1.ObserveResponse{HasLeader: c.Leads, Epoch: c.Epoch, Value: c.Value, Revision: c.Rev,
+			Ended: tenureEnd(c.Ended), UnixMs: c.WallMillis}
 		if c.Leads {
 			resp.Holder = holderToProto(c.Holder)
 		}

@@ -51,13 +51,13 @@ var errorCodes = []struct {
 	{replication.ErrOutcomeUnknown, connect.CodeUnavailable, reason.OutcomeUnknown},
 	{replication.ErrBusy, connect.CodeUnavailable, reason.Busy},
 	{leader.ErrEpochLost, connect.CodeUnavailable, reason.EpochLost},
-	{leader.ErrObserverLagging, connect.CodeResourceExhausted, reason.ObserverLagging},
 	{errNoSuchMember, connect.CodeNotFound, reason.NoSuchMember},
 	{errMemberCheck, connect.CodeFailedPrecondition, reason.MemberCheck},
 	{errLastVoter, connect.CodeFailedPrecondition, reason.LastVoter},
 	{errNotCaughtUp, connect.CodeUnavailable, reason.NotCaughtUp},
 	{errWrongCluster, connect.CodeFailedPrecondition, reason.WrongCluster},
 	{watch.ErrCompacted, connect.CodeFailedPrecondition, reason.Compacted},
+	{core.ErrHistoryCompacted, connect.CodeFailedPrecondition, reason.Compacted},
 	{errNoClusterID, connect.CodeUnavailable, reason.NoClusterID},
 	{ErrShuttingDown, connect.CodeUnavailable, reason.ShuttingDown},
 	{auth.ErrUnauthenticated, connect.CodeUnauthenticated, reason.Unauthenticated},
@@ -134,6 +134,9 @@ func Classify(err error) (connect.Code, *leaseholdv1.ErrorDetail) {
 	}
 	if vm := new(core.VersionMismatchError); errors.As(err, &vm) {
 		detail.CurrentVersion = vm.Current
+	}
+	if hc := new(core.HistoryCompactedError); errors.As(err, &hc) {
+		detail.OldestRevision = hc.Oldest
 	}
 	if q := new(auth.QuotaError); errors.As(err, &q) {
 		detail.Reason = "quota_" + q.Quota

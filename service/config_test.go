@@ -53,6 +53,7 @@ func TestConfigCrossLayer(t *testing.T) {
 		"bad addr":           {func(c *Config) { c.Addr = "nohost" }, "API address"},
 		"bad fast lane":      {func(c *Config) { c.FastLaneAddr = "nope" }, "fast-lane address"},
 		"server rule":        {func(c *Config) { c.Server.MinTTL, c.Server.MaxTTL = time.Hour, time.Minute }, "minimum TTL"},
+		"bound idle timeout": {func(c *Config) { c.Server.BoundIdleTimeout = 100 * time.Millisecond }, "bound idle timeout"},
 		"raft rule":          {func(c *Config) { c.Raft.LeaderLeaseTimeout = time.Hour }, "leader lease timeout"},
 	} {
 		cfg := base

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strconv"
@@ -157,46 +158,101 @@ func newLeaderCmd() *cobra.Command {
 	return cmd
 }
 
-// newObserveCmd is `leasehold observe NAME [--output json]`: who leads election NAME,
-// then every change, one line each, until interrupted.
+// newObserveCmd is `leasehold observe NAME [--after REV] [--count N] [--output json]`:
+// who leads election NAME, then every change, one line each, until interrupted.
 func newObserveCmd() *cobra.Command {
 	var addr string
+	var after int64
+	var count int
 	cmd := &cobra.Command{
 		Use:   "observe NAME",
-		Short: "show who leads election NAME, then every change of leader, one line each",
-		Long: `Prints who leads election NAME, then each change of leader as the cluster applies it,
-one line each, until interrupted: "epoch N value V held by HOST pid PID", or "no leader
-(epoch N ended)". Within one stream every change comes once and in order, epochs rising;
-when the stream breaks it resumes from the leader then. --output json prints one
-compact protobuf-JSON ObserveResponse per line.`,
+		Short: "show who leads election NAME, then every change (leader, value, nobody), one line each",
+		Long: `Prints who leads election NAME, then each change as the cluster applies it — a new
+leader, a new value it proclaimed, nobody leading — one line each, until interrupted:
+"REV epoch N value V held by HOST pid PID", or "REV no leader (epoch N ended)", with how
+the leadership before ended (resigned, expired, revoked, disconnected). REV is the
+change's revision. Every change comes once and in order, also across broken streams:
+it resumes from the cluster's replicated election history after the last change shown.
+--after REV starts after an earlier REV instead of from who leads now (0: from the oldest
+change held). When the changes to resume from are no longer held, it fails "compacted",
+naming the oldest revision held, rather than skip them. --count N exits after N lines.
+--output json prints one compact protobuf-JSON ObserveResponse per line.`,
 		Args: cobra.ExactArgs(1),
+		PreRunE: func(*cobra.Command, []string) error {
+			if after < -1 || count < 0 {
+				return errors.New("--after and --count must not be negative")
+			}
+			return nil
+		},
 	}
 	output := outputFlag(cmd)
 	addrFlag(cmd.Flags(), &addr)
+	cmd.Flags().Int64Var(&after, "after", -1, "start after this revision (a REV shown earlier; 0: the oldest held); default: who leads now")
+	cmd.Flags().IntVar(&count, "count", 0, "exit after this many lines (0: until interrupted)")
 	cmd.RunE = clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 		ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
+		var opts []client.ObserveOption
+		if after >= 0 {
+			opts = append(opts, client.ObserveAfter(uint64(after)))
+		}
 		w := cmd.OutOrStdout()
+		errEnough := errors.New("enough lines")
+		lines := 0
 		err := c.Observe(ctx, args[0], func(l client.ElectionLeader, ok bool) error {
-			if *output == "json" {
-				resp := &leaseholdv1.ObserveResponse{HasLeader: ok, Epoch: l.Epoch, Value: l.Value}
-				if ok {
-					resp.Holder = &leaseholdv1.Holder{Host: l.Holder.Host, Pid: l.Holder.PID, Note: l.Holder.Note}
-				}
-				return printJSONLine(w, resp)
+			if err := printChange(w, l, ok, output.json()); err != nil {
+				return err
 			}
-			var err error
-			if ok {
-				_, err = fmt.Fprintf(w, "epoch %d\tvalue %q\theld by %s pid %d %s\n", l.Epoch, l.Value, l.Holder.Host, l.Holder.PID, l.Holder.Note)
-			} else {
-				_, err = fmt.Fprintf(w, "no leader (epoch %d ended)\n", l.Epoch)
+			if lines++; count > 0 && lines >= count {
+				return errEnough
 			}
-			return err
-		})
-		if ctx.Err() != nil {
-			return nil // interrupted: the normal end
+			return nil
+		}, opts...)
+		if ctx.Err() != nil || errors.Is(err, errEnough) {
+			return nil // interrupted, or --count reached: the normal ends
 		}
 		return err
 	})
 	return cmd
+}
+
+// printChange prints one change Observe showed: a line of text, or one ObserveResponse
+// in compact JSON.
+func printChange(w io.Writer, l client.ElectionLeader, ok, asJSON bool) error {
+	if asJSON {
+		resp := &leaseholdv1.ObserveResponse{HasLeader: ok, Epoch: l.Epoch, Value: l.Value, Revision: l.Revision, Ended: l.Ended}
+		if !l.Time.IsZero() {
+			resp.UnixMs = l.Time.UnixMilli()
+		}
+		if ok {
+			resp.Holder = &leaseholdv1.Holder{Host: l.Holder.Host, Pid: l.Holder.PID, Note: l.Holder.Note}
+		}
+		return printJSONLine(w, resp)
+	}
+	ended := ""
+	if l.Ended != leaseholdv1.TenureEnd_TENURE_END_UNSPECIFIED {
+		ended = "\t(the leadership before " + endedWord(l.Ended) + ")"
+	}
+	var err error
+	if ok {
+		_, err = fmt.Fprintf(w, "%d\tepoch %d\tvalue %q\theld by %s pid %d %s%s\n", l.Revision, l.Epoch, l.Value, l.Holder.Host, l.Holder.PID, l.Holder.Note, ended)
+	} else {
+		_, err = fmt.Fprintf(w, "%d\tno leader (epoch %d ended)%s\n", l.Revision, l.Epoch, ended)
+	}
+	return err
+}
+
+// endedWord says how a leadership ended.
+func endedWord(e leaseholdv1.TenureEnd) string {
+	switch e {
+	case leaseholdv1.TenureEnd_TENURE_END_RELEASED:
+		return "resigned"
+	case leaseholdv1.TenureEnd_TENURE_END_EXPIRED:
+		return "expired"
+	case leaseholdv1.TenureEnd_TENURE_END_REVOKED:
+		return "was revoked"
+	case leaseholdv1.TenureEnd_TENURE_END_DISCONNECTED:
+		return "was disconnected"
+	}
+	return "ended"
 }

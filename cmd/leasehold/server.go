@@ -51,6 +51,10 @@ func newServerCmd() *cobra.Command {
 	fs.IntVar(&f.idemBytes, "idempotency-bytes", 0, "bytes of idempotency results kept at most; 0 means 64 MiB; the same on every node")
 	fs.IntVar(&f.ledgerPerLock, "ledger-per-lock", 0, "tenures the ledger (leasehold history) keeps per lock; 0 means 16; the same on every node")
 	fs.IntVar(&f.ledgerTotal, "ledger-total", 0, "tenures the ledger keeps in all, the oldest dropped first; 0 means 100000; the same on every node")
+	fs.IntVar(&f.electionHistory, "election-history", 0, "changes the election history (observe resumes from it) keeps per election; 0 means 64; the same on every node")
+	fs.IntVar(&f.electionHistoryTotal, "election-history-total", 0, "changes the election history keeps in all, the oldest dropped first; 0 means 10000; the same on every node")
+	fs.IntVar(&f.electionHistoryBytes, "election-history-bytes", 0, "bytes of election changes (names, values, holders, 168 a change) kept at most; 0 means 16 MiB; the same on every node")
+	fs.DurationVar(&f.boundIdle, "bound-idle-timeout", def.Server.BoundIdleTimeout, "close a fast-lane connection holding release-on-disconnect leases that stays silent this long, and revoke them (at least 1s; the Go client probes every 500ms)")
 	fs.IntVar(&f.watchRetention, "watch-retention", 0, "lock events each node keeps for watch (a stream may start or resume this far back); 0 means 100000, about 18 MB")
 	fs.Var(&f.peers, "peer", "static cluster member ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR] (repeat for each node, including this one)")
 	fs.Var(peerList{&f.peers}, "peers", "static cluster members as one list: ID,RAFT_ADDR,API_ADDR[,FAST_LANE_ADDR];ID,...;...")
@@ -71,6 +75,7 @@ type serverFlags struct {
 	dataDir       string
 	nodeID        string
 	defTTL        time.Duration
+	boundIdle     time.Duration // server.Config.BoundIdleTimeout
 	minTTL        time.Duration
 	maxTTL        time.Duration
 	logLevel      string
@@ -85,8 +90,11 @@ type serverFlags struct {
 	idemBytes     int
 	// ledgerPerLock, ledgerTotal and watchRetention bound the ledger and Watch's history.
 	ledgerPerLock, ledgerTotal, watchRetention int
-	peers                                      peerFlags
-	security                                   serverSecurity
+	// electionHistory, electionHistoryTotal and electionHistoryBytes bound the
+	// election history (core.Limits).
+	electionHistory, electionHistoryTotal, electionHistoryBytes int
+	peers                                                       peerFlags
+	security                                                    serverSecurity
 }
 
 // runServer runs a node as the flags say and returns the exit code.
@@ -101,9 +109,10 @@ func runServer(f serverFlags) int {
 		return recoverNode(replication.Config{NodeID: f.nodeID, DataDir: f.dataDir, RaftAddr: f.raftAddr, RaftAdvertise: f.raftAdvertise, LogStore: f.logStore, Logger: log}, f.peers, f.tokenGap)
 	}
 	cfg := service.Config{
-		Addr:              f.addr,
-		Raft:              replication.Config{NodeID: f.nodeID, DataDir: f.dataDir, RaftAddr: f.raftAddr, RaftAdvertise: f.raftAdvertise, Bootstrap: f.bootstrap && f.join == "", LogStore: f.logStore},
-		Server:            server.Config{DefaultTTL: f.defTTL, MinTTL: f.minTTL, MaxTTL: f.maxTTL, Version: version, NodeID: f.nodeID, Logger: log, WatchRetention: f.watchRetention},
+		Addr: f.addr,
+		Raft: replication.Config{NodeID: f.nodeID, DataDir: f.dataDir, RaftAddr: f.raftAddr, RaftAdvertise: f.raftAdvertise, Bootstrap: f.bootstrap && f.join == "", LogStore: f.logStore},
+		Server: server.Config{DefaultTTL: f.defTTL, MinTTL: f.minTTL, MaxTTL: f.maxTTL, Version: version, NodeID: f.nodeID, Logger: log, WatchRetention: f.watchRetention,
+			BoundIdleTimeout: f.boundIdle},
 		Logger:            log,
 		AdvertiseAddr:     f.advertise,
 		Join:              f.join,
@@ -111,7 +120,8 @@ func runServer(f serverFlags) int {
 		FastLaneAdvertise: f.fastAdvertise,
 		Pprof:             f.enablePprof,
 	}
-	cfg.Raft.Limits = core.Limits{IdempotencyKeys: f.idemKeys, IdempotencyBytes: f.idemBytes, LedgerPerLock: f.ledgerPerLock, LedgerTotal: f.ledgerTotal}
+	cfg.Raft.Limits = core.Limits{IdempotencyKeys: f.idemKeys, IdempotencyBytes: f.idemBytes, LedgerPerLock: f.ledgerPerLock, LedgerTotal: f.ledgerTotal,
+		ElectionHistory: f.electionHistory, ElectionHistoryTotal: f.electionHistoryTotal, ElectionHistoryBytes: f.electionHistoryBytes}
 	if len(f.peers) > 0 {
 		if f.join != "" {
 			fmt.Fprintln(os.Stderr, "leasehold server: --peer and --join exclude each other")

@@ -34,7 +34,7 @@ const (
 	MemberCheck     = "member_check"  // the node to add does not answer as itself
 	LastVoter       = "last_voter"
 	WrongCluster    = "wrong_cluster"
-	Compacted       = "compacted"  // a Watch start below the retained history (the message names the oldest revision)
+	Compacted       = "compacted"  // a Watch start, or an Observe resume point, below the retained history (the message names the oldest revision)
 	NotMember       = "not_member" // the lease is not the group member's
 	NotOwner        = "not_owner"  // the lease does not own the partition at that epoch
 
@@ -49,7 +49,7 @@ const (
 	LimitGroups        = "limit_groups"
 	LimitGroupMembers  = "limit_group_members"
 	Quota              = "quota"            // an identity's quota (auth); the message says which
-	ObserverLagging    = "observer_lagging" // an Observe stream fell too far behind
+	ObserverLagging    = "observer_lagging" // an Observe stream fell too far behind (servers before the election history; now "compacted")
 
 	// AlreadyExists.
 	LeaseExists  = "lease_exists"

@@ -16,7 +16,7 @@ import (
 // times, while each leader resigns after a second. An Observe stream (which resumes at
 // another node when its node dies) shows epochs that strictly rise, each change once;
 // no epoch is handed to two candidates; and the terms the candidates ran are among the
-// changes Observe showed, but for those in a resumed stream's gap.
+// changes Observe showed, every one: a resumed stream replays what it missed.
 func TestElectionAcrossLeaderFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a real cluster; skipped with -short")
@@ -125,14 +125,14 @@ func TestElectionAcrossLeaderFailover(t *testing.T) {
 	missing := 0
 	for e := range terms {
 		if !shown[e] {
-			missing++ // a resumed stream skips the terms of its gap (the .proto says so)
+			missing++ // never: a resumed stream replays its gap from the election history
 		}
 	}
-	t.Logf("%d terms ran; Observe showed %d changes; %d terms fell in a stream's resume gap", len(terms), len(observed), missing)
+	t.Logf("%d terms ran; Observe showed %d changes; %d terms not shown", len(terms), len(observed), missing)
 	if len(terms) < 6 {
 		t.Errorf("only %d terms in about 20 s of one-second terms", len(terms))
 	}
-	if missing > len(terms)/2 {
-		t.Errorf("Observe missed %d of %d terms", missing, len(terms))
+	if missing > 0 {
+		t.Errorf("G8: Observe missed %d of %d terms", missing, len(terms))
 	}
 }

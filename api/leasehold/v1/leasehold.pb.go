@@ -522,9 +522,12 @@ type ErrorDetail struct {
 	// that was (holder_token and holder describe that lock's holder).
 	HeldLock string `protobuf:"bytes,20,opt,name=held_lock,json=heldLock,proto3" json:"held_lock,omitempty"`
 	// For "lock_held" (a try-once acquire, or one whose wait ran out): why, in full.
-	Explanation   *HeldExplanation `protobuf:"bytes,30,opt,name=explanation,proto3" json:"explanation,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Explanation *HeldExplanation `protobuf:"bytes,30,opt,name=explanation,proto3" json:"explanation,omitempty"`
+	// For "compacted" from ElectionService.Observe: the lowest after_revision the
+	// election's history still answers.
+	OldestRevision uint64 `protobuf:"varint,40,opt,name=oldest_revision,json=oldestRevision,proto3" json:"oldest_revision,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ErrorDetail) Reset() {
@@ -618,6 +621,13 @@ func (x *ErrorDetail) GetExplanation() *HeldExplanation {
 		return x.Explanation
 	}
 	return nil
+}
+
+func (x *ErrorDetail) GetOldestRevision() uint64 {
+	if x != nil {
+		return x.OldestRevision
+	}
+	return 0
 }
 
 // HeldExplanation says why an acquire was not granted: who holds the lock and since
@@ -4897,8 +4907,12 @@ func (x *LeaderResponse) GetHolder() *Holder {
 }
 
 type ObserveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Resume after this revision (an earlier ObserveResponse.revision): replay every
+	// change after it, then stream. Unset: start from who leads now. 0 asks for every
+	// change since the election history began (compacted once any was dropped).
+	AfterRevision *uint64 `protobuf:"varint,2,opt,name=after_revision,json=afterRevision,proto3,oneof" json:"after_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4940,14 +4954,33 @@ func (x *ObserveRequest) GetName() string {
 	return ""
 }
 
+func (x *ObserveRequest) GetAfterRevision() uint64 {
+	if x != nil && x.AfterRevision != nil {
+		return *x.AfterRevision
+	}
+	return 0
+}
+
 type ObserveResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// False when nobody leads (from then on); epoch is then the leadership that ended
-	// (0 at the start of a stream when nobody leads).
-	HasLeader     bool    `protobuf:"varint,1,opt,name=has_leader,json=hasLeader,proto3" json:"has_leader,omitempty"`
-	Epoch         uint64  `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Value         []byte  `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
-	Holder        *Holder `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	// (0 at the start of a stream when nobody leads and none is known to have ended).
+	HasLeader bool    `protobuf:"varint,1,opt,name=has_leader,json=hasLeader,proto3" json:"has_leader,omitempty"`
+	Epoch     uint64  `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Value     []byte  `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	Holder    *Holder `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	// Where this message stands in the election history: pass it as after_revision to
+	// resume after it. Revisions rise across all elections (they are not consecutive
+	// within one).
+	Revision uint64 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	// How the leadership before this change ended, for a change that ended one (a new
+	// leader after another, or nobody): released (it resigned), expired, revoked,
+	// disconnected. Unspecified for a proclaimed value, a first leader and a stream's
+	// first "who leads now".
+	Ended TenureEnd `protobuf:"varint,6,opt,name=ended,proto3,enum=leasehold.v1.TenureEnd" json:"ended,omitempty"`
+	// When the change was proposed, the proposing leader's wall clock (Unix ms; 0:
+	// unknown, and for a stream's first "who leads now"). Display only.
+	UnixMs        int64 `protobuf:"varint,7,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5008,6 +5041,27 @@ func (x *ObserveResponse) GetHolder() *Holder {
 		return x.Holder
 	}
 	return nil
+}
+
+func (x *ObserveResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *ObserveResponse) GetEnded() TenureEnd {
+	if x != nil {
+		return x.Ended
+	}
+	return TenureEnd_TENURE_END_UNSPECIFIED
+}
+
+func (x *ObserveResponse) GetUnixMs() int64 {
+	if x != nil {
+		return x.UnixMs
+	}
+	return 0
 }
 
 type ResignRequest struct {
@@ -5776,7 +5830,7 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x06Holder\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\x12\n" +
-	"\x04note\x18\x03 \x01(\tR\x04note\"\xe0\x02\n" +
+	"\x04note\x18\x03 \x01(\tR\x04note\"\x89\x03\n" +
 	"\vErrorDetail\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12!\n" +
@@ -5786,7 +5840,8 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"\x0fcurrent_version\x18\x06 \x01(\x04R\x0ecurrentVersion\x12&\n" +
 	"\x0fleader_api_addr\x18\a \x01(\tR\rleaderApiAddr\x12\x1b\n" +
 	"\theld_lock\x18\x14 \x01(\tR\bheldLock\x12?\n" +
-	"\vexplanation\x18\x1e \x01(\v2\x1d.leasehold.v1.HeldExplanationR\vexplanation\"\x96\x02\n" +
+	"\vexplanation\x18\x1e \x01(\v2\x1d.leasehold.v1.HeldExplanationR\vexplanation\x12'\n" +
+	"\x0foldest_revision\x18( \x01(\x04R\x0eoldestRevision\"\x96\x02\n" +
 	"\x0fHeldExplanation\x12.\n" +
 	"\aholders\x18\x01 \x03(\v2\x14.leasehold.v1.HeldByR\aholders\x12!\n" +
 	"\fqueue_length\x18\x02 \x01(\rR\vqueueLength\x12\x1a\n" +
@@ -6068,15 +6123,20 @@ const file_leasehold_v1_leasehold_proto_rawDesc = "" +
 	"has_leader\x18\x01 \x01(\bR\thasLeader\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\fR\x05value\x12,\n" +
-	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\"$\n" +
+	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\"c\n" +
 	"\x0eObserveRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x8a\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
+	"\x0eafter_revision\x18\x02 \x01(\x04H\x00R\rafterRevision\x88\x01\x01B\x11\n" +
+	"\x0f_after_revision\"\xee\x01\n" +
 	"\x0fObserveResponse\x12\x1d\n" +
 	"\n" +
 	"has_leader\x18\x01 \x01(\bR\thasLeader\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\fR\x05value\x12,\n" +
-	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\"T\n" +
+	"\x06holder\x18\x04 \x01(\v2\x14.leasehold.v1.HolderR\x06holder\x12\x1a\n" +
+	"\brevision\x18\x05 \x01(\x04R\brevision\x12-\n" +
+	"\x05ended\x18\x06 \x01(\x0e2\x17.leasehold.v1.TenureEndR\x05ended\x12\x17\n" +
+	"\aunix_ms\x18\a \x01(\x03R\x06unixMs\"T\n" +
 	"\rResignRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12\x14\n" +
@@ -6371,86 +6431,87 @@ var file_leasehold_v1_leasehold_proto_depIdxs = []int32{
 	6,  // 43: leasehold.v1.CampaignRequest.holder:type_name -> leasehold.v1.Holder
 	6,  // 44: leasehold.v1.LeaderResponse.holder:type_name -> leasehold.v1.Holder
 	6,  // 45: leasehold.v1.ObserveResponse.holder:type_name -> leasehold.v1.Holder
-	83, // 46: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
-	83, // 47: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
-	83, // 48: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
-	7,  // 49: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
-	93, // 50: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
-	12, // 51: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
-	14, // 52: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
-	17, // 53: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
-	10, // 54: leasehold.v1.LeaseService.Bind:input_type -> leasehold.v1.BindRequest
-	26, // 55: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
-	28, // 56: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
-	30, // 57: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
-	32, // 58: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
-	36, // 59: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
-	38, // 60: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
-	23, // 61: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
-	19, // 62: leasehold.v1.LockService.History:input_type -> leasehold.v1.HistoryRequest
-	41, // 63: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
-	43, // 64: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
-	45, // 65: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
-	47, // 66: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
-	50, // 67: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
-	52, // 68: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
-	54, // 69: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
-	56, // 70: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
-	58, // 71: leasehold.v1.GroupService.Create:input_type -> leasehold.v1.GroupServiceCreateRequest
-	60, // 72: leasehold.v1.GroupService.Join:input_type -> leasehold.v1.JoinRequest
-	63, // 73: leasehold.v1.GroupService.Leave:input_type -> leasehold.v1.LeaveRequest
-	65, // 74: leasehold.v1.GroupService.Release:input_type -> leasehold.v1.GroupServiceReleaseRequest
-	67, // 75: leasehold.v1.GroupService.Status:input_type -> leasehold.v1.GroupServiceStatusRequest
-	71, // 76: leasehold.v1.GroupService.Assignments:input_type -> leasehold.v1.AssignmentsRequest
-	73, // 77: leasehold.v1.ElectionService.Campaign:input_type -> leasehold.v1.CampaignRequest
-	75, // 78: leasehold.v1.ElectionService.Proclaim:input_type -> leasehold.v1.ProclaimRequest
-	77, // 79: leasehold.v1.ElectionService.Leader:input_type -> leasehold.v1.LeaderRequest
-	79, // 80: leasehold.v1.ElectionService.Observe:input_type -> leasehold.v1.ObserveRequest
-	81, // 81: leasehold.v1.ElectionService.Resign:input_type -> leasehold.v1.ResignRequest
-	90, // 82: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
-	84, // 83: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
-	86, // 84: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
-	88, // 85: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
-	13, // 86: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
-	15, // 87: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
-	18, // 88: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
-	11, // 89: leasehold.v1.LeaseService.Bind:output_type -> leasehold.v1.BindResponse
-	27, // 90: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
-	29, // 91: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
-	31, // 92: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
-	33, // 93: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
-	37, // 94: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
-	39, // 95: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
-	24, // 96: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
-	20, // 97: leasehold.v1.LockService.History:output_type -> leasehold.v1.HistoryResponse
-	42, // 98: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
-	44, // 99: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
-	46, // 100: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
-	48, // 101: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
-	51, // 102: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
-	53, // 103: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
-	55, // 104: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
-	57, // 105: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
-	59, // 106: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
-	61, // 107: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
-	64, // 108: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
-	66, // 109: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
-	68, // 110: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
-	72, // 111: leasehold.v1.GroupService.Assignments:output_type -> leasehold.v1.AssignmentsResponse
-	74, // 112: leasehold.v1.ElectionService.Campaign:output_type -> leasehold.v1.CampaignResponse
-	76, // 113: leasehold.v1.ElectionService.Proclaim:output_type -> leasehold.v1.ProclaimResponse
-	78, // 114: leasehold.v1.ElectionService.Leader:output_type -> leasehold.v1.LeaderResponse
-	80, // 115: leasehold.v1.ElectionService.Observe:output_type -> leasehold.v1.ObserveResponse
-	82, // 116: leasehold.v1.ElectionService.Resign:output_type -> leasehold.v1.ResignResponse
-	91, // 117: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
-	85, // 118: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
-	87, // 119: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
-	89, // 120: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
-	86, // [86:121] is the sub-list for method output_type
-	51, // [51:86] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	50, // [50:51] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	3,  // 46: leasehold.v1.ObserveResponse.ended:type_name -> leasehold.v1.TenureEnd
+	83, // 47: leasehold.v1.MembersResponse.members:type_name -> leasehold.v1.Member
+	83, // 48: leasehold.v1.AddMemberResponse.members:type_name -> leasehold.v1.Member
+	83, // 49: leasehold.v1.RemoveMemberResponse.members:type_name -> leasehold.v1.Member
+	7,  // 50: leasehold.v1.FastLaneError.detail:type_name -> leasehold.v1.ErrorDetail
+	93, // 51: leasehold.v1.fast_lane:extendee -> google.protobuf.MethodOptions
+	12, // 52: leasehold.v1.LeaseService.Grant:input_type -> leasehold.v1.GrantRequest
+	14, // 53: leasehold.v1.LeaseService.KeepAlive:input_type -> leasehold.v1.KeepAliveRequest
+	17, // 54: leasehold.v1.LeaseService.Revoke:input_type -> leasehold.v1.RevokeRequest
+	10, // 55: leasehold.v1.LeaseService.Bind:input_type -> leasehold.v1.BindRequest
+	26, // 56: leasehold.v1.LockService.Acquire:input_type -> leasehold.v1.AcquireRequest
+	28, // 57: leasehold.v1.LockService.Release:input_type -> leasehold.v1.ReleaseRequest
+	30, // 58: leasehold.v1.LockService.Describe:input_type -> leasehold.v1.DescribeRequest
+	32, // 59: leasehold.v1.LockService.List:input_type -> leasehold.v1.ListRequest
+	36, // 60: leasehold.v1.LockService.ForceRelease:input_type -> leasehold.v1.ForceReleaseRequest
+	38, // 61: leasehold.v1.LockService.CheckToken:input_type -> leasehold.v1.CheckTokenRequest
+	23, // 62: leasehold.v1.LockService.Watch:input_type -> leasehold.v1.WatchRequest
+	19, // 63: leasehold.v1.LockService.History:input_type -> leasehold.v1.HistoryRequest
+	41, // 64: leasehold.v1.KVService.Get:input_type -> leasehold.v1.GetRequest
+	43, // 65: leasehold.v1.KVService.Put:input_type -> leasehold.v1.PutRequest
+	45, // 66: leasehold.v1.KVService.Delete:input_type -> leasehold.v1.DeleteRequest
+	47, // 67: leasehold.v1.KVService.List:input_type -> leasehold.v1.KVServiceListRequest
+	50, // 68: leasehold.v1.IdempotencyService.Begin:input_type -> leasehold.v1.BeginRequest
+	52, // 69: leasehold.v1.IdempotencyService.Complete:input_type -> leasehold.v1.CompleteRequest
+	54, // 70: leasehold.v1.IdempotencyService.Abandon:input_type -> leasehold.v1.AbandonRequest
+	56, // 71: leasehold.v1.IdempotencyService.Get:input_type -> leasehold.v1.IdempotencyServiceGetRequest
+	58, // 72: leasehold.v1.GroupService.Create:input_type -> leasehold.v1.GroupServiceCreateRequest
+	60, // 73: leasehold.v1.GroupService.Join:input_type -> leasehold.v1.JoinRequest
+	63, // 74: leasehold.v1.GroupService.Leave:input_type -> leasehold.v1.LeaveRequest
+	65, // 75: leasehold.v1.GroupService.Release:input_type -> leasehold.v1.GroupServiceReleaseRequest
+	67, // 76: leasehold.v1.GroupService.Status:input_type -> leasehold.v1.GroupServiceStatusRequest
+	71, // 77: leasehold.v1.GroupService.Assignments:input_type -> leasehold.v1.AssignmentsRequest
+	73, // 78: leasehold.v1.ElectionService.Campaign:input_type -> leasehold.v1.CampaignRequest
+	75, // 79: leasehold.v1.ElectionService.Proclaim:input_type -> leasehold.v1.ProclaimRequest
+	77, // 80: leasehold.v1.ElectionService.Leader:input_type -> leasehold.v1.LeaderRequest
+	79, // 81: leasehold.v1.ElectionService.Observe:input_type -> leasehold.v1.ObserveRequest
+	81, // 82: leasehold.v1.ElectionService.Resign:input_type -> leasehold.v1.ResignRequest
+	90, // 83: leasehold.v1.ClusterService.Status:input_type -> leasehold.v1.StatusRequest
+	84, // 84: leasehold.v1.ClusterService.Members:input_type -> leasehold.v1.MembersRequest
+	86, // 85: leasehold.v1.ClusterService.AddMember:input_type -> leasehold.v1.AddMemberRequest
+	88, // 86: leasehold.v1.ClusterService.RemoveMember:input_type -> leasehold.v1.RemoveMemberRequest
+	13, // 87: leasehold.v1.LeaseService.Grant:output_type -> leasehold.v1.GrantResponse
+	15, // 88: leasehold.v1.LeaseService.KeepAlive:output_type -> leasehold.v1.KeepAliveResponse
+	18, // 89: leasehold.v1.LeaseService.Revoke:output_type -> leasehold.v1.RevokeResponse
+	11, // 90: leasehold.v1.LeaseService.Bind:output_type -> leasehold.v1.BindResponse
+	27, // 91: leasehold.v1.LockService.Acquire:output_type -> leasehold.v1.AcquireResponse
+	29, // 92: leasehold.v1.LockService.Release:output_type -> leasehold.v1.ReleaseResponse
+	31, // 93: leasehold.v1.LockService.Describe:output_type -> leasehold.v1.DescribeResponse
+	33, // 94: leasehold.v1.LockService.List:output_type -> leasehold.v1.ListResponse
+	37, // 95: leasehold.v1.LockService.ForceRelease:output_type -> leasehold.v1.ForceReleaseResponse
+	39, // 96: leasehold.v1.LockService.CheckToken:output_type -> leasehold.v1.CheckTokenResponse
+	24, // 97: leasehold.v1.LockService.Watch:output_type -> leasehold.v1.WatchResponse
+	20, // 98: leasehold.v1.LockService.History:output_type -> leasehold.v1.HistoryResponse
+	42, // 99: leasehold.v1.KVService.Get:output_type -> leasehold.v1.GetResponse
+	44, // 100: leasehold.v1.KVService.Put:output_type -> leasehold.v1.PutResponse
+	46, // 101: leasehold.v1.KVService.Delete:output_type -> leasehold.v1.DeleteResponse
+	48, // 102: leasehold.v1.KVService.List:output_type -> leasehold.v1.KVServiceListResponse
+	51, // 103: leasehold.v1.IdempotencyService.Begin:output_type -> leasehold.v1.BeginResponse
+	53, // 104: leasehold.v1.IdempotencyService.Complete:output_type -> leasehold.v1.CompleteResponse
+	55, // 105: leasehold.v1.IdempotencyService.Abandon:output_type -> leasehold.v1.AbandonResponse
+	57, // 106: leasehold.v1.IdempotencyService.Get:output_type -> leasehold.v1.IdempotencyServiceGetResponse
+	59, // 107: leasehold.v1.GroupService.Create:output_type -> leasehold.v1.GroupServiceCreateResponse
+	61, // 108: leasehold.v1.GroupService.Join:output_type -> leasehold.v1.JoinResponse
+	64, // 109: leasehold.v1.GroupService.Leave:output_type -> leasehold.v1.LeaveResponse
+	66, // 110: leasehold.v1.GroupService.Release:output_type -> leasehold.v1.GroupServiceReleaseResponse
+	68, // 111: leasehold.v1.GroupService.Status:output_type -> leasehold.v1.GroupServiceStatusResponse
+	72, // 112: leasehold.v1.GroupService.Assignments:output_type -> leasehold.v1.AssignmentsResponse
+	74, // 113: leasehold.v1.ElectionService.Campaign:output_type -> leasehold.v1.CampaignResponse
+	76, // 114: leasehold.v1.ElectionService.Proclaim:output_type -> leasehold.v1.ProclaimResponse
+	78, // 115: leasehold.v1.ElectionService.Leader:output_type -> leasehold.v1.LeaderResponse
+	80, // 116: leasehold.v1.ElectionService.Observe:output_type -> leasehold.v1.ObserveResponse
+	82, // 117: leasehold.v1.ElectionService.Resign:output_type -> leasehold.v1.ResignResponse
+	91, // 118: leasehold.v1.ClusterService.Status:output_type -> leasehold.v1.StatusResponse
+	85, // 119: leasehold.v1.ClusterService.Members:output_type -> leasehold.v1.MembersResponse
+	87, // 120: leasehold.v1.ClusterService.AddMember:output_type -> leasehold.v1.AddMemberResponse
+	89, // 121: leasehold.v1.ClusterService.RemoveMember:output_type -> leasehold.v1.RemoveMemberResponse
+	87, // [87:122] is the sub-list for method output_type
+	52, // [52:87] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	51, // [51:52] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_v1_leasehold_proto_init() }
@@ -6460,6 +6521,7 @@ func file_leasehold_v1_leasehold_proto_init() {
 	}
 	file_leasehold_v1_leasehold_proto_msgTypes[37].OneofWrappers = []any{}
 	file_leasehold_v1_leasehold_proto_msgTypes[39].OneofWrappers = []any{}
+	file_leasehold_v1_leasehold_proto_msgTypes[73].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -1369,14 +1369,21 @@ type ElectionServiceClient interface {
 	Proclaim(context.Context, *v1.ProclaimRequest) (*v1.ProclaimResponse, error)
 	// Leader says who leads, linearizably (from the leader).
 	Leader(context.Context, *v1.LeaderRequest) (*v1.LeaderResponse, error)
-	// Observe streams who leads: first the leader now (or that nobody leads), then each
-	// change — a new leader, with its epoch and campaign value, or the end of a
+	// Observe streams the changes of an election: a new leader, with its epoch and
+	// campaign value; a new value Proclaimed by the leader (same epoch); the end of a
 	// leadership with nobody to follow (has_leader false, epoch the one that ended) — in
-	// the order the log applied them, each once: within a stream, the epochs of the
-	// leaders shown strictly increase and none is skipped. Values changed by Proclaim are
-	// not streamed (Leader reads them). A stream that falls 1024 changes behind ends with
-	// ResourceExhausted; after a stream ends, a new one starts from the leader then (the
-	// leaderships in between are not shown; their epochs are lower).
+	// the order the log applied them, each once, each with its revision. Without
+	// after_revision the stream starts with who leads now (or that nobody leads), then
+	// each later change. With after_revision (the revision of the last message an
+	// earlier stream delivered, on any node) it starts with every change after that
+	// point, then each later one: across the two streams no change is skipped or
+	// repeated. The history it replays is part of the replicated state (the same on
+	// every node, kept across failovers, restarts and snapshots) and bounded: the last
+	// 64 changes of each election, 10,000 and 16 MiB in all by default. A resume point
+	// below what is held fails FailedPrecondition "compacted", with
+	// ErrorDetail.oldest_revision the lowest after_revision still accepted — never a
+	// silent gap. A stream that falls behind the history while it sends ends the same
+	// way.
 	Observe(context.Context, *v1.ObserveRequest) (*connect.ServerStreamForClient[v1.ObserveResponse], error)
 	// Resign ends the leadership under epoch; the next candidate leads. FailedPrecondition
 	// ("not_holder") unless the lease leads under epoch (a repeat after a lost reply
@@ -1491,14 +1498,21 @@ type ElectionServiceHandler interface {
 	Proclaim(context.Context, *v1.ProclaimRequest) (*v1.ProclaimResponse, error)
 	// Leader says who leads, linearizably (from the leader).
 	Leader(context.Context, *v1.LeaderRequest) (*v1.LeaderResponse, error)
-	// Observe streams who leads: first the leader now (or that nobody leads), then each
-	// change — a new leader, with its epoch and campaign value, or the end of a
+	// Observe streams the changes of an election: a new leader, with its epoch and
+	// campaign value; a new value Proclaimed by the leader (same epoch); the end of a
 	// leadership with nobody to follow (has_leader false, epoch the one that ended) — in
-	// the order the log applied them, each once: within a stream, the epochs of the
-	// leaders shown strictly increase and none is skipped. Values changed by Proclaim are
-	// not streamed (Leader reads them). A stream that falls 1024 changes behind ends with
-	// ResourceExhausted; after a stream ends, a new one starts from the leader then (the
-	// leaderships in between are not shown; their epochs are lower).
+	// the order the log applied them, each once, each with its revision. Without
+	// after_revision the stream starts with who leads now (or that nobody leads), then
+	// each later change. With after_revision (the revision of the last message an
+	// earlier stream delivered, on any node) it starts with every change after that
+	// point, then each later one: across the two streams no change is skipped or
+	// repeated. The history it replays is part of the replicated state (the same on
+	// every node, kept across failovers, restarts and snapshots) and bounded: the last
+	// 64 changes of each election, 10,000 and 16 MiB in all by default. A resume point
+	// below what is held fails FailedPrecondition "compacted", with
+	// ErrorDetail.oldest_revision the lowest after_revision still accepted — never a
+	// silent gap. A stream that falls behind the history while it sends ends the same
+	// way.
 	Observe(context.Context, *v1.ObserveRequest, *connect.ServerStream[v1.ObserveResponse]) error
 	// Resign ends the leadership under epoch; the next candidate leads. FailedPrecondition
 	// ("not_holder") unless the lease leads under epoch (a repeat after a lost reply
