@@ -110,7 +110,7 @@ func (e *Election) waiting(lease LeaseID) int {
 
 func (s *State) applyElection(c *Command) Result {
 	t := s.elections
-	if s.leases[c.Lease] == nil {
+	if !s.live(c.Lease) {
 		return Result{Err: s.leaseGone(c.Lease)}
 	}
 	e := t.byName[c.Name]
@@ -230,13 +230,13 @@ func (t *Elections) records() []Election {
 func (s *State) restoreElection(e Election) error {
 	t := s.elections
 	bad := ValidateName("name", e.Name) != nil || t.byName[e.Name] != nil || e.Leader == nil ||
-		e.Leader.Epoch == 0 || e.Leader.Epoch > s.seq || s.leases[e.Leader.Lease] == nil
+		e.Leader.Epoch == 0 || e.Leader.Epoch > s.seq || !s.live(e.Leader.Lease)
 	seen := map[LeaseID]bool{}
 	if !bad {
 		seen[e.Leader.Lease] = true
 	}
 	for _, c := range e.Candidates {
-		bad = bad || c.Epoch != 0 || s.leases[c.Lease] == nil || seen[c.Lease]
+		bad = bad || c.Epoch != 0 || !s.live(c.Lease) || seen[c.Lease]
 		seen[c.Lease] = true
 	}
 	if bad {

@@ -82,10 +82,10 @@ func (t *Locks) emitHold(kind EventKind, l *lock, lease LeaseID, note string) {
 	}
 	e := Event{Kind: kind, Name: l.name, Class: l.class, Limit: uint32(l.limit), Note: note}
 	if l.heldBy(lease) {
-		e.Token, e.Holder, e.Mode = l.token, l.terms.holder, Exclusive
+		e.Token, e.Holder, e.Mode = l.token, l.terms.holder(), Exclusive
 	} else if i := l.sharedIndex(lease); i >= 0 {
 		h := l.more.holds[i]
-		e.Token, e.Holder, e.Mode = h.token, h.terms.holder, l.sharedMode()
+		e.Token, e.Holder, e.Mode = h.token, h.terms.holder(), l.sharedMode()
 	}
 	t.rec(e)
 }

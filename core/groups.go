@@ -229,7 +229,7 @@ func (s *State) applyGroup(c Command) Result {
 	var r Result
 	switch c.Op {
 	case OpGroupJoin:
-		if s.leases[c.Lease] == nil {
+		if !s.live(c.Lease) {
 			return Result{Err: s.leaseGone(c.Lease)}
 		}
 		weight := max(c.Weight, 1)
@@ -585,7 +585,7 @@ func (s *State) restoreGroup(rec *groupRecord) error {
 		switch {
 		case ValidateName("member", mr.Name) != nil || g.members[mr.Name] != nil:
 			return bad(rec.Name + " has an invalid or repeated member")
-		case s.leases[mr.Lease] == nil || mr.Weight < 1 || mr.Weight > MaxWeight:
+		case !s.live(mr.Lease) || mr.Weight < 1 || mr.Weight > MaxWeight:
 			return bad(rec.Name + " has a member with an unknown lease or an impossible weight")
 		}
 		gs.add(g, &groupMember{name: mr.Name, lease: mr.Lease, weight: mr.Weight, seed: memberSeed(rec.Name, mr.Name)})

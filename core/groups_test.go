@@ -442,7 +442,7 @@ func runGroupSequence(ch chooser, seed uint64, steps int) (*State, error) {
 func checkGroup(s *State, name string) error {
 	g := s.groups.groups[name]
 	for mname, m := range g.members {
-		if s.leases[m.lease] == nil {
+		if !s.live(m.lease) {
 			return fmt.Errorf("%s: member %s has an ended lease", name, mname)
 		}
 		if _, ok := s.groups.byLease[m.lease][memberRef{name, mname}]; !ok {

@@ -132,7 +132,7 @@ func (s *State) applyKey(c Command) Result {
 	r := ks.keys[c.Key]
 	switch c.Op {
 	case OpBegin:
-		if s.leases[c.Lease] == nil {
+		if !s.live(c.Lease) {
 			return Result{Err: s.leaseGone(c.Lease)}
 		}
 		if r != nil {
@@ -294,7 +294,7 @@ func (s *State) restoreKey(r *keyRecord) error {
 		return bad(r.Key + " has an impossible token")
 	case r.Done && (!r.Lease.IsZero() || len(r.Result) > MaxResultLen):
 		return bad(r.Key + " is done with a lease or an oversized result")
-	case !r.Done && (s.leases[r.Lease] == nil || r.Result != nil):
+	case !r.Done && (!s.live(r.Lease) || r.Result != nil):
 		return bad(r.Key + " is in progress under an unknown lease, or with a result")
 	case !r.Done && len(ks.done) > 0:
 		return bad(r.Key + " is in progress after the done keys")

@@ -39,11 +39,6 @@ const (
 	DefaultLedgerTotal   = 100_000
 )
 
-type holdKey struct {
-	name  string
-	token uint64
-}
-
 // Ledger is a bounded record of recent tenures, fed with a lock table's events (Note):
 // the replicated State keeps one for the correctness locks (State.History), and a
 // leader one for its efficiency table. It keeps each lock's last LedgerPerLock ended
@@ -52,8 +47,12 @@ type holdKey struct {
 // safe for concurrent use.
 type Ledger struct {
 	perLock, total int
-	open           map[holdKey]int64 // start of every hold still open whose start is known
-	byLock         map[string]*lockTenures
+	// open holds the start of every hold still open whose start is known, by token:
+	// one entry per grant, which covers all the names of a lock set (granted in one
+	// change, so at one time, and always ended together). The map holds no pointer:
+	// with a million locks held, the GC does not scan it.
+	open   map[uint64]openStart
+	byLock map[string]*lockTenures
 	// order[head:] are the ended tenures, oldest first; some gone (perLock). pop
 	// moves them down once half is free, so that a full ledger grows nothing.
 	order []*Tenure
@@ -74,25 +73,61 @@ type lockTenures struct{ list []*Tenure }
 // defaults when unset).
 func NewLedger(l Limits) Ledger {
 	l = l.withDefaults()
-	return Ledger{perLock: l.LedgerPerLock, total: l.LedgerTotal, open: make(map[holdKey]int64), byLock: make(map[string]*lockTenures)}
+	return Ledger{perLock: l.LedgerPerLock, total: l.LedgerTotal, open: make(map[uint64]openStart), byLock: make(map[string]*lockTenures)}
 }
 
 // Note records what event e, of a change made at now (Unix milliseconds; 0: unknown),
 // does to the ledger: an acquire opens a hold, and a release, expiry, revocation, force
 // release or disconnect ends one; other kinds change nothing.
 func (g *Ledger) Note(e Event, now int64) {
-	k := holdKey{e.Name, e.Token}
 	switch e.Kind {
 	case EventAcquired:
-		if now != 0 { // 0: unknown, as if not recorded
-			g.open[k] = now
-		}
+		g.opened(e.Token, now)
 	case EventReleased, EventExpired, EventRevoked, EventForceReleased, EventDisconnected:
-		start := g.open[k]
-		delete(g.open, k)
+		start := g.closed(e.Token)
 		g.add(Tenure{Name: e.Name, Token: e.Token, Holder: e.Holder, Mode: e.Mode, StartMillis: start, EndMillis: now, End: e.Kind, Note: e.Note})
 	}
 }
+
+// openStart is an open grant's start (Unix milliseconds, below 2^56) shifted left by
+// seven bits, and in those bits how many of its names are still held (a lock set has
+// at most MaxSetNames).
+type openStart int64
+
+const openNamesBits = 7
+
+func (o openStart) start() int64 { return int64(o) >> openNamesBits }
+func (o openStart) names() int   { return int(o & (1<<openNamesBits - 1)) }
+
+// opened counts one more name held under token since start (0: unknown, not recorded).
+func (g *Ledger) opened(token uint64, start int64) {
+	if start <= 0 || start >= 1<<(63-openNamesBits) {
+		return // unknown, or a time no clock gives: as if not recorded
+	}
+	o, ok := g.open[token]
+	if !ok || o.names() >= MaxSetNames {
+		o = openStart(start << openNamesBits)
+	}
+	g.open[token] = o + 1
+}
+
+// closed counts one name of token's grant fewer and returns the grant's start (0 when
+// unknown).
+func (g *Ledger) closed(token uint64) int64 {
+	o, ok := g.open[token]
+	if !ok {
+		return 0
+	}
+	if o.names() <= 1 {
+		delete(g.open, token)
+	} else {
+		g.open[token] = o - 1
+	}
+	return o.start()
+}
+
+// started returns the start of token's open grant (0 when unknown).
+func (g *Ledger) started(token uint64) int64 { return g.open[token].start() }
 
 // Has reports whether the ledger keeps an ended tenure of lock name.
 func (g *Ledger) Has(name string) bool { return g.byLock[name] != nil }
@@ -181,15 +216,15 @@ func (g *Ledger) History(name string, locks *Locks) []Tenure {
 			holds, mode = []Hold{*l.Hold}, Exclusive
 		}
 		for _, h := range holds {
-			out = append(out, Tenure{Name: name, Token: h.Token, Holder: h.Holder, Mode: mode, StartMillis: g.open[holdKey{name, h.Token}]})
+			out = append(out, Tenure{Name: name, Token: h.Token, Holder: h.Holder, Mode: mode, StartMillis: g.started(h.Token)})
 		}
 	}
 	return out
 }
 
 // records copies the ledger for a snapshot: the ended tenures oldest first, then the
-// open holds' starts in (name, token) order.
-func (g *Ledger) records() []Tenure {
+// open holds' starts in (name, token) order, one per name held (the holds of locks).
+func (g *Ledger) records(locks *Locks) []Tenure {
 	out := make([]Tenure, 0, g.live+len(g.open))
 	for _, t := range g.order[g.head:] {
 		if !t.gone {
@@ -197,8 +232,20 @@ func (g *Ledger) records() []Tenure {
 		}
 	}
 	n := len(out)
-	for k, start := range g.open {
-		out = append(out, Tenure{Name: k.name, Token: k.token, StartMillis: start})
+	add := func(name string, token uint64) {
+		if o, ok := g.open[token]; ok {
+			out = append(out, Tenure{Name: name, Token: token, StartMillis: o.start()})
+		}
+	}
+	for _, l := range locks.locks {
+		if l.held() {
+			add(l.name, l.token)
+		}
+		if l.more != nil {
+			for _, h := range l.more.holds {
+				add(l.name, h.token)
+			}
+		}
 	}
 	slices.SortFunc(out[n:], func(a, b Tenure) int {
 		return cmp.Or(strings.Compare(a.Name, b.Name), cmp.Compare(a.Token, b.Token))
@@ -215,7 +262,7 @@ func (s *State) restoreTenure(t Tenure) error {
 	case len(t.Note) > MaxReasonLen || !utf8.ValidString(t.Note):
 		return fmt.Errorf("%w: ledger entry with a bad note in snapshot", ErrCorrupt)
 	case t.End == 0 && t.StartMillis != 0:
-		s.ledger.open[holdKey{t.Name, t.Token}] = t.StartMillis
+		s.ledger.opened(t.Token, t.StartMillis)
 	case t.End == 0:
 		return fmt.Errorf("%w: ledger entry of an open hold without its start in snapshot", ErrCorrupt)
 	case t.End == EventReleased || t.End == EventExpired || t.End == EventRevoked || t.End == EventForceReleased || t.End == EventDisconnected:

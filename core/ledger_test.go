@@ -71,6 +71,50 @@ func TestLedgerEndReasons(t *testing.T) {
 	}
 }
 
+// TestLedgerLockSetStarts: the names of a lock set share one token, and the ledger one
+// start for it: every name's open hold shows the start, before and after a restore
+// (whose snapshot is byte-identical), and every name's tenure keeps it once the set is
+// released, not only the first name to end.
+func TestLedgerLockSetStarts(t *testing.T) {
+	s := NewState(Limits{})
+	if r := s.Apply(Command{Op: OpGrant, Lease: leaseA, TTLMillis: 1000}); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	names := []string{"set/a", "set/b", "set/c"}
+	r := s.Apply(Command{Op: OpAcquire, Lease: leaseA, Names: names, Class: Correctness, WallMillis: 5_000})
+	if r.Err != nil || r.Queued {
+		t.Fatalf("acquire of the set: %+v", r)
+	}
+	check := func(what string, s *State, end EventKind) {
+		t.Helper()
+		for _, n := range names {
+			h := s.History(n)
+			if len(h) != 1 || h[0].Token != r.Token || h[0].StartMillis != 5_000 || h[0].End != end {
+				t.Fatalf("%s: history of %s = %+v, want token %d from 5000 ended %v", what, n, h, r.Token, end)
+			}
+		}
+	}
+	check("held", s, 0)
+	b := mustSnapshotErr(s)
+	restored, err := RestoreState(b, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("held, restored", restored, 0)
+	if !bytes.Equal(mustSnapshotErr(restored), b) {
+		t.Fatal("snapshot → restore → snapshot changed the bytes")
+	}
+	for _, st := range []*State{s, restored} {
+		if r := st.Apply(Command{Op: OpRelease, Lease: leaseA, Name: "set/b", Token: r.Token, WallMillis: 6_000}); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		check("released", st, EventReleased)
+		if len(st.ledger.open) != 0 {
+			t.Fatalf("open starts after the release: %v", st.ledger.open)
+		}
+	}
+}
+
 // TestLedgerBounds: the ledger keeps a lock's last LedgerPerLock tenures and
 // LedgerTotal in all, dropping the oldest, alike before and after a restore.
 func TestLedgerBounds(t *testing.T) {

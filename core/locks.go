@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"unique"
 )
 
 // Sequence hands out fencing tokens. Next must return a value larger than every value it
@@ -110,26 +111,40 @@ func (a *AcquireArgs) LockNames() []string {
 
 // lock is the table's record of one lock, laid out for the common case of very many
 // plainly held locks (64 bytes): an exclusive hold is inline, its terms are shared with
-// the lease's other holds, and the rarer parts (waiters, shared holds, a running
+// every hold on equal terms, and the rarer parts (waiters, shared holds, a running
 // lock-delay) sit behind one pointer that is nil for most locks. Records are changed in
 // place; a copy of one (SnapshotView) must copy its extra part.
 type lock struct {
 	name  string
 	lease LeaseID    // the exclusive holder's lease
 	token uint64     // the exclusive hold's token
-	terms *holdTerms // the exclusive hold's holder description and lock-delay; nil when not held exclusively
+	terms terms      // the exclusive hold's holder description and lock-delay; unset when not held exclusively
 	more  *lockExtra // nil when nobody waits or holds shared and the lock is not in a lock-delay
 	pos   int32      // when held exclusively: the index of this record in its lease's leaseLocks.held
 	class Class
 	limit uint16 // a semaphore's limit (at most MaxSemaphoreLimit); 0 for a readers-writer lock
 }
 
-// holdTerms are what a lease asked for with a hold. A holdTerms is never changed once
-// made, so the holds of one lease share one while the lease asks for the same.
+// holdTerms are what a lease asked for with a hold.
 type holdTerms struct {
 	holder Holder
 	delay  int64
 }
+
+// terms refers to a hold's holdTerms, interned (package unique): every hold on equal
+// terms shares one copy of them, the locks of one lease as well as the leases of one
+// client (which all describe the same host and pid), and the copy goes when its last
+// hold does. A million idle leases of a hundred clients keep a hundred descriptions
+// instead of a million. The zero terms is unset: not held.
+type terms struct{ h unique.Handle[holdTerms] }
+
+func makeTerms(holder Holder, delay int64) terms {
+	return terms{unique.Make(holdTerms{holder: holder, delay: delay})}
+}
+
+func (t terms) set() bool      { return t != terms{} }
+func (t terms) holder() Holder { return t.h.Value().holder }
+func (t terms) delay() int64   { return t.h.Value().delay }
 
 // lockExtra is the part of a lock that most locks do not have.
 type lockExtra struct {
@@ -142,7 +157,7 @@ type lockExtra struct {
 type sharedHold struct {
 	lease LeaseID
 	token uint64
-	terms *holdTerms
+	terms terms
 }
 
 // waiter is one place in a lock's queue.
@@ -161,17 +176,17 @@ type leaseLocks struct {
 	shared map[*lock]struct{} // locks held shared or as a semaphore; nil while none
 	waits  map[*lock]struct{} // nil while the lease waits for nothing
 	sets   map[uint64][]*lock // the lock sets held, by token, each in name order; nil while none
-	terms  *holdTerms         // the terms of the lease's latest grant, for reuse
+	terms  terms              // the terms of the lease's latest grant, for reuse
 }
 
-func (l *lock) held() bool                   { return l.terms != nil }
-func (l *lock) heldBy(lease LeaseID) bool    { return l.terms != nil && l.lease == lease }
+func (l *lock) held() bool                   { return l.terms.set() }
+func (l *lock) heldBy(lease LeaseID) bool    { return l.terms.set() && l.lease == lease }
 func (l *lock) delayed() bool                { return l.more != nil && l.more.delay > 0 }
 func (ll *leaseLocks) count() int            { return len(ll.held) + len(ll.shared) + len(ll.waits) }
 func (ll *leaseLocks) waitsFor(l *lock) bool { _, ok := ll.waits[l]; return ok }
 
 // inUse reports whether any lease holds l.
-func (l *lock) inUse() bool { return l.terms != nil || l.more != nil && len(l.more.holds) > 0 }
+func (l *lock) inUse() bool { return l.terms.set() || l.more != nil && len(l.more.holds) > 0 }
 
 func (l *lock) numWaiters() int {
 	if l.more == nil {
@@ -225,7 +240,7 @@ func (l *lock) admits(mode Mode) bool {
 	case Exclusive:
 		return !l.inUse()
 	case Shared:
-		return l.terms == nil
+		return !l.terms.set()
 	default:
 		return l.more == nil || len(l.more.holds) < int(l.limit)
 	}
@@ -284,7 +299,7 @@ const MaxLostPerLease = 16
 func (l *lock) describe(v *Lock, hold *Hold, holds []Hold, waiters []Waiter) ([]Hold, []Waiter) {
 	*v = Lock{Name: l.name, Class: l.class, Limit: uint32(l.limit)}
 	if l.held() {
-		*hold = Hold{Lease: l.lease, Token: l.token, Holder: l.terms.holder, DelayMillis: l.terms.delay}
+		*hold = Hold{Lease: l.lease, Token: l.token, Holder: l.terms.holder(), DelayMillis: l.terms.delay()}
 		v.Hold = hold
 	}
 	m := l.more
@@ -293,7 +308,7 @@ func (l *lock) describe(v *Lock, hold *Hold, holds []Hold, waiters []Waiter) ([]
 	}
 	holds, waiters = holds[:0], waiters[:0]
 	for _, h := range m.holds {
-		holds = append(holds, Hold{Lease: h.lease, Token: h.token, Holder: h.terms.holder, DelayMillis: h.terms.delay})
+		holds = append(holds, Hold{Lease: h.lease, Token: h.token, Holder: h.terms.holder(), DelayMillis: h.terms.delay()})
 	}
 	for _, w := range m.waiters {
 		pub := Waiter{Lease: w.lease, Holder: w.holder, DelayMillis: w.delay, Mode: w.mode}
@@ -525,10 +540,10 @@ func queuedResult(l *lock) Result {
 	r := Result{Queued: true}
 	switch {
 	case l.held():
-		r.HolderToken, r.Holder = l.token, l.terms.holder
+		r.HolderToken, r.Holder = l.token, l.terms.holder()
 	case l.more != nil && len(l.more.holds) > 0:
 		h := l.more.holds[0]
-		r.HolderToken, r.Holder = h.token, h.terms.holder
+		r.HolderToken, r.Holder = h.token, h.terms.holder()
 	}
 	return r
 }
@@ -718,11 +733,11 @@ func (t *Locks) dropLease(lease LeaseID, ended EventKind, expired bool, seq Sequ
 		switch i := l.sharedIndex(lease); {
 		case l.heldBy(lease):
 			t.emitHold(ended, l, lease, "")
-			delay = l.terms.delay
-			l.lease, l.token, l.terms, l.pos = LeaseID{}, 0, nil, 0
+			delay = l.terms.delay()
+			l.lease, l.token, l.terms, l.pos = LeaseID{}, 0, terms{}, 0
 		case i >= 0:
 			t.emitHold(ended, l, lease, "")
-			delay = l.more.holds[i].terms.delay
+			delay = l.more.holds[i].terms.delay()
 			l.more.holds = slices.Delete(l.more.holds, i, i+1)
 		default:
 			if left != nil {
@@ -795,8 +810,8 @@ func (t *Locks) grant(l *lock, lease LeaseID, token uint64, holder Holder, delay
 		t.rec(Event{Kind: EventAcquired, Name: l.name, Class: l.class, Limit: uint32(l.limit), Token: token, Holder: holder, Mode: mode})
 	}
 	ll := t.lease(lease)
-	if ll.terms == nil || ll.terms.holder != holder || ll.terms.delay != delay {
-		ll.terms = &holdTerms{holder: holder, delay: delay}
+	if !ll.terms.set() || ll.terms.holder() != holder || ll.terms.delay() != delay {
+		ll.terms = makeTerms(holder, delay)
 	}
 	if mode == Exclusive {
 		l.lease, l.token, l.terms = lease, token, ll.terms
@@ -824,7 +839,7 @@ func (t *Locks) dropHold(l *lock, ll *leaseLocks, lease LeaseID) {
 		if cap(ll.held) > 64 && len(ll.held) < cap(ll.held)/4 {
 			ll.held = slices.Clone(ll.held) // give back what a big lease no longer needs
 		}
-		l.lease, l.token, l.terms, l.pos = LeaseID{}, 0, nil, 0
+		l.lease, l.token, l.terms, l.pos = LeaseID{}, 0, terms{}, 0
 	} else {
 		i := l.sharedIndex(lease)
 		l.more.holds = slices.Delete(l.more.holds, i, i+1)
@@ -862,9 +877,8 @@ func (t *Locks) forgetIfIdle(lease LeaseID, ll *leaseLocks) {
 	if ll.count() == 0 {
 		delete(t.leases, lease)
 		if len(t.spare) < maxSpareLeases && cap(ll.held) <= 8 {
-			// held is empty, shared, waits and sets nil or empty; terms is immutable and
-			// reused only by a lease with equal terms (grant), so the index is as good as
-			// new.
+			// held is empty, shared, waits and sets nil or empty; terms is reused only
+			// by a lease with equal terms (grant), so the index is as good as new.
 			ll.held, ll.shared, ll.waits, ll.sets = ll.held[:0], nil, nil, nil
 			t.spare = append(t.spare, ll)
 		}

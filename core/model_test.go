@@ -605,7 +605,7 @@ func leaseIndex(t *Locks, id LeaseID) (map[string]struct{}, error) {
 
 // checkState checks checkTable on the correctness table plus the State's own invariants.
 func checkState(s *State) error {
-	if err := checkTable(s.locks, func(id LeaseID) bool { return s.leases[id] != nil }, s.seq); err != nil {
+	if err := checkTable(s.locks, s.live, s.seq); err != nil {
 		return err
 	}
 	for _, l := range s.locks.locks {
@@ -613,9 +613,9 @@ func checkState(s *State) error {
 			return fmt.Errorf("lock %q of class %v in the replicated state", l.name, l.class)
 		}
 	}
-	for id, l := range s.leases {
-		if l == nil || l.ID != id || id.IsZero() || l.TTLMillis <= 0 {
-			return fmt.Errorf("bad lease entry %s: %+v", id, l)
+	for id, ttl := range s.leases {
+		if id.IsZero() || ttl <= 0 {
+			return fmt.Errorf("bad lease entry %s: ttl %d", id, ttl)
 		}
 	}
 	if len(s.tombstones) != len(s.tombOrder) || len(s.tombOrder) > tombstoneCap {

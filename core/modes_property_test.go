@@ -41,7 +41,7 @@ type stateSystem struct{ s *State }
 
 func (x stateSystem) apply(c Command) Result { return x.s.Apply(c) }
 func (x stateSystem) table() *Locks          { return x.s.locks }
-func (x stateSystem) live(id LeaseID) bool   { return x.s.leases[id] != nil }
+func (x stateSystem) live(id LeaseID) bool   { return x.s.live(id) }
 func (x stateSystem) last() uint64           { return x.s.seq }
 
 type tableSystem struct{ d *tableDriver }
@@ -501,7 +501,7 @@ func TestPropertyModesCoverage(t *testing.T) {
 				seen[fmt.Sprintf("set=%v %v queued", set, c.Mode)]++
 				if c.Mode == Shared {
 					for _, n := range append(slices.Clone(c.Names), c.Name) {
-						if held[n] && s.locks.locks[n].terms == nil {
+						if held[n] && !s.locks.locks[n].terms.set() {
 							seen["reader queued behind a writer, readers holding"]++
 						}
 					}

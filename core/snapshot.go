@@ -115,11 +115,11 @@ func (s *State) SnapshotView() *SnapshotView {
 	}
 	v.keys, v.inProgress = s.keys.records()
 	v.groups = s.groups.records()
-	v.ledger = s.ledger.records()
+	v.ledger = s.ledger.records(s.locks)
 	v.elections = s.elections.records()
 	v.electionRev, v.electionFloor, v.history = s.history.rev, s.history.floor, s.history.records()
-	for _, l := range s.leases {
-		v.leases = append(v.leases, *l)
+	for id, ttl := range s.leases {
+		v.leases = append(v.leases, Lease{ID: id, TTLMillis: ttl})
 	}
 	for _, id := range s.tombOrder {
 		v.tombstones = append(v.tombstones, tombstone{ID: id, Reason: s.tombstones[id]})
@@ -396,14 +396,14 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 			err = dec.Decode(&s.seq)
 		case "leases":
 			err = eachElement(dec, func(l *Lease) error {
-				if l == nil || l.ID.IsZero() || l.TTLMillis <= 0 || s.leases[l.ID] != nil {
+				if l == nil || l.ID.IsZero() || l.TTLMillis <= 0 || s.live(l.ID) {
 					return fmt.Errorf("%w: bad lease in snapshot", ErrCorrupt)
 				}
-				s.leases[l.ID] = l
+				s.leases[l.ID] = l.TTLMillis
 				return nil
 			})
 		case "locks":
-			rs := s.locks.restorer(func(id LeaseID) bool { return s.leases[id] != nil }, s.seq)
+			rs := s.locks.restorer(s.live, s.seq)
 			if err = eachElement(dec, rs.add); err == nil {
 				err = rs.finish()
 			}
@@ -507,7 +507,7 @@ func expectDelim(dec *json.Decoder, d json.Delim) error {
 func (s *State) restoreLost(r lostRecord) error {
 	lost := s.locks.lost[r.Lease]
 	switch {
-	case s.leases[r.Lease] == nil:
+	case !s.live(r.Lease):
 		return fmt.Errorf("%w: lost lock of an unknown lease in snapshot", ErrCorrupt)
 	case ValidateName("name", r.Name) != nil || r.Token == 0 || r.Token > s.seq:
 		return fmt.Errorf("%w: lost lock with a bad name or token in snapshot", ErrCorrupt)

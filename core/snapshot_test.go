@@ -33,7 +33,7 @@ func oneShotSnapshot(t testing.TB, s *State) []byte {
 	}
 	snap := oneShot{Seq: s.seq, Leases: []*Lease{}, Locks: []*Lock{}, KVRev: s.kv.rev, Members: s.Members(), ClusterID: s.clusterID}
 	snap.Keys, _ = s.keys.records()
-	snap.Ledger = s.ledger.records()
+	snap.Ledger = s.ledger.records(s.locks)
 	slices.SortStableFunc(snap.Keys, func(a, b keyRecord) int { // in progress by key, then done as they were
 		if a.Done || b.Done {
 			return boolCompare(a.Done, b.Done)

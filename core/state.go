@@ -20,8 +20,10 @@ type Lease struct {
 // lost to a force release), the token sequence, the fenced KV store and the members.
 // Apply is its only mutator. It is not safe for concurrent use.
 type State struct {
-	seq        uint64 // last token issued or reserved
-	leases     map[LeaseID]*Lease
+	seq uint64 // last token issued or reserved
+	// leases holds each live lease's TTL in milliseconds, by value: a map without
+	// pointers, which the garbage collector does not scan however many leases it holds.
+	leases     map[LeaseID]int64
 	locks      *Locks
 	limits     Limits
 	tombstones map[LeaseID]EndReason
@@ -45,7 +47,7 @@ type State struct {
 func NewState(limits Limits) *State {
 	limits = limits.withDefaults()
 	s := &State{
-		leases:     make(map[LeaseID]*Lease),
+		leases:     make(map[LeaseID]int64),
 		locks:      NewLocks(limits),
 		limits:     limits,
 		tombstones: make(map[LeaseID]EndReason),
@@ -78,13 +80,26 @@ func (s *State) Next() uint64 {
 // LastToken returns the last token issued or reserved.
 func (s *State) LastToken() uint64 { return s.seq }
 
-// Lease returns the lease with id, or nil.
-func (s *State) Lease(id LeaseID) *Lease { return s.leases[id] }
+// Lease returns the lease with id, or nil. The Lease is a copy: changing it changes
+// nothing.
+func (s *State) Lease(id LeaseID) *Lease {
+	ttl, ok := s.leases[id]
+	if !ok {
+		return nil
+	}
+	return &Lease{ID: id, TTLMillis: ttl}
+}
+
+// live reports whether lease id exists.
+func (s *State) live(id LeaseID) bool {
+	_, ok := s.leases[id]
+	return ok
+}
 
 // EndedReason tells why lease id ended, if State still remembers it.
 func (s *State) EndedReason(id LeaseID) EndReason { return s.tombstones[id] }
 
-// Leases calls fn for every lease in id order.
+// Leases calls fn for every lease in id order, each a copy.
 func (s *State) Leases(fn func(*Lease)) {
 	ids := make([]LeaseID, 0, len(s.leases))
 	for id := range s.leases {
@@ -92,7 +107,7 @@ func (s *State) Leases(fn func(*Lease)) {
 	}
 	slices.SortFunc(ids, compareIDs)
 	for _, id := range ids {
-		fn(s.leases[id])
+		fn(&Lease{ID: id, TTLMillis: s.leases[id]})
 	}
 }
 
@@ -119,16 +134,16 @@ func (s *State) Apply(c Command) Result {
 	s.now = c.WallMillis
 	switch c.Op {
 	case OpGrant:
-		if s.leases[c.Lease] != nil {
+		if s.live(c.Lease) {
 			return Result{Err: fmt.Errorf("%w: %s", ErrLeaseExists, c.Lease)}
 		}
 		if len(s.leases) >= s.limits.MaxLeases {
 			return Result{Err: fmt.Errorf("%w: the limit is %d", ErrTooManyLeases, s.limits.MaxLeases)}
 		}
-		s.leases[c.Lease] = &Lease{ID: c.Lease, TTLMillis: c.TTLMillis}
+		s.leases[c.Lease] = c.TTLMillis
 		return Result{Effects: []Effect{{Kind: EffectLeaseGranted, Lease: c.Lease, TTLMillis: c.TTLMillis}}}
 	case OpRevoke, OpExpire, OpDisconnect:
-		if s.leases[c.Lease] == nil {
+		if !s.live(c.Lease) {
 			return Result{Err: s.leaseGone(c.Lease)}
 		}
 		reason := EndRevoked
@@ -155,17 +170,17 @@ func (s *State) Apply(c Command) Result {
 		if c.Class != Correctness {
 			return Result{Err: Invalid("class", "only correctness locks are replicated")}
 		}
-		if s.leases[c.Lease] == nil {
+		if !s.live(c.Lease) {
 			return Result{Err: s.leaseGone(c.Lease)}
 		}
 		return s.locks.Acquire(c.acquireArgs(), s)
 	case OpRelease:
-		if s.leases[c.Lease] == nil {
+		if !s.live(c.Lease) {
 			return Result{Err: s.leaseGone(c.Lease)}
 		}
 		return s.locks.Release(c.Lease, c.Name, c.Token, s)
 	case OpCancelWait:
-		if s.leases[c.Lease] == nil {
+		if !s.live(c.Lease) {
 			return Result{Err: s.leaseGone(c.Lease)}
 		}
 		return s.locks.CancelWait(c.Lease, c.Name, s)

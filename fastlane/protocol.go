@@ -140,6 +140,19 @@ func (r *Reader) next() (Frame, bool, error) {
 	return f, true, nil
 }
 
+// Buffered reports whether the next Read returns without reading the connection: a
+// whole frame (or a malformed length, which Read reports) is already buffered. A
+// reader that holds answers back while requests are still buffered (Writer.Queue)
+// flushes them once Buffered is false, before Read may block.
+func (r *Reader) Buffered() bool {
+	b := r.buf[r.start:r.end]
+	if len(b) < 4 {
+		return false
+	}
+	n := binary.BigEndian.Uint32(b)
+	return n < HeaderLen || n > MaxFrame || len(b) >= 4+int(n)
+}
+
 // makeRoom makes space after r.end, which is at the end of the buffer: it moves the
 // unread bytes to the front, and grows the buffer when a frame longer than it waits.
 func (r *Reader) makeRoom() {
@@ -227,6 +240,14 @@ func (w *Writer) Send(frame []byte, yield bool) bool {
 		return false
 	}
 	w.pending = append(w.pending, frame...)
+	return w.writeLocked(yield)
+}
+
+// writeLocked leaves what is pending to the sender already writing, if there is one, or
+// else becomes the writer: with yield it lets the other ready goroutines run once
+// first, then writes until nothing is pending. w.mu is held on entry and unlocked on
+// return; it reports whether the connection is still usable.
+func (w *Writer) writeLocked(yield bool) bool {
 	if w.flushing {
 		w.mu.Unlock()
 		return true
@@ -238,6 +259,47 @@ func (w *Writer) Send(frame []byte, yield bool) bool {
 		w.mu.Lock()
 	}
 	return w.flushLocked()
+}
+
+// QueueLimit is how many bytes Writer.Queue lets wait for a Flush: a Queue that finds
+// this much pending writes it at once.
+const QueueLimit = 64 << 10
+
+// Queue appends frame to what is pending without writing it, unless QueueLimit bytes
+// are pending: a sender already writing, the next Send or Offer, or Flush takes it
+// along. It is for a goroutine that answers, one after another, requests it read in
+// one go (the server's reader): queued answers leave together in one write when it
+// calls Flush, which it must do before it may block (before a Read that would wait).
+// Queue returns false once a write has failed.
+func (w *Writer) Queue(frame []byte) bool {
+	w.mu.Lock()
+	if w.err != nil {
+		w.mu.Unlock()
+		return false
+	}
+	w.pending = append(w.pending, frame...)
+	if len(w.pending) < QueueLimit {
+		w.mu.Unlock()
+		return true
+	}
+	return w.writeLocked(false)
+}
+
+// Flush writes what Queue left pending, unless a sender is already writing it. With
+// yield, as for Send, it first lets the other ready goroutines run once, so that answers
+// they are about to send (a waiter granted by a release just answered, say) join the
+// write. It returns false once a write has failed.
+func (w *Writer) Flush(yield bool) bool {
+	w.mu.Lock()
+	if w.err != nil {
+		w.mu.Unlock()
+		return false
+	}
+	if len(w.pending) == 0 {
+		w.mu.Unlock()
+		return true
+	}
+	return w.writeLocked(yield)
 }
 
 // Offer queues frame and returns without writing: a sender already writing takes it

@@ -182,3 +182,74 @@ func offerNeverBlocks(t *testing.T, client, server net.Conn, repeat int) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// countingWriter records each write.
+type countingWriter struct{ writes [][]byte }
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.writes = append(w.writes, bytes.Clone(p))
+	return len(p), nil
+}
+
+// TestQueueFlush: queued frames wait for Flush and leave in one write, in order; a
+// Flush with nothing queued writes nothing; Queue writes by itself once QueueLimit bytes
+// wait, so what waits is bounded; Buffered tells whether a whole frame is buffered.
+func TestQueueFlush(t *testing.T) {
+	frame := func(id uint64, size int) []byte {
+		b, err := fastlane.AppendFrame(nil, fastlane.KindResponse, methodAcquire, id, func(b []byte) ([]byte, error) { return append(b, make([]byte, size)...), nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	cw := new(countingWriter)
+	w := fastlane.NewWriter(cw)
+	var want []byte
+	for id := range uint64(10) {
+		f := frame(id, 20)
+		want = append(want, f...)
+		if !w.Queue(f) {
+			t.Fatal("Queue failed")
+		}
+	}
+	if len(cw.writes) != 0 {
+		t.Fatalf("Queue wrote %d times before Flush", len(cw.writes))
+	}
+	if !w.Flush(false) || len(cw.writes) != 1 || !bytes.Equal(cw.writes[0], want) {
+		t.Fatalf("Flush: %d writes, want one of the queued frames", len(cw.writes))
+	}
+	if !w.Flush(false) || len(cw.writes) != 1 {
+		t.Fatalf("Flush with nothing queued wrote: %d writes", len(cw.writes))
+	}
+
+	big := frame(99, 4<<10)
+	for range fastlane.QueueLimit / len(big) {
+		w.Queue(big)
+	}
+	if len(cw.writes) != 1 {
+		t.Fatalf("Queue wrote below QueueLimit: %d writes", len(cw.writes))
+	}
+	w.Queue(big)
+	if len(cw.writes) != 2 {
+		t.Fatalf("Queue past QueueLimit: %d writes, want it written", len(cw.writes)-1)
+	}
+
+	// Buffered: not before a whole frame is read, yes while one is left, no after.
+	stream := append(append(frame(1, 5), frame(2, 5)...), frame(3, 5)[:7]...)
+	r := fastlane.NewReader(bytes.NewReader(stream))
+	if r.Buffered() {
+		t.Fatal("Buffered before any read")
+	}
+	if _, err := r.Read(); err != nil {
+		t.Fatal(err)
+	}
+	if !r.Buffered() {
+		t.Fatal("not Buffered with a whole frame left")
+	}
+	if _, err := r.Read(); err != nil {
+		t.Fatal(err)
+	}
+	if r.Buffered() {
+		t.Fatal("Buffered with only part of a frame left")
+	}
+}

@@ -7,16 +7,18 @@ import (
 	"github.com/leasehold/leasehold/core"
 )
 
-// countdown is one lease's expiry deadline on this leader's monotonic clock.
+// countdown is one lease's expiry deadline on this leader's monotonic clock. Times are
+// offsets from Leader.base (Leader.now), 8 bytes each where a time.Time takes 24: a
+// leader keeps one countdown per live lease.
 type countdown struct {
 	id       core.LeaseID
 	ttl      time.Duration
-	deadline time.Time // carries a monotonic reading: immune to wall-clock steps
-	expiring bool      // an Expire is being proposed; keepalives are refused
+	deadline time.Duration // since Leader.base, on the monotonic clock: immune to wall-clock steps
+	index    int32         // in the heap
+	expiring bool          // an Expire is being proposed; keepalives are refused
 	// lost is set once the replicated state holds lost locks for the lease (it never
 	// drops them while the lease lives), so that only their keepalives read the state.
-	lost  bool
-	index int // in the heap
+	lost bool
 	// holds are the lease's holds this leader saw granted, for metrics (observe.go).
 	holds holds
 }
@@ -31,19 +33,19 @@ type countdown struct {
 type countdownHeap []queued
 
 type queued struct {
-	due time.Time // at or before c.deadline, unless c is parked (expiring)
+	due time.Duration // since Leader.base; at or before c.deadline, unless c is parked (expiring)
 	c   *countdown
 }
 
 func (h countdownHeap) Len() int           { return len(h) }
-func (h countdownHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h countdownHeap) Less(i, j int) bool { return h[i].due < h[j].due }
 func (h countdownHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].c.index, h[j].c.index = i, j
+	h[i].c.index, h[j].c.index = int32(i), int32(j)
 }
 func (h *countdownHeap) Push(x any) {
 	q := x.(queued)
-	q.c.index = len(*h)
+	q.c.index = int32(len(*h))
 	*h = append(*h, q)
 }
 func (h *countdownHeap) Pop() any {
@@ -56,26 +58,26 @@ func (h *countdownHeap) Pop() any {
 }
 
 // setDue moves c in the heap to due, and its deadline with it.
-func (h *countdownHeap) setDue(c *countdown, due time.Time) {
+func (h *countdownHeap) setDue(c *countdown, due time.Duration) {
 	c.deadline = due
 	h.park(c, due)
 }
 
 // park moves c in the heap to due and leaves its deadline alone: an expiring lease keeps
 // the deadline it expired at (its expiry's lateness is measured from it).
-func (h *countdownHeap) park(c *countdown, due time.Time) {
+func (h *countdownHeap) park(c *countdown, due time.Duration) {
 	(*h)[c.index].due = due
-	heap.Fix(h, c.index)
+	heap.Fix(h, int(c.index))
 }
 
-// addCountdownLocked starts lease's countdown at full TTL from now, unless it is already
-// counting, and returns it.
-func (l *Leader) addCountdownLocked(id core.LeaseID, ttlMillis int64, now time.Time) *countdown {
+// addCountdownLocked starts lease's countdown at full TTL from now (l.now), unless it is
+// already counting, and returns it.
+func (l *Leader) addCountdownLocked(id core.LeaseID, ttlMillis int64, now time.Duration) *countdown {
 	if c := l.leases[id]; c != nil {
 		return c
 	}
 	ttl := time.Duration(ttlMillis) * time.Millisecond
-	c := &countdown{id: id, ttl: ttl, deadline: now.Add(ttl)}
+	c := &countdown{id: id, ttl: ttl, deadline: now + ttl}
 	l.leases[id] = c
 	heap.Push(&l.queue, queued{due: c.deadline, c: c})
 	l.kickIfFirstLocked(c)
@@ -106,24 +108,24 @@ func (l *Leader) expiryLoop(stop, kick chan struct{}) {
 	defer timer.Stop()
 	sem := make(chan struct{}, maxExpiring)
 	for {
-		now := time.Now()
+		now := l.now()
 		l.mu.Lock()
 		var due []*countdown
-		for len(l.queue) > 0 && !l.queue[0].due.After(now) && len(due) < maxExpiring {
+		for len(l.queue) > 0 && l.queue[0].due <= now && len(due) < maxExpiring {
 			c := l.queue[0].c
-			if c.deadline.After(now) {
+			if c.deadline > now {
 				// Renewed since it was placed: look again at its deadline.
 				l.queue.setDue(c, c.deadline)
 				continue
 			}
 			c.expiring = true
 			// Park it far in the future until the expiry is applied or retried.
-			l.queue.park(c, now.Add(24*time.Hour))
+			l.queue.park(c, now+24*time.Hour)
 			due = append(due, c)
 		}
 		next := time.Hour
 		if len(l.queue) > 0 {
-			next = max(0, time.Until(l.queue[0].due))
+			next = max(0, l.queue[0].due-l.now())
 		}
 		l.mu.Unlock()
 		for _, c := range due {
@@ -171,6 +173,6 @@ func (l *Leader) expired(stop chan struct{}, c *countdown, err error) {
 		return
 	}
 	l.lg.Warn("expiry not confirmed, retrying", "lease", c.id, "err", err)
-	l.queue.park(c, time.Now().Add(100*time.Millisecond))
+	l.queue.park(c, l.now()+100*time.Millisecond)
 	l.kickIfFirstLocked(c)
 }

@@ -2,7 +2,6 @@ package leader
 
 import (
 	"container/heap"
-	"time"
 
 	"github.com/leasehold/leasehold/core"
 )
@@ -37,12 +36,12 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 			// the waiter, with the reason its lease ended (expired or revoked).
 		case core.EffectLeaseGranted:
 			if l.active {
-				l.addCountdownLocked(e.Lease, e.TTLMillis, time.Now())
+				l.addCountdownLocked(e.Lease, e.TTLMillis, l.now())
 			}
 		case core.EffectLeaseEnded:
 			c := l.leases[e.Lease]
 			if c != nil {
-				heap.Remove(&l.queue, c.index)
+				heap.Remove(&l.queue, int(c.index))
 				delete(l.leases, e.Lease)
 			}
 			if l.active {

@@ -83,7 +83,7 @@ func (l *Leader) renew(lease core.LeaseID) (KeepAliveResult, error) {
 	if c == nil || c.expiring {
 		return KeepAliveResult{}, l.goneLocked(lease, c != nil)
 	}
-	c.deadline = time.Now().Add(c.ttl) // later than its place in the queue: see countdownHeap
+	c.deadline = l.now() + c.ttl // later than its place in the queue: see countdownHeap
 	return KeepAliveResult{TTL: c.ttl, Epoch: l.epoch, Lost: l.lostLocked(c)}, nil
 }
 

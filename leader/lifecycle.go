@@ -52,8 +52,8 @@ func (l *Leader) Promote(ctx context.Context) error {
 	l.effSeq = block{}
 	l.effLedger = core.NewLedger(l.cfg.Limits)
 	l.recordLocked()
-	now := time.Now()
-	l.since = now
+	l.since = time.Now()
+	now := l.now()
 	var delayed []*core.Lock
 	type drain struct {
 		k      drainKey

@@ -125,52 +125,77 @@ type heldSince struct {
 }
 
 // holds are a lease's holds that this leader saw granted, on its countdown. Most leases
-// hold one lock at a time: it is kept inline, and only the others go into a map.
+// hold one lock at a time: it is kept inline, and only the others go into a map. A
+// leader keeps one entry per hold it saw granted (a million held locks, a million
+// entries), so each is packed into a word (since) and the map's slots hold no pointer.
 type holds struct {
-	first heldSince            // token 0 when unused
-	more  map[uint64]heldSince // by token; nil until a second hold
+	token uint64           // the inline hold's token; 0 when unused
+	first since            // the inline hold's start and class
+	more  map[uint64]since // by token; nil until a second hold
+}
+
+// since is a hold's start (Leader.now, below 2^61 ns: 73 years) shifted left by two,
+// with its class in the low two bits.
+type since int64
+
+func packSince(at time.Duration, class core.Class) since {
+	return since(int64(at)<<2 | int64(class&3))
+}
+
+func (s since) hold(token uint64) heldSince {
+	return heldSince{token: token, at: time.Duration(int64(s) >> 2), class: core.Class(s & 3)}
 }
 
 // add records h unless its token is recorded already (an acquire repeated by its holder
 // returns the first grant, which keeps its start).
 func (hs *holds) add(h heldSince) {
-	if hs.first.token == h.token {
+	if hs.token == h.token {
 		return
 	}
 	if _, ok := hs.more[h.token]; ok {
 		return
 	}
-	if hs.first.token == 0 {
-		hs.first = h
+	if hs.token == 0 {
+		hs.token, hs.first = h.token, packSince(h.at, h.class)
 		return
 	}
 	if hs.more == nil {
-		hs.more = make(map[uint64]heldSince)
+		hs.more = make(map[uint64]since)
 	}
-	hs.more[h.token] = h
+	hs.more[h.token] = packSince(h.at, h.class)
 }
 
 // get returns the hold of token.
 func (hs *holds) get(token uint64) (heldSince, bool) {
-	if hs.first.token == token && token != 0 {
-		return hs.first, true
+	if hs.token == token && token != 0 {
+		return hs.first.hold(token), true
 	}
-	h, ok := hs.more[token]
-	return h, ok
+	s, ok := hs.more[token]
+	return s.hold(token), ok
 }
 
 // take removes and returns the hold of token.
 func (hs *holds) take(token uint64) (heldSince, bool) {
-	if hs.first.token == token {
-		h := hs.first
-		hs.first = heldSince{}
-		return h, true
+	h, ok := hs.get(token)
+	if !ok {
+		return h, false
 	}
-	h, ok := hs.more[token]
-	if ok {
+	if hs.token == token {
+		hs.token, hs.first = 0, 0
+	} else {
 		delete(hs.more, token)
 	}
-	return h, ok
+	return h, true
+}
+
+// each calls fn with every hold.
+func (hs *holds) each(fn func(heldSince)) {
+	if hs.token != 0 {
+		fn(hs.first.hold(hs.token))
+	}
+	for token, s := range hs.more {
+		fn(s.hold(token))
+	}
 }
 
 // grantedLocked notes that lease was granted a hold under token at (Leader.now). A
@@ -200,13 +225,8 @@ func (l *Leader) leaseEndedLocked(c *countdown, reason core.EndReason) {
 		return
 	}
 	now := l.now()
-	if h := c.holds.first; h.token != 0 {
-		l.obs.Held(h.class, now-h.at)
-	}
-	for _, h := range c.holds.more {
-		l.obs.Held(h.class, now-h.at)
-	}
+	c.holds.each(func(h heldSince) { l.obs.Held(h.class, now-h.at) })
 	if reason == core.EndExpired && c.expiring {
-		l.obs.ExpiredLate(time.Since(c.deadline))
+		l.obs.ExpiredLate(l.now() - c.deadline)
 	}
 }

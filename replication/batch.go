@@ -244,6 +244,10 @@ func deliver(batch []proposal, f raft.ApplyFuture, err error) {
 			for i, p := range batch {
 				p.settle(outcome{res: r[i]})
 			}
+			// raft's log cache keeps the newest entries' futures, and with them this
+			// response: without the clear, each cached entry would keep its commands'
+			// effects and strings alive after every proposer has had its result.
+			clear(r)
 			return
 		}
 	}

@@ -146,8 +146,20 @@ func (c *fastConn) end(err error) {
 
 // read reads and dispatches frames until the connection fails, or until it hands the
 // reading to a new goroutine to serve a request that may wait.
+//
+// The answers the reader gives itself (method.atOnce, method.now, a request refused by
+// admit) are queued, not written one by one, while more whole frames wait in the read
+// buffer (Reader.Buffered); the answer to the last one is written with them, and
+// whatever is still queued is written before the next read could block or the reader
+// hands over — so N requests that arrive in one read are answered in one write, and a
+// lone request is written at once. An answer so waits at most for
+// the reader to serve the other frames of the same read (32 KiB at most), and no more
+// than fastlane.QueueLimit bytes of answers wait.
 func (c *fastConn) read() {
 	for {
+		if !c.r.Buffered() {
+			c.flush()
+		}
 		f, err := c.r.Read()
 		if err != nil {
 			c.end(err)
@@ -173,12 +185,12 @@ func (c *fastConn) read() {
 		}
 		if m.atOnce != nil && m.atOnce(c.s, req) {
 			// Nothing can cancel it: no other frame is read until it is answered.
-			c.serve(c.ctx, m, f.ID, req)
+			c.serve(c.ctx, m, f.ID, req, c.readerSend())
 			continue
 		}
 		if m.now != nil {
 			if resp, ok := m.now(c.s, req); ok {
-				c.answer(m, f.ID, time.Now(), resp, nil)
+				c.answer(m, f.ID, time.Now(), resp, nil, c.readerSend())
 				continue
 			}
 		}
@@ -192,14 +204,32 @@ func (c *fastConn) read() {
 		if m.then != nil && m.then(c.s, ctx, req, c.later(m, f.ID)) {
 			continue
 		}
+		c.flush() // the queued answers do not wait for the new reader to be scheduled
 		c.pool.Go(func() {
 			defer c.wg.Done()
 			c.read()
 		})
-		c.serve(ctx, m, f.ID, req)
+		c.serve(ctx, m, f.ID, req, sendNow)
 		return
 	}
 }
+
+// readerSend is how the reader sends an answer it gives itself: queued while more whole
+// frames wait in its read buffer, and with the last one written, together with what was
+// queued, as any sender writes (Writer.Send, yielding first when other requests are in
+// flight).
+func (c *fastConn) readerSend() sendMode {
+	if c.r.Buffered() {
+		return sendQueued
+	}
+	return sendNow
+}
+
+// flush writes the answers the reader queued. With other requests in flight (waiting
+// acquires, say), it lets their goroutines run once first, as Writer.Send does, so that
+// an answer one of them is about to send — the grant a queued release just made —
+// joins the write.
+func (c *fastConn) flush() { c.w.Flush(c.busy()) }
 
 // admit finds request f's method and decodes its request. A duplicate id, too many
 // requests in flight, an unknown method or a payload that does not decode is answered
@@ -239,7 +269,7 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 		if m != nil {
 			err = c.s.finish(m, time.Now(), err)
 		}
-		c.w.Send(errorFrame(f.Method, f.ID, err), false)
+		c.out(errorFrame(f.Method, f.ID, err), c.readerSend(), false)
 		return nil, nil, false
 	}
 	return m, req, true
@@ -247,12 +277,12 @@ func (c *fastConn) admit(f fastlane.Frame) (*method, proto.Message, bool) {
 
 // serve answers one admitted request; one that may wait is in inflight with the
 // cancel function of its ctx.
-func (c *fastConn) serve(ctx context.Context, m *method, id uint64, req proto.Message) {
+func (c *fastConn) serve(ctx context.Context, m *method, id uint64, req proto.Message, how sendMode) {
 	resp, err := c.s.call(ctx, m, req, caller{fastLane: true})
 	if err == nil {
 		c.bindIfAsked(req, resp)
 	}
-	c.send(m.fast, id, resp, err, func(frame []byte, others bool) { c.w.Send(frame, others) })
+	c.send(m.fast, id, resp, err, how)
 }
 
 // later returns what answers request id when the method's then shortcut takes it: the
@@ -262,21 +292,47 @@ func (c *fastConn) later(m *method, id uint64) func(proto.Message, error) {
 	start := time.Now()
 	return func(resp proto.Message, err error) {
 		err = c.s.finish(m, start, err)
-		c.send(m.fast, id, resp, err, func(frame []byte, _ bool) { c.w.Offer(frame) })
+		c.send(m.fast, id, resp, err, sendOffered)
 		c.wg.Done()
 	}
 }
 
 // answer sends the answer to request id, begun at start, that a shortcut produced.
-func (c *fastConn) answer(m *method, id uint64, start time.Time, resp proto.Message, err error) {
+func (c *fastConn) answer(m *method, id uint64, start time.Time, resp proto.Message, err error, how sendMode) {
 	err = c.s.finish(m, start, err)
-	c.send(m.fast, id, resp, err, func(frame []byte, others bool) { c.w.Send(frame, others) })
+	c.send(m.fast, id, resp, err, how)
+}
+
+// sendMode is how send hands an answer to the connection's Writer.
+type sendMode uint8
+
+const (
+	// sendNow writes it (Writer.Send), yielding first when other requests are in
+	// flight: for a goroutine that served one request.
+	sendNow sendMode = iota
+	// sendQueued queues it for the reader's next flush (Writer.Queue): for the reader.
+	sendQueued
+	// sendOffered queues it without ever blocking (Writer.Offer): for the goroutine
+	// that hands out commit results.
+	sendOffered
+)
+
+// out hands frame to the Writer as how says; others is whether other requests are in
+// flight on the connection.
+func (c *fastConn) out(frame []byte, how sendMode, others bool) {
+	switch how {
+	case sendQueued:
+		c.w.Queue(frame)
+	case sendOffered:
+		c.w.Offer(frame)
+	default:
+		c.w.Send(frame, others)
+	}
 }
 
 // send frames the answer to request id — its response, or err, already finished (mapped
-// to its code and counted) — and hands it to out, with whether other requests are in
-// flight on the connection.
-func (c *fastConn) send(method fastlane.Method, id uint64, resp proto.Message, err error, out func(frame []byte, others bool)) {
+// to its code and counted) — and hands it to the Writer as how says.
+func (c *fastConn) send(method fastlane.Method, id uint64, resp proto.Message, err error, how sendMode) {
 	c.mu.Lock()
 	cancel := c.inflight[id] // nil for a request served at once: never registered
 	delete(c.inflight, id)
@@ -291,7 +347,7 @@ func (c *fastConn) send(method fastlane.Method, id uint64, resp proto.Message, e
 		settle(resp, err)
 	}
 	if err != nil {
-		out(errorFrame(method, id, err), others)
+		c.out(errorFrame(method, id, err), how, others)
 		return
 	}
 	buf := fastlane.GetBuffer()
@@ -299,9 +355,9 @@ func (c *fastConn) send(method fastlane.Method, id uint64, resp proto.Message, e
 		return proto.MarshalOptions{}.MarshalAppend(b, resp)
 	})
 	if ferr != nil {
-		out(errorFrame(method, id, ToConnect(ferr)), others)
+		c.out(errorFrame(method, id, ToConnect(ferr)), how, others)
 	} else {
-		out(frame, others)
+		c.out(frame, how, others)
 	}
 	fastlane.PutBuffer(buf, frame)
 }

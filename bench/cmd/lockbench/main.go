@@ -22,9 +22,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -58,6 +60,7 @@ type flags struct {
 	scaleLeaseTTL      time.Duration
 	scaleWindow        time.Duration
 	profile            bool
+	clientProfile      bool
 	startTimeout       time.Duration
 	prefix             string
 }
@@ -89,8 +92,9 @@ func main() {
 	flag.IntVar(&f.scaleClients, "scale-clients", 100, "scale-leases: number of clients (connections) the leases are spread over")
 	flag.DurationVar(&f.scaleLeaseTTL, "scale-lease-ttl", 10*time.Second, "scale-leases: lease TTL (each lease gets TTL + k ms)")
 	flag.DurationVar(&f.scaleWindow, "scale-window", 30*time.Second, "scale-leases: measured window")
-	flag.BoolVar(&f.profile, "profile", false, "run leasehold with --pprof and write its CPU profile over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND][-nNODE].cpu.pprof (every node's, in a cluster) and, for scale-leases, to OUT/NAME-scale-leases.cpu.pprof")
+	flag.BoolVar(&f.profile, "profile", false, "run leasehold with --pprof and write its CPU profile over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND][-nNODE].cpu.pprof (every node's, in a cluster) and, for scale-leases, to OUT/NAME-scale-leases.cpu.pprof; with the server's heap profile after each scale run's window in OUT/NAME-scale-leases.heap.pprof and OUT/NAME-scale-locks-CLASS.heap.pprof")
 	flag.DurationVar(&f.startTimeout, "start-timeout", 90*time.Second, "how long a server may take to start")
+	flag.BoolVar(&f.clientProfile, "client-profile", false, "write the benchmark process's CPU profile (where every system's clients run) over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND].client.cpu.pprof")
 	fromJSON := flag.String("from-json", "", "render the report of an earlier run from its JSON file, without running anything")
 	flag.Parse()
 	if *fromJSON != "" {
@@ -232,14 +236,23 @@ func mainErr(f flags) int {
 						break
 					}
 					cfg := run.Config{Warmup: f.warmup, Duration: f.duration, Prefix: "bench"}
+					base := filepath.Join(f.out, fmt.Sprintf("%s-%s-%s%s", f.prefix, name, sc.Name, roundSuffix(round, f.rounds)))
+					var during []func(context.Context, time.Duration)
 					if l, ok := sys.(*peers.Leasehold); ok && f.profile {
-						base := filepath.Join(f.out, fmt.Sprintf("%s-%s-%s%s", f.prefix, name, sc.Name, roundSuffix(round, f.rounds)))
-						cfg.DuringWindow = func(ctx context.Context, d time.Duration) {
+						during = append(during, func(ctx context.Context, d time.Duration) {
 							if err := l.FetchProfiles(ctx, d, base); err != nil {
 								fmt.Fprintf(logw, "   %s: no profile: %v\n", sc.Name, err)
 							}
-						}
+						})
 					}
+					if f.clientProfile {
+						during = append(during, func(ctx context.Context, d time.Duration) {
+							if err := profileSelf(ctx, d, base+".client.cpu.pprof"); err != nil {
+								fmt.Fprintf(logw, "   %s: no client profile: %v\n", sc.Name, err)
+							}
+						})
+					}
+					cfg.DuringWindow = allDuring(during)
 					res := run.Run(ctx, sys, sc, cfg)
 					got = append(got, res)
 					if res.Skipped != "" {
@@ -273,8 +286,12 @@ func mainErr(f flags) int {
 				break
 			}
 			sys := peers.NewLeasehold(opts, class == "correctness")
+			profile := ""
+			if f.profile {
+				profile = filepath.Join(f.out, f.prefix+"-scale-locks-"+class) // + ".heap.pprof"
+			}
 			err := withLeasehold(ctx, sys, tmp, "scale-locks-"+class, f.startTimeout, logw, func() {
-				r := scale.Locks(ctx, sys, f.scaleLocks, f.scaleLocksPerLease, f.scaleFill, f.ttl, f.scaleHold, logw)
+				r := scale.Locks(ctx, sys, f.scaleLocks, f.scaleLocksPerLease, f.scaleFill, f.ttl, f.scaleHold, profile, logw)
 				rep.Locks = append(rep.Locks, r)
 				if r.Failed != "" {
 					failed = true
@@ -486,4 +503,39 @@ func split(s string) []string {
 		}
 	}
 	return out
+}
+
+// profileSelf writes this process's CPU profile over d (or until ctx ends) to path.
+func profileSelf(ctx context.Context, d time.Duration, path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		_ = out.Close()
+		return err
+	}
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+	pprof.StopCPUProfile()
+	return out.Close()
+}
+
+// allDuring runs every fn at once over the measured window; nil when there is none.
+func allDuring(fns []func(context.Context, time.Duration)) func(context.Context, time.Duration) {
+	if len(fns) == 0 {
+		return nil
+	}
+	return func(ctx context.Context, d time.Duration) {
+		var wg sync.WaitGroup
+		for _, fn := range fns {
+			wg.Go(func() { fn(ctx, d) })
+		}
+		wg.Wait()
+	}
 }

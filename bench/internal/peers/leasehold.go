@@ -231,15 +231,27 @@ func (l *Leasehold) FetchProfiles(ctx context.Context, d time.Duration, base str
 		if len(l.addrs) > 1 {
 			file = fmt.Sprintf("%s-n%d.cpu.pprof", base, i+1)
 		}
-		wg.Go(func() { errs[i] = l.fetchProfile(ctx, addr, d, file) })
+		wg.Go(func() {
+			errs[i] = l.fetchProfile(ctx, addr, fmt.Sprintf("/debug/pprof/profile?seconds=%d", max(1, int(d.Seconds()))), file)
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
-// fetchProfile writes the CPU profile over d of the server whose API is at addr.
-func (l *Leasehold) fetchProfile(ctx context.Context, addr string, d time.Duration, file string) error {
-	req, hc, err := l.sec.httpGet(addr, fmt.Sprintf("/debug/pprof/profile?seconds=%d", max(1, int(d.Seconds()))))
+// FetchHeapProfile writes the first node's heap profile, taken after a full collection,
+// to file (read it with go tool pprof -sample_index=inuse_space).
+func (l *Leasehold) FetchHeapProfile(ctx context.Context, file string) error {
+	if len(l.addrs) == 0 {
+		return errors.New("leasehold: not started")
+	}
+	return l.fetchProfile(ctx, l.addrs[0], "/debug/pprof/heap?gc=1", file)
+}
+
+// fetchProfile writes the profile at path (under /debug/pprof/) of the server whose API
+// is at addr.
+func (l *Leasehold) fetchProfile(ctx context.Context, addr, path, file string) error {
+	req, hc, err := l.sec.httpGet(addr, path)
 	if err != nil {
 		return err
 	}

@@ -49,8 +49,10 @@ type LocksResult struct {
 // Locks acquires n locks on sys (a started leasehold system), perLease locks on each of
 // ceil(n/perLease) leases (one client each) with about fill acquires in flight at a
 // time, holds them for hold, and releases them by closing the clients (which revokes
-// the leases). Progress goes to logw.
-func Locks(ctx context.Context, sys *peers.Leasehold, n, perLease, fill int, ttl, hold time.Duration, logw io.Writer) LocksResult {
+// the leases). Progress goes to logw. With profile set (a base name; the server must run
+// with --pprof), the server's heap profile while it holds every lock is written to
+// profile+".heap.pprof".
+func Locks(ctx context.Context, sys *peers.Leasehold, n, perLease, fill int, ttl, hold time.Duration, profile string, logw io.Writer) LocksResult {
 	res := LocksResult{System: sys.Name(), Version: sys.Version(), Locks: n, ClientTTL: ttl, LocksPerLease: perLease}
 	pid := sys.PIDs()[0]
 	leases := (n + perLease - 1) / perLease
@@ -130,6 +132,11 @@ func Locks(ctx context.Context, sys *peers.Leasehold, n, perLease, fill int, ttl
 	cpu1, _ := proc.CPU(pid)
 	res.HoldCPU = (cpu1 - cpu0).Seconds() / time.Since(t0).Seconds()
 	res.RSSAfter, _ = proc.RSS(pid)
+	if profile != "" {
+		if err := sys.FetchHeapProfile(ctx, profile+".heap.pprof"); err != nil {
+			fmt.Fprintf(logw, "scale-locks: no heap profile: %v\n", err)
+		}
+	}
 	if got := count.Load(); got > 0 {
 		res.BytesPerLock = float64(res.RSSAfter-res.RSSBefore) / float64(got)
 	}
@@ -178,7 +185,8 @@ type LeasesResult struct {
 //
 // With profile set (a base name; the server must run with --pprof), the server's CPU
 // profile over the measured window is written to profile+".cpu.pprof"
-// (peers.Leasehold.FetchProfiles).
+// (peers.Leasehold.FetchProfiles) and its heap profile at the end of the window to
+// profile+".heap.pprof".
 func Leases(ctx context.Context, sys *peers.Leasehold, n, nclients int, ttl, window time.Duration, profile string, logw io.Writer) LeasesResult {
 	res := LeasesResult{System: sys.Name(), Version: sys.Version(), Leases: n, Clients: nclients, TTL: ttl, Window: window}
 	pid := sys.PIDs()[0]
@@ -245,6 +253,11 @@ func Leases(ctx context.Context, sys *peers.Leasehold, n, nclients int, ttl, win
 	}
 	if err := <-profiled; err != nil {
 		fmt.Fprintf(logw, "scale-leases: no profile: %v\n", err)
+	}
+	if profile != "" {
+		if err := sys.FetchHeapProfile(ctx, profile+".heap.pprof"); err != nil {
+			fmt.Fprintf(logw, "scale-leases: no heap profile: %v\n", err)
+		}
 	}
 	cpu1, _ := proc.CPU(pid)
 	self1, _ := proc.CPU(selfPID)
