@@ -92,5 +92,7 @@ NEMESIS_DURATION ?= 10m
 nemesis: ## long nemesis run: NEMESIS_DURATION (default 10m) of faults + workload, then the checks; NEMESIS_SEED=... reproduces a schedule
 	NEMESIS_DURATION=$(NEMESIS_DURATION) $(GO) test -count=1 -v -timeout 0 -run '^TestNemesisLong$$' ./test/nemesis/
 
-failover-bench: ## kill -9 of the leader → first correctness grant, 12 rounds: median and max
-	LEASEHOLD_FAILOVER_BENCH=1 $(GO) test -count=1 -v -timeout 20m -run '^TestFailoverTime$$' ./test/nemesis/
+FAILOVER_ROUNDS ?= 30
+
+failover-bench: ## kill -9 of the leader → first correctness grant, FAILOVER_ROUNDS (default 30) kills: each round's steps, p50/p90/p99/max
+	LEASEHOLD_FAILOVER_BENCH=1 LEASEHOLD_FAILOVER_ROUNDS=$(FAILOVER_ROUNDS) $(GO) test -count=1 -v -timeout 20m -run '^TestFailoverTime$$' ./test/nemesis/

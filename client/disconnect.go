@@ -11,6 +11,7 @@ import (
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/fastlane"
+	"github.com/leasehold/leasehold/internal/peerclosed"
 )
 
 // Release on disconnect (G7), the client's side: a bound lease is granted over the
@@ -77,7 +78,7 @@ func (s *lease) watchConn(conn *flConn) {
 			return
 		case <-t.C:
 		}
-		if err := peerClosed(rawConn(conn.conn)); err != nil {
+		if err := peerclosed.Check(rawConn(conn.conn)); err != nil {
 			conn.fail(err) // closed by the server, or broken: dead now
 			continue
 		}

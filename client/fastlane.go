@@ -17,6 +17,7 @@ import (
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/fastlane"
+	"github.com/leasehold/leasehold/internal/peerclosed"
 )
 
 // WithoutFastLane makes the client use Connect (HTTP/2) for every call instead of the
@@ -358,7 +359,7 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 		if now-time.Duration(c.lastRead.Load()) > idleCheckAfter {
 			// Nobody has read the connection for a while: make sure the server has not
 			// closed it meanwhile (restarted, say), while the request is still unsent.
-			if err := peerClosed(rawConn(c.conn)); err != nil {
+			if err := peerclosed.Check(rawConn(c.conn)); err != nil {
 				c.mu.Unlock()
 				<-c.slots
 				c.fail(err)

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/leasehold/leasehold/internal/clienttrace"
 	"github.com/leasehold/leasehold/internal/reason"
 )
 
@@ -106,6 +108,7 @@ func (c *Client) judge(ctx context.Context, node string, err error, silent bool)
 		c.nodes.served(node)
 		return final
 	}
+	clienttrace.AttemptFailed(ctx, node, err)
 	if ctx.Err() != nil {
 		return final
 	}
@@ -195,9 +198,13 @@ type policy struct {
 }
 
 // call runs rpc until it succeeds, fails for good, or ctx ends: attempts that fail
-// because no node could serve them are repeated on the next node (chosen by judge),
-// after a backoff, as p allows; an attempt of a repeatable RPC over Connect is abandoned
-// when its node falls silent (cutIfSilent). When ctx ends between attempts, the error wraps
+// because no node could serve them are repeated on the next node (chosen by judge), as p
+// allows — at once on a node not tried since the last backoff (a dead node refuses at
+// once, and a not-leader answer names the leader: waiting would only delay the answer of
+// the next node), after a backoff once every node the client moved to was tried (or
+// when judge keeps it on the node, as for a busy leader); an attempt of a repeatable RPC
+// over Connect is abandoned when its node falls silent (cutIfSilent). When ctx ends
+// between attempts, the error wraps
 // ErrUnavailable, ctx's error and the last failure; a repeatable RPC out of tries, or a
 // non-repeatable one whose outcome is unknown, wraps ErrUnavailable and the failure.
 func call[T any](ctx context.Context, c *Client, p policy, rpc func(context.Context) (T, error)) (T, error) {
@@ -210,6 +217,7 @@ func call[T any](ctx context.Context, c *Client, p policy, rpc func(context.Cont
 func callUnsure[T any](ctx context.Context, c *Client, p policy, rpc func(context.Context) (T, error)) (res T, unsure bool, err error) {
 	var zero T
 	b := newBackoff()
+	var tried []string // the nodes tried since the last wait
 	for try := 1; ; try++ {
 		node := c.nodes.current()
 		actx, done := c.attemptContext(ctx, node, p)
@@ -227,6 +235,11 @@ func callUnsure[T any](ctx context.Context, c *Client, p policy, rpc func(contex
 		if p.tries > 0 && try >= p.tries {
 			return zero, unsure, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
+		tried = append(tried, node)
+		if !slices.Contains(tried, c.nodes.current()) {
+			continue // judge moved the client to a node not tried since the last wait
+		}
+		tried = tried[:0]
 		if b.sleep(ctx) != nil {
 			return zero, unsure, fmt.Errorf("%w: %w (last error: %w)", ErrUnavailable, ctx.Err(), err)
 		}

@@ -22,6 +22,7 @@ func (l *Leader) Run(ctx context.Context, changes <-chan bool) {
 				l.Demote()
 				continue
 			}
+			l.lg.Info("raft made this node leader; taking over")
 			if err := l.Promote(ctx); err != nil {
 				l.lg.Warn("could not take over as leader", "err", err)
 			}

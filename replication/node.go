@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"time"
 
@@ -70,7 +69,12 @@ type Config struct {
 	// Limits bound the state machine; every node must use the same.
 	Limits core.Limits
 	// HeartbeatTimeout and ElectionTimeout default to 500ms, LeaderLeaseTimeout to
-	// 250ms. LeaderLeaseTimeout must not exceed HeartbeatTimeout.
+	// 500ms or the HeartbeatTimeout if that is shorter; it must not exceed it. A leader
+	// that has heard from no quorum for LeaderLeaseTimeout steps down. Nothing safe rests
+	// on it (keepalives and reads confirm the leadership with a commit, see
+	// VerifyLeader); it only bounds how long a cut-off leader goes on answering. It was
+	// 250ms: on a loaded machine a new leader then stepped down while its follower caught
+	// up (no answer for 255 ms), and the next election took a second (failover bench).
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
@@ -117,7 +121,7 @@ func DefaultConfig() Config {
 		RaftAddr:           DefaultRaftAddr,
 		HeartbeatTimeout:   500 * time.Millisecond,
 		ElectionTimeout:    500 * time.Millisecond,
-		LeaderLeaseTimeout: 250 * time.Millisecond,
+		LeaderLeaseTimeout: 500 * time.Millisecond,
 		SnapshotThreshold:  8192,
 		SnapshotInterval:   30 * time.Second,
 		Logger:             slog.Default(),
@@ -141,7 +145,7 @@ func (c Config) WithDefaults() Config {
 	}
 	def(&c.HeartbeatTimeout, d.HeartbeatTimeout)
 	def(&c.ElectionTimeout, d.ElectionTimeout)
-	def(&c.LeaderLeaseTimeout, d.LeaderLeaseTimeout)
+	def(&c.LeaderLeaseTimeout, min(d.LeaderLeaseTimeout, c.HeartbeatTimeout))
 	def(&c.SnapshotInterval, d.SnapshotInterval)
 	if c.SnapshotThreshold == 0 {
 		c.SnapshotThreshold = d.SnapshotThreshold
@@ -188,6 +192,7 @@ type Node struct {
 	verifier  verifier
 	futures   futures
 	batcher   batcher
+	watch     leaderWatch
 }
 
 // Open opens (or creates) the data directory, restores the latest snapshot, replays the
@@ -225,7 +230,7 @@ func Open(cfg Config) (*Node, error) {
 	}
 	n.transport = cfg.Transport
 	if n.transport == nil {
-		if n.transport, err = tcpTransport(cfg, hlog); err != nil {
+		if n.transport, err = netTransport(cfg, transportConfig(cfg, hlog), n.watch.connEnded); err != nil {
 			return nil, err
 		}
 	}
@@ -292,50 +297,9 @@ func Open(cfg Config) (*Node, error) {
 		n.fsm.presetClusterID(string(id))
 	}
 	n.verifier.round = n.confirmRound
+	n.watch.start(n)
 	ok = true
 	return n, nil
-}
-
-// tcpTransport is raft's TCP transport on cfg.RaftAddr.
-func tcpTransport(cfg Config, hlog hclog.Logger) (raft.Transport, error) {
-	addr, err := net.ResolveTCPAddr("tcp", cfg.RaftAddr)
-	if err != nil {
-		return nil, fmt.Errorf("replication: raft address %q: %w", cfg.RaftAddr, err)
-	}
-	var advertise net.Addr
-	if cfg.RaftAdvertise != "" {
-		if advertise, err = net.ResolveTCPAddr("tcp", cfg.RaftAdvertise); err != nil {
-			return nil, fmt.Errorf("replication: raft advertise address %q: %w", cfg.RaftAdvertise, err)
-		}
-	}
-	// MaxRPCsInFlight 1 turns raft's pipelined replication off: its pipeline can deadlock
-	// (the sender blocked on inprogressCh while the response decoder waits on doneCh,
-	// hashicorp/raft#612), which the nemesis suite hit as a node hanging on shutdown and a
-	// follower no longer receiving entries. Synchronous AppendEntries cost little on the
-	// small batches a lock service sends.
-	tc := &raft.NetworkTransportConfig{
-		MaxPool: 3,
-		// Timeout bounds every dial and every RPC's I/O (InstallSnapshot scales it by
-		// size). It is twice the election timeout (at least 1 s, for a loaded machine): a
-		// peer that has not answered by then has been given up by the cluster anyway, and
-		// a short dial is what brings a node back soon after a partition heals. With the
-		// former 10 s, a dial begun during a partition went on waiting out TCP's SYN
-		// backoff after the heal (3.4 s once, long enough for the leader to lose its
-		// majority when the next node was cut off).
-		Timeout:         max(2*cfg.ElectionTimeout, time.Second),
-		Logger:          hlog,
-		MaxRPCsInFlight: 1,
-	}
-	var t *raft.NetworkTransport
-	if cfg.PeerTLS != nil {
-		t, err = tlsTransport(cfg.RaftAddr, advertise, cfg.PeerTLS, tc)
-	} else {
-		t, err = raft.NewTCPTransportWithConfig(cfg.RaftAddr, advertise, tc)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("replication: raft transport on %s: %w", addr, err)
-	}
-	return t, nil
 }
 
 // Apply proposes cmd, waits until it is committed by a quorum, fsynced and applied, and
@@ -575,6 +539,11 @@ func (n *Node) Close() error {
 }
 
 func (n *Node) closeStores() {
+	if t, ok := n.transport.(*raft.NetworkTransport); ok {
+		// The connections to other nodes end with the node, as they do when its process
+		// dies: what the others' leaderWatch looks for.
+		t.CloseStreams()
+	}
 	if c, ok := n.transport.(raft.WithClose); ok {
 		_ = c.Close()
 	}

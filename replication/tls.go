@@ -1,13 +1,11 @@
 package replication
 
 import (
+	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"time"
-
-	"github.com/hashicorp/raft"
 )
 
 // PeerTLS runs raft between nodes over mutually authenticated TLS (docs/SECURITY.md).
@@ -21,48 +19,29 @@ type PeerTLS struct {
 	Dial func() *tls.Config
 }
 
-// tlsStream is a raft.StreamLayer over TLS.
-type tlsStream struct {
-	net.Listener
-	advertise net.Addr
-	dial      func() *tls.Config
-}
-
-// tlsTransport is raft's network transport over TLS on bind (advertised as advertise
-// when set), with the settings of tc.
-func tlsTransport(bind string, advertise net.Addr, p *PeerTLS, tc *raft.NetworkTransportConfig) (*raft.NetworkTransport, error) {
-	ln, err := net.Listen("tcp", bind)
-	if err != nil {
-		return nil, err
-	}
-	s := &tlsStream{Listener: tls.NewListener(ln, p.Listen), advertise: advertise, dial: p.Dial}
-	if a, ok := s.Addr().(*net.TCPAddr); !ok || a.IP == nil || a.IP.IsUnspecified() {
-		_ = ln.Close()
-		return nil, errors.New("raft address is not advertisable: set RaftAdvertise")
-	}
-	c := *tc
-	c.Stream = s
-	return raft.NewNetworkTransportWithConfig(&c), nil
-}
-
-// Dial opens a TLS connection to another node's raft port, handshake included, within
-// timeout.
-func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	cfg := s.dial()
-	if cfg.ServerName == "" {
-		host, _, err := net.SplitHostPort(string(address))
-		if err != nil {
-			return nil, fmt.Errorf("replication: raft address %q: %w", address, err)
+// dialer returns the stream's dial over TLS: a connection to another node's raft port,
+// handshake included, within timeout, and the TCP connection under it.
+func (p *PeerTLS) dialer() func(address string, timeout time.Duration) (c, raw net.Conn, err error) {
+	return func(address string, timeout time.Duration) (net.Conn, net.Conn, error) {
+		cfg := p.Dial()
+		if cfg.ServerName == "" {
+			host, _, err := net.SplitHostPort(address)
+			if err != nil {
+				return nil, nil, fmt.Errorf("replication: raft address %q: %w", address, err)
+			}
+			cfg.ServerName = host
 		}
-		cfg.ServerName = host
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", address)
+		if err != nil {
+			return nil, nil, err
+		}
+		c := tls.Client(raw, cfg)
+		if err := c.HandshakeContext(ctx); err != nil {
+			_ = raw.Close()
+			return nil, nil, err
+		}
+		return c, raw, nil
 	}
-	return tls.DialWithDialer(&net.Dialer{Timeout: timeout}, "tcp", string(address), cfg)
-}
-
-// Addr is the address other nodes reach this one at.
-func (s *tlsStream) Addr() net.Addr {
-	if s.advertise != nil {
-		return s.advertise
-	}
-	return s.Listener.Addr()
 }

@@ -1,6 +1,8 @@
 //go:build unix
 
-package client
+// Package peerclosed tells, without reading, whether the other end of a TCP connection
+// has closed it.
+package peerclosed
 
 import (
 	"errors"
@@ -9,10 +11,10 @@ import (
 	"syscall"
 )
 
-// peerClosed reports, without blocking, whether the other side has closed conn: io.EOF
+// Check reports, without blocking, whether the other side has closed conn: io.EOF
 // when it has, the socket's error when there is one, nil when the connection is open (or
 // holds data not yet read). It peeks, so it consumes nothing.
-func peerClosed(conn net.Conn) error {
+func Check(conn net.Conn) error {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		return nil
