@@ -58,6 +58,7 @@ type Ledger struct {
 	order []*Tenure
 	head  int
 	live  int // tenures in order not gone
+	gone  int // tenures in order[head:] that are gone (squeeze takes them out)
 	// spare are records no longer in the ledger, reused by add: a full ledger, or a
 	// lock at its bound, records an end without allocating.
 	spare []*Tenure
@@ -153,12 +154,15 @@ func (g *Ledger) add(v Tenure) {
 		lt.list[0].gone = true
 		lt.list = slices.Delete(lt.list, 0, 1)
 		g.live--
+		g.gone++
 	}
 	g.order = append(g.order, t)
 	g.live++
 	for g.live > g.total {
 		old := g.pop()
-		if !old.gone {
+		if old.gone {
+			g.gone--
+		} else {
 			g.live--
 			lo := g.byLock[old.Name] // old is its lock's oldest
 			if lo.list = slices.Delete(lo.list, 0, 1); len(lo.list) == 0 {
@@ -169,7 +173,32 @@ func (g *Ledger) add(v Tenure) {
 	}
 	for g.head < len(g.order) && g.order[g.head].gone { // keep the order from filling with the gone
 		g.free(g.pop())
+		g.gone--
 	}
+	if g.gone > squeezeAfter && g.gone > g.live/4 {
+		// A quiet lock's old tenure at the head of the order would otherwise keep a busy
+		// lock's dropped tenures behind it for ever: the order would grow with every end.
+		g.squeeze()
+	}
+}
+
+// squeezeAfter is how many gone tenures the order may hold before squeeze runs (and at
+// least a quarter of the live ones), so that squeezing costs O(1) per end on average.
+const squeezeAfter = 64
+
+// squeeze takes the gone tenures out of the order, keeping the others in their order.
+func (g *Ledger) squeeze() {
+	n := 0
+	for _, t := range g.order[g.head:] {
+		if t.gone {
+			g.free(t)
+			continue
+		}
+		g.order[n] = t
+		n++
+	}
+	clear(g.order[n:])
+	g.order, g.head, g.gone = g.order[:n], 0, 0
 }
 
 // pop takes the oldest record out of the order.

@@ -152,6 +152,36 @@ func TestLedgerBounds(t *testing.T) {
 	}
 }
 
+// TestLedgerQuietAndBusy: a quiet lock's one tenure, far from the total bound, does not
+// keep a busy lock's dropped tenures in memory: the ledger's order stays near the
+// tenures it keeps, and both locks keep what they should, through a snapshot too.
+func TestLedgerQuietAndBusy(t *testing.T) {
+	limits := Limits{LedgerPerLock: 4, LedgerTotal: 1000}
+	s := NewState(limits)
+	s.Apply(Command{Op: OpGrant, Lease: leaseA, TTLMillis: 1000})
+	cycle := func(name string, at int64) {
+		r := s.Apply(Command{Op: OpAcquire, Lease: leaseA, Name: name, Class: Correctness, WallMillis: at})
+		s.Apply(Command{Op: OpRelease, Lease: leaseA, Name: name, Token: r.Token, WallMillis: at + 1})
+	}
+	cycle("quiet", 10)
+	for i := range 10_000 {
+		cycle("busy", int64(100+2*i))
+	}
+	if n := len(s.ledger.order) - s.ledger.head; n > 1+4+squeezeAfter+1 {
+		t.Fatalf("the order holds %d records for 5 tenures kept: the busy lock's dropped ones pile up behind the quiet one", n)
+	}
+	if q, b := len(s.History("quiet")), len(s.History("busy")); q != 1 || b != 4 {
+		t.Fatalf("quiet has %d tenures, busy %d; want 1 and 4", q, b)
+	}
+	r, err := RestoreState(mustSnapshotErr(s), limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(mustSnapshotErr(s), mustSnapshotErr(r)) {
+		t.Fatal("a restored ledger differs from the original")
+	}
+}
+
 // TestLedgerEntryBytes measures what one ledger entry costs (docs/OPERATIONS.md): a full
 // ledger of released tenures of 16-byte names with a holder description.
 func TestLedgerEntryBytes(t *testing.T) {
