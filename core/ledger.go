@@ -79,15 +79,22 @@ func NewLedger(l Limits) Ledger {
 
 // Note records what event e, of a change made at now (Unix milliseconds; 0: unknown),
 // does to the ledger: an acquire opens a hold, and a release, expiry, revocation, force
-// release or disconnect ends one; other kinds change nothing.
-func (g *Ledger) Note(e Event, now int64) {
+// release or disconnect ends one; other kinds change nothing. When e ends the last
+// name held under its token (a lock set's names end together, one event each) and the
+// ledger knew the grant's start, Note returns that start, else 0: a leader times its
+// holds by it (the hold-time metric), so that it keeps no start of its own per hold.
+func (g *Ledger) Note(e Event, now int64) (ended int64) {
 	switch e.Kind {
 	case EventAcquired:
 		g.opened(e.Token, now)
 	case EventReleased, EventExpired, EventRevoked, EventForceReleased, EventDisconnected:
-		start := g.closed(e.Token)
+		start, last := g.closed(e.Token)
 		g.add(Tenure{Name: e.Name, Token: e.Token, Holder: e.Holder, Mode: e.Mode, StartMillis: start, EndMillis: now, End: e.Kind, Note: e.Note})
+		if last {
+			return start
+		}
 	}
+	return 0
 }
 
 // openStart is an open grant's start (Unix milliseconds, below 2^56) shifted left by
@@ -113,18 +120,18 @@ func (g *Ledger) opened(token uint64, start int64) {
 }
 
 // closed counts one name of token's grant fewer and returns the grant's start (0 when
-// unknown).
-func (g *Ledger) closed(token uint64) int64 {
+// unknown) and whether that was the grant's last name held.
+func (g *Ledger) closed(token uint64) (start int64, last bool) {
 	o, ok := g.open[token]
 	if !ok {
-		return 0
+		return 0, false
 	}
 	if o.names() <= 1 {
 		delete(g.open, token)
-	} else {
-		g.open[token] = o - 1
+		return o.start(), true
 	}
-	return o.start()
+	g.open[token] = o - 1
+	return o.start(), false
 }
 
 // started returns the start of token's open grant (0 when unknown).
