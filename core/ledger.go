@@ -273,7 +273,7 @@ func (g *Ledger) records(locks *Locks) []Tenure {
 			out = append(out, Tenure{Name: name, Token: token, StartMillis: o.start()})
 		}
 	}
-	for _, l := range locks.locks {
+	for l := range locks.locks.all() {
 		if l.held() {
 			add(l.name, l.token)
 		}
