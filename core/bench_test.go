@@ -127,7 +127,11 @@ func BenchmarkCodecCommand(b *testing.B) {
 
 // bigState returns a State with n correctness locks held by n/100 leases (100 locks each,
 // under the default MaxLocksPerLease), every tenth lock with two waiters.
-func bigState(b *testing.B, n int) *State {
+func bigState(b *testing.B, n int) *State { b.Helper(); return bigStateAt(b, n, 0) }
+
+// bigStateAt is bigState with its acquires proposed at wall (Unix ms; 0: unknown), so
+// that the ledger keeps the start of every hold, as a server's does.
+func bigStateAt(b *testing.B, n int, wall int64) *State {
 	b.Helper()
 	s := NewState(Limits{})
 	leases := max(n/100, 3)
@@ -139,7 +143,7 @@ func bigState(b *testing.B, n int) *State {
 	for i := range n {
 		name := fmt.Sprintf("tenant-%03d/orders/%07d", i%1000, i)
 		holder := lid(uint32(i%leases + 1))
-		c := Command{Op: OpAcquire, Lease: holder, Name: name, Class: Correctness, Holder: Holder{Host: "worker-17.example.internal", PID: uint32(i)}}
+		c := Command{Op: OpAcquire, Lease: holder, Name: name, Class: Correctness, Holder: Holder{Host: "worker-17.example.internal", PID: uint32(i)}, WallMillis: wall}
 		if r := s.Apply(c); r.Err != nil {
 			b.Fatal(r.Err)
 		}
@@ -177,6 +181,17 @@ func BenchmarkSnapshot100k(b *testing.B) {
 // FSM.Snapshot does while applies wait.
 func BenchmarkSnapshotView100k(b *testing.B) {
 	s := bigState(b, 100_000)
+	b.ReportAllocs()
+	for b.Loop() {
+		s.SnapshotView()
+	}
+}
+
+// BenchmarkSnapshotViewTimed100k is BenchmarkSnapshotView100k with the ledger's start
+// of every hold (as on a server, where every acquire carries its time): B/op is what a
+// snapshot copies while applies wait, and keeps until it is written.
+func BenchmarkSnapshotViewTimed100k(b *testing.B) {
+	s := bigStateAt(b, 100_000, 1_780_000_000_000)
 	b.ReportAllocs()
 	for b.Loop() {
 		s.SnapshotView()
