@@ -315,3 +315,48 @@ func TestLocksAcquireReleaseAllocs(t *testing.T) {
 		t.Fatalf("after the pairs: index %v, %d spare; want none and one", tbl.leases[leaseA], len(tbl.spare))
 	}
 }
+
+// heldLockBytesBound is what TestHeldLockBytes allows a held correctness lock in a
+// State: its record (64 bytes), its slot in the lock index, its name, the ledger's start
+// of its hold and its place in its lease's index. It measured about 135 bytes
+// (2026-12-02; main before the lock index and the snapshot changes: about 165).
+const heldLockBytesBound = 150
+
+// TestHeldLockBytes fails when the live heap a State keeps per held correctness lock
+// grows past heldLockBytesBound: 200,000 timed acquires (20 leases × 10,000, as
+// BenchmarkHeldLocksMemory, each command encoded and decoded as on a replica).
+func TestHeldLockBytes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills 200,000 locks")
+	}
+	const leases, perLease = 20, 10_000
+	s := NewState(Limits{})
+	for i := range leases {
+		if r := s.Apply(Command{Op: OpGrant, Lease: lid(uint32(i + 1)), TTLMillis: 10_000}); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	before := liveHeap()
+	for i := range leases {
+		for j := range perLease {
+			c := Command{Op: OpAcquire, Lease: lid(uint32(i + 1)), Name: fmt.Sprintf("scale/lease-%d/lock-%05d", i, j),
+				Class: Correctness, Holder: Holder{Host: "worker-17.example.internal", PID: uint32(1000 + i)}, WallMillis: 1_780_000_000_000 + int64(j)}
+			e, err := EncodeCommand(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c, err = DecodeCommand(e); err != nil {
+				t.Fatal(err)
+			}
+			if r := s.Apply(c); r.Err != nil {
+				t.Fatal(r.Err)
+			}
+		}
+	}
+	per := float64(liveHeap()-before) / (leases * perLease)
+	runtime.KeepAlive(s)
+	t.Logf("%.1f bytes of live heap per held correctness lock (bound %d)", per, heldLockBytesBound)
+	if per > heldLockBytesBound {
+		t.Errorf("a held correctness lock costs %.1f bytes of live heap, more than the bound of %d: see docs/PERFORMANCE.md (memory per held lock) before raising it", per, heldLockBytesBound)
+	}
+}

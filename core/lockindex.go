@@ -9,28 +9,34 @@ import (
 // addressing (linear probing) of the records themselves, keyed by each record's own
 // name: a slot is one pointer and one byte of the name's hash. A Go map from name to
 // record would keep, in every slot, the name's string header beside the pointer (24
-// bytes and a control byte a slot; about 33 bytes a lock at its load), a copy of what
-// the record already has; this keeps 9 bytes a slot, about 16 a lock (load ¾ to ⅜).
-// With a million locks held that is some 17 MB less.
+// bytes and a control byte a slot; 33 to 52 bytes a lock at its load), a copy of what
+// the record already has; this keeps 9 bytes a slot, 12 to 24 a lock (at most ¾ of the
+// slots in use, counting the deleted). With a million locks held that is some 33 MB
+// less.
+//
+// A delete leaves a tombstone (unless the slot after it is empty), which a later put
+// in its run reuses, so that neither looks at any record but the one it is after; a
+// put that would fill past ¾ rebuilds the table, twice as large when the records alone
+// fill more than ⅜ of it, and a delete that leaves less than ⅛ in use halves it.
 //
 // Like a Go map, it has no order: its iteration order depends on a seed chosen per
 // index, so nothing replicated may depend on it (every caller sorts, or does not care).
 // Its zero value is an empty index. It is not safe for concurrent use.
 type lockIndex struct {
 	slots []*lock // nil or a power of two long
-	// tags[i] is 0 for an empty slot, else tagBit with the top bits of its name's hash:
-	// a probe looks at a record only when the tags match (one in 128 otherwise).
+	// tags[i] is tagEmpty, tagDeleted, or tagBit with the top bits of its record's name
+	// hash: a probe looks at a record only when the tags match (one in 128 otherwise).
 	tags []uint8
-	n    int
+	n    int // records
+	dead int // tombstones
 	seed maphash.Seed
 }
 
 const (
-	tagBit          = 0x80
-	minIndexSlots   = 8
-	indexLoadNum    = 3 // grow past ¾ full
-	indexLoadDen    = 4
-	indexShrinkFrac = 8 // shrink below ⅛ full (to ¼ to ½ of the slots)
+	tagEmpty      = 0
+	tagDeleted    = 1
+	tagBit        = 0x80
+	minIndexSlots = 8
 )
 
 func (x *lockIndex) hash(name string) (pos int, tag uint8) {
@@ -41,99 +47,103 @@ func (x *lockIndex) hash(name string) (pos int, tag uint8) {
 // len returns the number of records.
 func (x *lockIndex) len() int { return x.n }
 
-// get returns the record called name, or nil.
-func (x *lockIndex) get(name string) *lock {
+// find returns the slot of the record called name, or -1.
+func (x *lockIndex) find(name string) int {
 	if x.n == 0 {
-		return nil
+		return -1
 	}
 	mask := len(x.slots) - 1
 	for i, tag := x.hash(name); ; i = (i + 1) & mask {
 		switch t := x.tags[i]; {
-		case t == 0:
-			return nil
+		case t == tagEmpty:
+			return -1
 		case t == tag && x.slots[i].name == name:
-			return x.slots[i]
+			return i
 		}
 	}
 }
 
-// put adds l, replacing a record of the same name.
-func (x *lockIndex) put(l *lock) {
-	if x.slots == nil {
-		x.seed = maphash.MakeSeed()
-		x.resize(minIndexSlots)
-	} else if (x.n+1)*indexLoadDen > len(x.slots)*indexLoadNum {
-		x.resize(2 * len(x.slots))
+// get returns the record called name, or nil.
+func (x *lockIndex) get(name string) *lock {
+	if i := x.find(name); i >= 0 {
+		return x.slots[i]
 	}
-	if x.insert(l) {
-		x.n++
-	}
+	return nil
 }
 
-// insert puts l in its slot, reporting whether it was new (not a replacement); the
-// table has room.
-func (x *lockIndex) insert(l *lock) bool {
+// put adds l, replacing a record of the same name.
+func (x *lockIndex) put(l *lock) {
+	switch {
+	case x.slots == nil:
+		x.seed = maphash.MakeSeed()
+		x.resize(minIndexSlots)
+	case (x.n+x.dead+1)*4 > len(x.slots)*3:
+		if (x.n+1)*8 > len(x.slots)*3 {
+			x.resize(2 * len(x.slots))
+		} else {
+			x.resize(len(x.slots)) // only tombstones to clear
+		}
+	}
 	mask := len(x.slots) - 1
+	free := -1 // the first tombstone on the way
 	for i, tag := x.hash(l.name); ; i = (i + 1) & mask {
 		switch t := x.tags[i]; {
-		case t == 0:
+		case t == tagEmpty:
+			if free >= 0 {
+				i = free
+				x.dead--
+			}
 			x.slots[i], x.tags[i] = l, tag
-			return true
+			x.n++
+			return
+		case t == tagDeleted:
+			if free < 0 {
+				free = i
+			}
 		case t == tag && x.slots[i].name == l.name:
 			x.slots[i] = l
-			return false
+			return
 		}
 	}
 }
 
 // del removes the record called name, if there is one.
 func (x *lockIndex) del(name string) {
-	if x.n == 0 {
+	i := x.find(name)
+	if i < 0 {
 		return
 	}
 	mask := len(x.slots) - 1
-	i, tag := x.hash(name)
-	for ; ; i = (i + 1) & mask {
-		t := x.tags[i]
-		if t == 0 {
-			return
-		}
-		if t == tag && x.slots[i].name == name {
-			break
+	x.slots[i], x.tags[i] = nil, tagDeleted
+	x.n--
+	x.dead++
+	if x.tags[(i+1)&mask] == tagEmpty {
+		// The run ends here: this tombstone and those just before it stop no probe.
+		for ; x.tags[i] == tagDeleted; i = (i - 1) & mask {
+			x.tags[i] = tagEmpty
+			x.dead--
 		}
 	}
-	// Backward shift: the records after i in its run move up into the hole when their
-	// home slot allows it, so that no probe ever meets an empty slot before its record.
-	for j := i; ; {
-		x.slots[i], x.tags[i] = nil, 0
-		for {
-			j = (j + 1) & mask
-			if x.tags[j] == 0 {
-				x.n--
-				if len(x.slots) > minIndexSlots && x.n*indexShrinkFrac < len(x.slots) {
-					x.resize(len(x.slots) / 2)
-				}
-				return
-			}
-			home, _ := x.hash(x.slots[j].name)
-			// j's record may move to i unless its home lies cyclically in (i, j].
-			if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
-				break
-			}
-		}
-		x.slots[i], x.tags[i] = x.slots[j], x.tags[j]
-		i = j
+	if len(x.slots) > minIndexSlots && x.n*8 < len(x.slots) {
+		x.resize(len(x.slots) / 2)
 	}
 }
 
-// resize moves every record into a table of n slots (a power of two, room for them).
+// resize moves every record into a table of n slots (a power of two, room for them),
+// without tombstones.
 func (x *lockIndex) resize(n int) {
 	old := x.slots
-	x.slots, x.tags = make([]*lock, n), make([]uint8, n)
+	x.slots, x.tags, x.dead = make([]*lock, n), make([]uint8, n), 0
+	mask := n - 1
 	for _, l := range old {
-		if l != nil {
-			x.insert(l)
+		if l == nil {
+			continue
 		}
+		i, tag := x.hash(l.name)
+		for x.tags[i] != tagEmpty {
+			i = (i + 1) & mask
+		}
+		x.slots[i], x.tags[i] = l, tag
 	}
 }
 

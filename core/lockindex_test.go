@@ -50,8 +50,17 @@ func checkIndex(t *testing.T, x *lockIndex, m map[string]*lock) {
 	if x.len() != len(m) {
 		t.Fatalf("len %d, map %d", x.len(), len(m))
 	}
-	if len(x.slots) > 0 && x.len()*indexLoadDen > len(x.slots)*indexLoadNum {
-		t.Fatalf("%d records in %d slots", x.len(), len(x.slots))
+	if len(x.slots) > 0 && (x.len()+x.dead)*4 > len(x.slots)*3 {
+		t.Fatalf("%d records and %d tombstones in %d slots", x.len(), x.dead, len(x.slots))
+	}
+	dead := 0
+	for _, tag := range x.tags {
+		if tag == tagDeleted {
+			dead++
+		}
+	}
+	if dead != x.dead {
+		t.Fatalf("%d tombstones, counted %d", dead, x.dead)
 	}
 	seen := 0
 	for l := range x.all() {
@@ -69,7 +78,7 @@ func checkIndex(t *testing.T, x *lockIndex, m map[string]*lock) {
 		}
 	}
 	for i, l := range x.slots {
-		if (l == nil) != (x.tags[i] == 0) {
+		if (l == nil) != (x.tags[i] < tagBit) {
 			t.Fatalf("slot %d: record %p with tag %#x", i, l, x.tags[i])
 		}
 	}
@@ -118,6 +127,32 @@ func BenchmarkLockIndex(b *testing.B) {
 			if m[locks[i&(n-1)].name] == nil {
 				b.Fatal("missing")
 			}
+			i += 7919
+		}
+	})
+	b.Run("index/churn", func(b *testing.B) { // delete one record and put it back, all over the index
+		var x lockIndex
+		for _, l := range locks {
+			x.put(l)
+		}
+		i := 0
+		for b.Loop() {
+			l := locks[i&(n-1)]
+			x.del(l.name)
+			x.put(l)
+			i += 7919
+		}
+	})
+	b.Run("map/churn", func(b *testing.B) {
+		m := make(map[string]*lock)
+		for _, l := range locks {
+			m[l.name] = l
+		}
+		i := 0
+		for b.Loop() {
+			l := locks[i&(n-1)]
+			delete(m, l.name)
+			m[l.name] = l
 			i += 7919
 		}
 	})
