@@ -74,7 +74,7 @@ type flags struct {
 func main() {
 	var f flags
 	flag.StringVar(&f.systems, "systems", strings.Join(peers.Names, ","), "systems to compare, comma-separated; a leasehold system's name may end in "+peers.PerWorker+" (a client per worker instead of a Session per worker on one shared client), then in +tls, +auth or +tls+auth to run it secured (TLS on the API, fast lane and raft; a bearer token on every call), e.g. leasehold-efficiency,leasehold-efficiency-per-worker,leasehold-efficiency+tls+auth")
-	flag.StringVar(&f.scenarios, "scenarios", defaultScenarios, "comma-separated: uncontended-W, contended-W, semaphore-W-N (W workers, one semaphore of N), lockset-W-K (W workers, K locks each at once), scale-locks, scale-leases, scale-expiry; or all (the default set plus scale-locks and scale-leases)")
+	flag.StringVar(&f.scenarios, "scenarios", defaultScenarios, "comma-separated: uncontended-W, contended-W, semaphore-W-N (W workers, one semaphore of N), lockset-W-K (W workers, K locks each at once), scale-locks, scale-leases, scale-expiry; or all (the default set plus the three scale runs)")
 	flag.DurationVar(&f.duration, "duration", 10*time.Second, "measured time per scenario")
 	flag.IntVar(&f.rounds, "rounds", 1, "run every system's scenarios this many times, the systems taking turns (A B C A B C ...); the report keeps each system and scenario's round of median pairs/s and lists all of them")
 	flag.DurationVar(&f.warmup, "warmup", 2*time.Second, "warm-up per scenario, not measured")
@@ -130,7 +130,7 @@ func mainErr(f flags) int {
 	var scaleLocks, scaleLeases, scaleExpiry bool
 	names := split(f.scenarios)
 	if slices.Contains(names, "all") {
-		names = append(split(defaultScenarios), "scale-locks", "scale-leases")
+		names = append(split(defaultScenarios), "scale-locks", "scale-leases", "scale-expiry")
 	}
 	for _, n := range names {
 		switch n {

@@ -309,6 +309,25 @@ func (r *Report) expiry(b *strings.Builder, x scale.ExpiryResult) {
 		p("| %d | %v | %v | %s | %s / %s / %s | %.2f | %d |\n\n", x.Live, x.AllGone.Round(time.Millisecond), x.Early == 0, server,
 			dur(x.OutsideP50), dur(x.OutsideP99), dur(x.OutsideMax), x.ExpireCPU, x.Remaining)
 	}
+	if x.Failed == "" && x.Leases >= 1_000_000 {
+		verdict := func(ok bool) string {
+			if ok {
+				return "**met**"
+			}
+			return "missed"
+		}
+		p("| target (issue #16) | measured | verdict |\n|---|---|---|\n")
+		p("| 1,000,000 live leases: server ≤ 0.5 core | %.2f core | %s |\n", x.ServerCPU, verdict(x.ServerCPU <= 0.5))
+		p("| … ≤ 1 GiB RSS, ≤ 1 KiB per lease | %s, %.0f B per lease | %s |\n", mib(x.RSS), float64(x.RSS)/float64(x.Leases), verdict(x.RSS <= 1<<30))
+		p("| … none lost | %d lost | %s |\n", x.Lost, verdict(x.Lost == 0))
+		p("| 1,000,000 expiring at once: lateness p99 ≤ 1 s (server histogram) | %s | %s |\n", dur(x.ServerLateP99), verdict(x.ServerExpired > 0 && x.ServerLateP99 <= time.Second))
+		for _, pr := range x.Probes {
+			if pr.Phase == "expiry" {
+				p("| … other clients' grants p99 ≤ 10 ms (%s) | %s | %s |\n", pr.Class, dur(pr.P99), verdict(pr.N > 0 && pr.Errors == 0 && pr.P99 <= 10*time.Millisecond))
+			}
+		}
+		p("\n")
+	}
 	if len(x.Probes) > 0 {
 		p("Other clients meanwhile (one per class, an acquire and release every %v):\n\n", x.ProbeEvery)
 		p("| class | phase | acquires | p50 | p99 | max | errors |\n|---|---|---:|---:|---:|---:|---:|\n")
