@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -298,5 +299,44 @@ func TestLocksAcquireReleaseAllocs(t *testing.T) {
 	}
 	if tbl.leases[leaseA] != nil || len(tbl.spare) != 1 {
 		t.Fatalf("after the pairs: index %v, %d spare; want none and one", tbl.leases[leaseA], len(tbl.spare))
+	}
+}
+
+// BenchmarkLedgerNote is what the ledger adds to every grant and release (Note of the
+// acquire and of the release): of one lock at its per-lock bound, and of locks cycling
+// through a ledger at its total bound (each end drops the oldest of all).
+func BenchmarkLedgerNote(b *testing.B) {
+	holder := Holder{Host: "web-1", PID: 42}
+	for _, bc := range []struct {
+		name  string
+		names int
+	}{{"one-lock", 1}, {"total-bound", 20_000}} {
+		b.Run(bc.name, func(b *testing.B) {
+			g := NewLedger(Limits{LedgerPerLock: 16, LedgerTotal: 10_000})
+			names := make([]string, bc.names)
+			for i := range names {
+				names[i] = fmt.Sprintf("orders/%06d", i)
+			}
+			token := uint64(0)
+			pair := func() {
+				token++
+				name := names[token%uint64(len(names))]
+				g.Note(Event{Kind: EventAcquired, Name: name, Token: token, Holder: holder}, int64(token))
+				g.Note(Event{Kind: EventReleased, Name: name, Token: token, Holder: holder}, int64(token)+1)
+			}
+			for range 2 * max(bc.names, 16) {
+				pair()
+			}
+			b.ReportAllocs()
+			var before, after syscall.Rusage
+			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &before)
+			for b.Loop() {
+				pair()
+			}
+			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &after)
+			// CPU time is steadier than ns/op on a machine others share.
+			cpu := after.Utime.Nano() + after.Stime.Nano() - before.Utime.Nano() - before.Stime.Nano()
+			b.ReportMetric(float64(cpu)/float64(b.N), "cpu-ns/op")
+		})
 	}
 }

@@ -1,7 +1,5 @@
 package core
 
-import "slices"
-
 // boundedLog is a bounded record of recent entries of many names, in the order they
 // were added (the log's, in the replicated state): each name keeps its last perName
 // entries, and all names together at most total — and, when bytes is above 0, entries
@@ -13,25 +11,28 @@ import "slices"
 // Memory: one record per entry held, one pointer to it in its name's list and one in
 // the order, and a map entry per name. Adding an entry at a bound allocates nothing: the
 // records dropped are kept (at most maxSpare of them) and reused.
-type boundedLog[T logged] struct {
+type boundedLog[T any, P logged[T]] struct {
 	perName, total, bytes int
 	byName                map[string]*nameEntries[T]
 	// order[head:] are the entries held, oldest first, and some dropped by their name's
-	// bound (gone): those go when they reach the front, or all at once (squeeze) when
-	// they pass squeezeAfter and a quarter of the live ones. pop moves order down once
-	// half of it is free, so that a full log grows nothing.
+	// bound (gone): those go when they reach the front, or all at once (squeeze) once
+	// four of them for each live one pass squeezeAfter (a quarter of the live and 16
+	// more). pop moves order down once half of it is free, so that a full log grows
+	// nothing.
 	order []*logEntry[T]
 	head  int
 	live  int // entries in order not gone
 	gone  int // entries in order[head:] that are gone
-	size  int // the sizes (logSize) of the live entries
+	size  int // the sizes (logSize) of the live entries; 0 without a byte bound
 	// spare are records no longer in the log, reused by add.
 	spare []*logEntry[T]
 }
 
-// logged is what a boundedLog holds: an entry of the name logName, costing logSize
-// against the log's byte bound (0 for a log without one).
-type logged interface {
+// logged is what a boundedLog holds (its methods on a pointer, so that calling them
+// through the type parameter copies nothing): an entry of the name logName, costing
+// logSize against the log's byte bound (called only when it has one).
+type logged[T any] interface {
+	*T
 	logName() string
 	logSize() int
 }
@@ -49,24 +50,24 @@ type nameEntries[T any] struct{ list []*logEntry[T] }
 // maxSpare bounds boundedLog.spare.
 const maxSpare = 64
 
-// squeezeAfter is the slack of gone entries the order may hold beyond a quarter of the
-// live ones before squeeze takes them out, so that squeezing costs O(1) per add on
-// average.
+// squeezeAfter is the slack before squeeze takes the gone out of the order: once
+// 4*gone > live+squeezeAfter, so that the order stays within a quarter of the live
+// (and 16) beyond them and squeezing costs O(1) per add on average.
 const squeezeAfter = 64
 
 // newBoundedLog returns an empty log keeping perName entries of each name, total in
 // all and (bytes above 0) at most bytes of logSize in all.
-func newBoundedLog[T logged](perName, total, bytes int) boundedLog[T] {
-	return boundedLog[T]{perName: perName, total: total, bytes: bytes, byName: make(map[string]*nameEntries[T])}
+func newBoundedLog[T any, P logged[T]](perName, total, bytes int) boundedLog[T, P] {
+	return boundedLog[T, P]{perName: perName, total: total, bytes: bytes, byName: make(map[string]*nameEntries[T])}
 }
 
 // add appends v, dropping its name's oldest beyond perName and the oldest of all beyond
 // the totals, and returns the last entry the totals dropped (ok false when they dropped
 // none; an entry its name's bound drops is not returned).
-func (g *boundedLog[T]) add(v T) (dropped T, ok bool) {
+func (g *boundedLog[T, P]) add(v T) (dropped T, ok bool) {
 	e := g.record()
 	e.v = v
-	name := v.logName()
+	name := P(&e.v).logName()
 	ne := g.byName[name]
 	if ne == nil {
 		ne = &nameEntries[T]{}
@@ -76,28 +77,34 @@ func (g *boundedLog[T]) add(v T) (dropped T, ok bool) {
 	if len(ne.list) > g.perName {
 		old := ne.list[0]
 		old.gone = true
-		ne.list = slices.Delete(ne.list, 0, 1)
+		ne.list = dropOldest(ne.list)
 		g.live--
 		g.gone++
-		g.size -= old.v.logSize()
+		g.size -= g.sizeOf(old)
 	}
 	g.order = append(g.order, e)
 	g.live++
-	g.size += v.logSize()
+	g.size += g.sizeOf(e)
 	for g.live > g.total || g.bytes > 0 && g.size > g.bytes && g.live > 1 {
-		g.trim()
 		old := g.pop()
-		g.live--
-		g.size -= old.v.logSize()
-		name := old.v.logName()
-		ne := g.byName[name] // old is its name's oldest
-		if ne.list = slices.Delete(ne.list, 0, 1); len(ne.list) == 0 {
-			delete(g.byName, name)
+		if old.gone {
+			g.gone--
+		} else {
+			g.live--
+			g.size -= g.sizeOf(old)
+			name := P(&old.v).logName()
+			ne := g.byName[name] // old is its name's oldest
+			if ne.list = dropOldest(ne.list); len(ne.list) == 0 {
+				delete(g.byName, name)
+			}
+			dropped, ok = old.v, true
 		}
-		dropped, ok = old.v, true
 		g.free(old)
 	}
-	g.trim()
+	for g.head < len(g.order) && g.order[g.head].gone { // keep the order from filling with the gone
+		g.free(g.pop())
+		g.gone--
+	}
 	if 4*g.gone > g.live+squeezeAfter {
 		// A quiet name's old entry at the front of the order would otherwise keep a busy
 		// name's dropped entries behind it for ever: the order would grow with every add.
@@ -106,16 +113,24 @@ func (g *boundedLog[T]) add(v T) (dropped T, ok bool) {
 	return dropped, ok
 }
 
-// trim drops the gone from the front of the order, so that it never fills with them.
-func (g *boundedLog[T]) trim() {
-	for g.head < len(g.order) && g.order[g.head].gone {
-		g.free(g.pop())
-		g.gone--
+// sizeOf returns what e costs against the byte bound (0 without one: logSize is not
+// called).
+func (g *boundedLog[T, P]) sizeOf(e *logEntry[T]) int {
+	if g.bytes <= 0 {
+		return 0
 	}
+	return P(&e.v).logSize()
+}
+
+// dropOldest returns list without its first entry, in the same array.
+func dropOldest[E any](list []*E) []*E {
+	n := copy(list, list[1:])
+	list[n] = nil
+	return list[:n]
 }
 
 // pop takes the oldest record out of the order.
-func (g *boundedLog[T]) pop() *logEntry[T] {
+func (g *boundedLog[T, P]) pop() *logEntry[T] {
 	e := g.order[g.head]
 	g.order[g.head] = nil
 	g.head++
@@ -128,7 +143,7 @@ func (g *boundedLog[T]) pop() *logEntry[T] {
 }
 
 // squeeze takes the gone entries out of the order, keeping the others in their order.
-func (g *boundedLog[T]) squeeze() {
+func (g *boundedLog[T, P]) squeeze() {
 	n := 0
 	for _, e := range g.order[g.head:] {
 		if e.gone {
@@ -143,7 +158,7 @@ func (g *boundedLog[T]) squeeze() {
 }
 
 // record returns a record for add: a spare one, or a new one.
-func (g *boundedLog[T]) record() *logEntry[T] {
+func (g *boundedLog[T, P]) record() *logEntry[T] {
 	n := len(g.spare)
 	if n == 0 {
 		return new(logEntry[T])
@@ -155,7 +170,7 @@ func (g *boundedLog[T]) record() *logEntry[T] {
 }
 
 // free keeps e, which nothing refers to any more, for reuse.
-func (g *boundedLog[T]) free(e *logEntry[T]) {
+func (g *boundedLog[T, P]) free(e *logEntry[T]) {
 	if len(g.spare) < maxSpare {
 		*e = logEntry[T]{}
 		g.spare = append(g.spare, e)
@@ -164,7 +179,7 @@ func (g *boundedLog[T]) free(e *logEntry[T]) {
 
 // of returns name's entries held, oldest first. The list is the log's: it changes with
 // the next add.
-func (g *boundedLog[T]) of(name string) []*logEntry[T] {
+func (g *boundedLog[T, P]) of(name string) []*logEntry[T] {
 	if ne := g.byName[name]; ne != nil {
 		return ne.list
 	}
@@ -172,13 +187,13 @@ func (g *boundedLog[T]) of(name string) []*logEntry[T] {
 }
 
 // has reports whether the log holds an entry of name.
-func (g *boundedLog[T]) has(name string) bool { return g.byName[name] != nil }
+func (g *boundedLog[T, P]) has(name string) bool { return g.byName[name] != nil }
 
 // full reports whether name holds perName entries: its older ones may have been dropped.
-func (g *boundedLog[T]) full(name string) bool { return len(g.of(name)) >= g.perName }
+func (g *boundedLog[T, P]) full(name string) bool { return len(g.of(name)) >= g.perName }
 
 // newest returns the entry added last that is still held, and false when none is.
-func (g *boundedLog[T]) newest() (*T, bool) {
+func (g *boundedLog[T, P]) newest() (*T, bool) {
 	// The newest entry is live: its name's bound drops older ones, and the totals keep
 	// the newest.
 	if g.head == len(g.order) {
@@ -188,7 +203,7 @@ func (g *boundedLog[T]) newest() (*T, bool) {
 }
 
 // appendTo appends copies of the entries held to out, oldest first, and returns it.
-func (g *boundedLog[T]) appendTo(out []T) []T {
+func (g *boundedLog[T, P]) appendTo(out []T) []T {
 	for _, e := range g.order[g.head:] {
 		if !e.gone {
 			out = append(out, e.v)

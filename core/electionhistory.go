@@ -59,11 +59,11 @@ type ElectionChange struct {
 	WallMillis int64 `json:"wall,omitempty"`
 }
 
-func (c ElectionChange) logName() string { return c.Name }
+func (c *ElectionChange) logName() string { return c.Name }
 
 // logSize is what c costs the history's byte bound: its variable parts and a fixed
 // overhead per change.
-func (c ElectionChange) logSize() int {
+func (c *ElectionChange) logSize() int {
 	return changeOverhead + len(c.Name) + len(c.Value) + len(c.Holder.Host) + len(c.Holder.Note)
 }
 
@@ -100,7 +100,7 @@ type history struct {
 	// floor is the highest revision dropped by the totals (0: none): a change of any
 	// election at or below it may be gone.
 	floor   uint64
-	changes boundedLog[ElectionChange]
+	changes boundedLog[ElectionChange, *ElectionChange]
 }
 
 func newHistory(l Limits) history {

@@ -419,6 +419,6 @@ func TestElectionChangeBytes(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	n := elections * per
 	got := float64(after.HeapAlloc-before.HeapAlloc) / float64(n)
-	t.Logf("%.0f bytes per held election change (%d changes: %.1f MB); the byte bound counts %d for each", got, n, got*float64(n)/1e6, ElectionChange{Name: "svc/000000000000", Value: []byte("10.0.0.0:8080"), Holder: Holder{Host: "worker-0.example"}}.logSize())
+	t.Logf("%.0f bytes per held election change (%d changes: %.1f MB); the byte bound counts %d for each", got, n, got*float64(n)/1e6, (&ElectionChange{Name: "svc/000000000000", Value: []byte("10.0.0.0:8080"), Holder: Holder{Host: "worker-0.example"}}).logSize())
 	runtime.KeepAlive(&h)
 }

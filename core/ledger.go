@@ -49,11 +49,11 @@ type Ledger struct {
 	// change, so at one time, and always ended together). The map holds no pointer:
 	// with a million locks held, the GC does not scan it.
 	open  map[uint64]openStart
-	ended boundedLog[Tenure] // the ended tenures, by lock
+	ended boundedLog[Tenure, *Tenure] // the ended tenures, by lock
 }
 
-func (t Tenure) logName() string { return t.Name }
-func (t Tenure) logSize() int    { return 0 } // the ledger has no byte bound
+func (t *Tenure) logName() string { return t.Name }
+func (t *Tenure) logSize() int    { return 0 } // the ledger has no byte bound
 
 // NewLedger returns an empty ledger bounded by l's LedgerPerLock and LedgerTotal (their
 // defaults when unset).
