@@ -59,6 +59,7 @@ type ElectionChange struct {
 	WallMillis int64 `json:"wall,omitempty"`
 }
 
+// logName and logSize make an ElectionChange an entry of a boundedLog.
 func (c *ElectionChange) logName() string { return c.Name }
 
 // logSize is what c costs the history's byte bound: its variable parts and a fixed

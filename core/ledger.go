@@ -52,6 +52,7 @@ type Ledger struct {
 	ended boundedLog[Tenure, *Tenure] // the ended tenures, by lock
 }
 
+// logName and logSize make a Tenure an entry of a boundedLog.
 func (t *Tenure) logName() string { return t.Name }
 func (t *Tenure) logSize() int    { return 0 } // the ledger has no byte bound
 
