@@ -619,10 +619,10 @@ func checkState(s *State) error {
 			return fmt.Errorf("bad lease entry %s: ttl %d", id, ttl)
 		}
 	}
-	if len(s.tombstones) != len(s.tombOrder) || len(s.tombOrder) > tombstoneCap {
-		return fmt.Errorf("tombstones: %d entries, %d in order, cap %d", len(s.tombstones), len(s.tombOrder), tombstoneCap)
+	if len(s.tombstones) != len(s.tombs()) || len(s.tombs()) > tombstoneCap {
+		return fmt.Errorf("tombstones: %d entries, %d in order, cap %d", len(s.tombstones), len(s.tombs()), tombstoneCap)
 	}
-	for _, id := range s.tombOrder {
+	for _, id := range s.tombs() {
 		if id.IsZero() {
 			return fmt.Errorf("tombstone with the zero lease id")
 		}

@@ -103,7 +103,7 @@ func (s *State) SnapshotView() *SnapshotView {
 		seq:        s.seq,
 		leases:     make([]Lease, 0, len(s.leases)),
 		locks:      s.locks.records(),
-		tombstones: make([]tombstone, 0, len(s.tombOrder)),
+		tombstones: make([]tombstone, 0, len(s.tombs())),
 		kvRev:      s.kv.rev,
 		kv:         make([]Entry, 0, len(s.kv.entries)),
 		members:    s.Members(),
@@ -121,7 +121,7 @@ func (s *State) SnapshotView() *SnapshotView {
 	for id, ttl := range s.leases {
 		v.leases = append(v.leases, Lease{ID: id, TTLMillis: ttl})
 	}
-	for _, id := range s.tombOrder {
+	for _, id := range s.tombs() {
 		v.tombstones = append(v.tombstones, tombstone{ID: id, Reason: s.tombstones[id]})
 	}
 	for _, e := range s.kv.entries {

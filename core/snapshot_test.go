@@ -49,7 +49,7 @@ func oneShotSnapshot(t testing.TB, s *State) []byte {
 	for _, n := range s.locks.sortedNames() {
 		snap.Locks = append(snap.Locks, s.locks.Get(n))
 	}
-	for _, id := range s.tombOrder {
+	for _, id := range s.tombs() {
 		snap.Tombstones = append(snap.Tombstones, tombstone{ID: id, Reason: s.tombstones[id]})
 	}
 	for _, k := range slices.Sorted(func(yield func(string) bool) {

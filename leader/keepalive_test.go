@@ -193,3 +193,44 @@ func TestExpiryRetried(t *testing.T) {
 		}
 	})
 }
+
+// TestKeepAliveThenConfirmsLeadership: KeepAliveThen, the fast lane's keepalive,
+// restarts the countdown at once and answers only after a confirmation, as KeepAlive
+// does: a leader that cannot confirm answers ErrNotLeader for a live lease and for one
+// it counts as gone.
+func TestKeepAliveThenConfirmsLeadership(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, fl := newLeader(t, leader.Config{})
+		promote(t, l)
+		const ttl = time.Second
+		id := grant(t, l, ttl)
+		acquire(t, l, id, "confirm/then", core.Correctness, acquireOpts{})
+		time.Sleep(600 * time.Millisecond)
+		keepAlive := func(lease core.LeaseID) (leader.KeepAliveResult, error) {
+			type answer struct {
+				ka  leader.KeepAliveResult
+				err error
+			}
+			got := make(chan answer, 1)
+			l.KeepAliveThen(lease, func(ka leader.KeepAliveResult, err error) { got <- answer{ka, err} })
+			a := <-got
+			return a.ka, a.err
+		}
+		n := fl.verifications()
+		if ka, err := keepAlive(id); err != nil || ka.TTL != ttl {
+			t.Fatalf("KeepAliveThen = %+v, %v", ka, err)
+		}
+		if fl.verifications() != n+1 {
+			t.Fatalf("KeepAliveThen asked for %d confirmations, want 1", fl.verifications()-n)
+		}
+		if v, err := l.Describe("confirm/then"); err != nil || v.TTLRemaining != ttl {
+			t.Fatalf("after KeepAliveThen: %v left (%v), want the full %v", v.TTLRemaining, err, ttl)
+		}
+		fl.setDeposed(true)
+		for _, lease := range []core.LeaseID{id, {0x99}} {
+			if _, err := keepAlive(lease); !errors.Is(err, leader.ErrNotLeader) || !errors.Is(err, errFakeDeposed) || errors.Is(err, core.ErrLeaseNotFound) {
+				t.Fatalf("KeepAliveThen(%s) on a deposed leader: %v; want ErrNotLeader wrapping the log's error", lease, err)
+			}
+		}
+	})
+}

@@ -56,6 +56,9 @@ type Log interface {
 	// the call, that this node still leads: no newer leader had been elected by then.
 	// Otherwise it returns an error (ctx's own when ctx ended first).
 	VerifyLeader(ctx context.Context) error
+	// VerifyLeaderThen is VerifyLeader without the wait (and without a context): then
+	// gets its answer once, possibly on the caller's goroutine, and must not block.
+	VerifyLeaderThen(then func(error))
 }
 
 // Config configures a Leader. Every zero field stands for its default (DefaultConfig).

@@ -119,6 +119,11 @@ func (f *fakeLog) VerifyLeader(ctx context.Context) error {
 	return nil
 }
 
+// VerifyLeaderThen answers like VerifyLeader, on a goroutine of its own.
+func (f *fakeLog) VerifyLeaderThen(then func(error)) {
+	go func() { then(f.VerifyLeader(context.Background())) }()
+}
+
 // setDeposed makes VerifyLeader fail (true) or succeed.
 func (f *fakeLog) setDeposed(d bool) {
 	f.mu.Lock()

@@ -408,6 +408,23 @@ func (n *Node) VerifyLeader(ctx context.Context) error {
 	return nil
 }
 
+// VerifyLeaderThen is VerifyLeader without the wait: then gets what VerifyLeader would
+// have returned, once, and must not block. It runs on the goroutine that runs the
+// confirmation rounds, or at once on the caller's goroutine when this node is not the
+// leader.
+func (n *Node) VerifyLeaderThen(then func(error)) {
+	if n.raft.State() != raft.Leader {
+		then(ErrNotLeader)
+		return
+	}
+	n.verifier.verifyThen(func(err error) {
+		if err != nil {
+			err = fmt.Errorf("%w: %w", ErrNotLeader, err)
+		}
+		then(err)
+	})
+}
+
 // confirmRound starts one leadership confirmation. A one-voter cluster cannot be
 // deposed, and raft answers its VerifyLeader at once. With more voters, raft's
 // VerifyLeader is not enough: it counts the next heartbeat answer from each follower,

@@ -23,23 +23,20 @@ type verifier struct {
 }
 
 // verifyRound is one confirmation round and the callers that wait for it: err is set
-// before done is closed.
+// before done is closed and before thens are called.
 type verifyRound struct {
-	done chan struct{}
-	err  error
+	done  chan struct{} // nil until a caller waits on it (verify)
+	thens []func(error) // the callers that do not wait (verifyThen)
+	err   error
 }
 
 // verify returns nil once a round that started after the call was confirmed by a quorum,
 // the round's error if it failed, or ctx's error.
 func (v *verifier) verify(ctx context.Context) error {
 	v.mu.Lock()
-	if v.next == nil {
-		v.next = &verifyRound{done: make(chan struct{})}
-	}
-	r := v.next
-	if !v.running {
-		v.running = true
-		go v.run()
+	r := v.joinLocked()
+	if r.done == nil {
+		r.done = make(chan struct{})
 	}
 	v.mu.Unlock()
 	select {
@@ -48,6 +45,30 @@ func (v *verifier) verify(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// verifyThen is verify without the wait: then gets what verify would have returned
+// (there is no context), once, on the goroutine that runs rounds, and must not block.
+// A caller that answers many requests (a keepalive each) so needs no goroutine, channel
+// or wake-up per request.
+func (v *verifier) verifyThen(then func(error)) {
+	v.mu.Lock()
+	r := v.joinLocked()
+	r.thens = append(r.thens, then)
+	v.mu.Unlock()
+}
+
+// joinLocked returns the round the callers arriving now wait for, and makes sure a
+// goroutine runs it.
+func (v *verifier) joinLocked() *verifyRound {
+	if v.next == nil {
+		v.next = &verifyRound{}
+	}
+	if !v.running {
+		v.running = true
+		go v.run()
+	}
+	return v.next
 }
 
 // run starts rounds until no caller is waiting. Every caller of a round joined it
@@ -64,6 +85,11 @@ func (v *verifier) run() {
 		}
 		v.mu.Unlock()
 		r.err = v.round().Error()
-		close(r.done)
+		if r.done != nil {
+			close(r.done)
+		}
+		for _, then := range r.thens {
+			then(r.err)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -22,6 +23,7 @@ var (
 	methodAcquire    = fastlane.MustMethodOf(leaseholdv1connect.LockServiceAcquireProcedure)
 	methodCheckToken = fastlane.MustMethodOf(leaseholdv1connect.LockServiceCheckTokenProcedure)
 	methodGrant      = fastlane.MustMethodOf(leaseholdv1connect.LeaseServiceGrantProcedure)
+	methodKeepAlive  = fastlane.MustMethodOf(leaseholdv1connect.LeaseServiceKeepAliveProcedure)
 	methodRelease    = fastlane.MustMethodOf(leaseholdv1connect.LockServiceReleaseProcedure)
 )
 
@@ -360,6 +362,31 @@ func (l *lane) roundTrip(m fastlane.Method, req, resp proto.Message) fastlane.Ki
 		}
 	}
 	return f.Kind
+}
+
+// keepAlive renews lease and waits up to d for the answer: nil for an acknowledgment,
+// an error for an error frame or no answer in time (the connection is then of no more
+// use: an answer may still come).
+func (l *lane) keepAlive(lease string, d time.Duration) error {
+	l.t.Helper()
+	id := l.send(fastlane.KindRequest, methodKeepAlive, &leaseholdv1.KeepAliveRequest{LeaseId: lease})
+	_ = l.conn.SetReadDeadline(time.Now().Add(d))
+	defer func() { _ = l.conn.SetReadDeadline(time.Time{}) }()
+	for {
+		f, err := l.r.Read()
+		if err != nil {
+			return err
+		}
+		if f.ID != id {
+			continue // the late answer to an earlier keepalive
+		}
+		if f.Kind != fastlane.KindResponse {
+			var fe leaseholdv1.FastLaneError
+			_ = proto.Unmarshal(f.Payload, &fe)
+			return fmt.Errorf("keepalive refused: code %d: %s", fe.GetCode(), fe.GetMessage())
+		}
+		return nil
+	}
 }
 
 func (l *lane) lease() string {

@@ -102,17 +102,27 @@ func (o on) heldUntil(name string, token uint64, until time.Time, why string) {
 //     Without that confirmation L acknowledges every keepalive and N, which restarted
 //     the countdown when it took over, expires the lease TTL after that, before TTL
 //     after L's acknowledgments.
+//
+// Each case runs with the keepalives through the server's handler and through the fast
+// lane, whose reader renews and leaves the answer to the next confirmation round
+// (Server.keepAliveThen).
 func TestKeepAliveToCutOffLeader(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		depose bool
-	}{{"partitioned", false}, {"deposed", true}} {
+		name     string
+		depose   bool
+		fastLane bool
+	}{{"partitioned", false, false}, {"deposed", true, false}, {"partitioned/fast-lane", false, true}, {"deposed/fast-lane", true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := clustertest.MakeCluster(t, 3, clustertest.Options{})
 			L := c.Leader()
 			const ttl = 2 * time.Second
 			lease := at(t, L).grant(ttl)
 			token := at(t, L).acquire(lease, "cutoff/lock", correctness)
+			keepAlive := func() error { return at(t, L).keepAlive(lease, 200*time.Millisecond) }
+			if tc.fastLane {
+				ln := dialLane(t, L.FastLaneAddr())
+				keepAlive = func() error { return ln.keepAlive(lease, 200*time.Millisecond) }
+			}
 			if tc.depose {
 				c.Depose(L)
 			} else {
@@ -135,7 +145,7 @@ func TestKeepAliveToCutOffLeader(t *testing.T) {
 					default:
 					}
 					sent := time.Now()
-					err := at(t, L).keepAlive(lease, 200*time.Millisecond)
+					err := keepAlive()
 					mu.Lock()
 					if err == nil {
 						acked++

@@ -28,7 +28,8 @@ func methodTable() []*method {
 	return []*method{
 		// LeaseService
 		unary(leaseholdv1connect.LeaseServiceGrantProcedure, (*Server).Grant, needs(permLock)),
-		unary(leaseholdv1connect.LeaseServiceKeepAliveProcedure, (*Server).KeepAlive, needs(permLock)),
+		unary(leaseholdv1connect.LeaseServiceKeepAliveProcedure, (*Server).KeepAlive, needs(permLock),
+			readerProposes((*Server).keepAliveThen)),
 		unary(leaseholdv1connect.LeaseServiceRevokeProcedure, (*Server).Revoke, needs(permLock)),
 		serverStream(leaseholdv1connect.LeaseServiceBindProcedure, (*Server).Bind, needs(permLock)),
 		// LockService

@@ -168,11 +168,15 @@ func (s *Server) KeepAlive(ctx context.Context, req *leaseholdv1.KeepAliveReques
 	if err != nil {
 		return nil, err
 	}
+	return keepAliveResponse(ka), nil
+}
+
+func keepAliveResponse(ka leader.KeepAliveResult) *leaseholdv1.KeepAliveResponse {
 	resp := &leaseholdv1.KeepAliveResponse{TtlMs: ka.TTL.Milliseconds(), Epoch: ka.Epoch}
 	for _, l := range ka.Lost {
 		resp.Lost = append(resp.Lost, &leaseholdv1.LostLock{Name: l.Name, Token: l.Token, Reason: l.Reason})
 	}
-	return resp, nil
+	return resp
 }
 
 // Revoke serves LeaseService.Revoke: it ends a lease and releases its locks.

@@ -184,6 +184,9 @@ func (n *Node) Raft() *replication.Node { return n.running().Raft }
 // Restart.
 func (n *Node) Addr() string { return n.running().Addr() }
 
+// FastLaneAddr is the node's fast-lane address.
+func (n *Node) FastLaneAddr() string { return n.running().FastLaneAddr() }
+
 // serving reports whether the node runs and serves as leader.
 func (n *Node) serving() bool {
 	n.mu.Lock()

@@ -10,6 +10,7 @@
 //
 //	go run ./cmd/lockbench -duration 10s -warmup 2s             # the comparison
 //	go run ./cmd/lockbench -scenarios scale-locks,scale-leases  # the scale runs
+//	go run ./cmd/lockbench -scenarios scale-expiry             # 1M leases kept alive, then expiring at once
 package main
 
 import (
@@ -59,6 +60,11 @@ type flags struct {
 	scaleClients       int
 	scaleLeaseTTL      time.Duration
 	scaleWindow        time.Duration
+	expiryLeases       int
+	expiryConns        int
+	expiryTTL          time.Duration
+	expiryWindow       time.Duration
+	expiryProbe        time.Duration
 	profile            bool
 	clientProfile      bool
 	startTimeout       time.Duration
@@ -68,7 +74,7 @@ type flags struct {
 func main() {
 	var f flags
 	flag.StringVar(&f.systems, "systems", strings.Join(peers.Names, ","), "systems to compare, comma-separated; a leasehold system's name may end in "+peers.PerWorker+" (a client per worker instead of a Session per worker on one shared client), then in +tls, +auth or +tls+auth to run it secured (TLS on the API, fast lane and raft; a bearer token on every call), e.g. leasehold-efficiency,leasehold-efficiency-per-worker,leasehold-efficiency+tls+auth")
-	flag.StringVar(&f.scenarios, "scenarios", defaultScenarios, "comma-separated: uncontended-W, contended-W, semaphore-W-N (W workers, one semaphore of N), lockset-W-K (W workers, K locks each at once), scale-locks, scale-leases; or all (the default set plus both scale runs)")
+	flag.StringVar(&f.scenarios, "scenarios", defaultScenarios, "comma-separated: uncontended-W, contended-W, semaphore-W-N (W workers, one semaphore of N), lockset-W-K (W workers, K locks each at once), scale-locks, scale-leases, scale-expiry; or all (the default set plus scale-locks and scale-leases)")
 	flag.DurationVar(&f.duration, "duration", 10*time.Second, "measured time per scenario")
 	flag.IntVar(&f.rounds, "rounds", 1, "run every system's scenarios this many times, the systems taking turns (A B C A B C ...); the report keeps each system and scenario's round of median pairs/s and lists all of them")
 	flag.DurationVar(&f.warmup, "warmup", 2*time.Second, "warm-up per scenario, not measured")
@@ -92,6 +98,11 @@ func main() {
 	flag.IntVar(&f.scaleClients, "scale-clients", 100, "scale-leases: number of clients (connections) the leases are spread over")
 	flag.DurationVar(&f.scaleLeaseTTL, "scale-lease-ttl", 10*time.Second, "scale-leases: lease TTL (each lease gets TTL + k ms)")
 	flag.DurationVar(&f.scaleWindow, "scale-window", 30*time.Second, "scale-leases: measured window")
+	flag.IntVar(&f.expiryLeases, "scale-expiry-leases", 1_000_000, "scale-expiry: number of leases (one per simulated client, no locks)")
+	flag.IntVar(&f.expiryConns, "scale-expiry-conns", 64, "scale-expiry: fast-lane connections the simulated clients share")
+	flag.DurationVar(&f.expiryTTL, "scale-expiry-ttl", 30*time.Second, "scale-expiry: lease TTL (renewed every TTL/3, as the Go client does)")
+	flag.DurationVar(&f.expiryWindow, "scale-expiry-window", 30*time.Second, "scale-expiry: measured window while every lease is kept alive, before all expire at once")
+	flag.DurationVar(&f.expiryProbe, "scale-expiry-probe", 10*time.Millisecond, "scale-expiry: how often each probe client (one per class) acquires and releases a lock")
 	flag.BoolVar(&f.profile, "profile", false, "run leasehold with --pprof and write its CPU profile over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND][-nNODE].cpu.pprof (every node's, in a cluster) and, for scale-leases, to OUT/NAME-scale-leases.cpu.pprof; with the server's heap profile after each scale run's window in OUT/NAME-scale-leases.heap.pprof and OUT/NAME-scale-locks-CLASS.heap.pprof")
 	flag.DurationVar(&f.startTimeout, "start-timeout", 90*time.Second, "how long a server may take to start")
 	flag.BoolVar(&f.clientProfile, "client-profile", false, "write the benchmark process's CPU profile (where every system's clients run) over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND].client.cpu.pprof")
@@ -116,7 +127,7 @@ func mainErr(f flags) int {
 		}
 	}
 	var scenarios []run.Scenario
-	var scaleLocks, scaleLeases bool
+	var scaleLocks, scaleLeases, scaleExpiry bool
 	names := split(f.scenarios)
 	if slices.Contains(names, "all") {
 		names = append(split(defaultScenarios), "scale-locks", "scale-leases")
@@ -127,6 +138,8 @@ func mainErr(f flags) int {
 			scaleLocks = true
 		case "scale-leases":
 			scaleLeases = true
+		case "scale-expiry":
+			scaleExpiry = true
 		default:
 			sc, err := run.ParseScenario(n)
 			if err != nil {
@@ -180,7 +193,7 @@ func mainErr(f flags) int {
 	fmt.Fprintf(logw, "lockbench: fsync (4 KiB + fdatasync, %s): p50 %v p99 %v (%d samples) %s\n", rep.Fsync.FSType, rep.Fsync.P50, rep.Fsync.P99, rep.Fsync.Samples, rep.Fsync.Err)
 
 	opts := peers.Options{TTL: f.ttl, RedisRetry: f.redisRetry, LeaseholdBin: f.leaseholdBin, ZooKeeperHeap: f.zkHeap, LeaseholdPprof: f.profile}
-	needLeasehold := scaleLocks || scaleLeases || slices.ContainsFunc(systems, func(s string) bool { return strings.HasPrefix(s, "leasehold") })
+	needLeasehold := scaleLocks || scaleLeases || scaleExpiry || slices.ContainsFunc(systems, func(s string) bool { return strings.HasPrefix(s, "leasehold") })
 	if needLeasehold && opts.LeaseholdBin == "" {
 		opts.LeaseholdBin = filepath.Join(tmp, "leasehold")
 		fmt.Fprintf(logw, "lockbench: building leasehold from %s\n", f.root)
@@ -321,6 +334,26 @@ func mainErr(f flags) int {
 		if err != nil {
 			failed = true
 			rep.Leases = append(rep.Leases, scale.LeasesResult{System: sys.Name(), Leases: f.scaleLeases, Failed: err.Error()})
+		}
+	}
+
+	if scaleExpiry && ctx.Err() == nil {
+		sys := peers.NewLeasehold(opts, false)
+		profile := ""
+		if f.profile {
+			profile = filepath.Join(f.out, f.prefix+"-scale-expiry") // + ".cpu.pprof"
+		}
+		err := withLeasehold(ctx, sys, tmp, "scale-expiry", f.startTimeout, logw, func() {
+			r := scale.Expiry(ctx, sys, f.expiryLeases, f.expiryConns, f.expiryTTL, f.expiryWindow, f.expiryProbe, profile, logw)
+			rep.Expiry = append(rep.Expiry, r)
+			if r.Failed != "" {
+				failed = true
+				loud(logw, "scale-expiry FAILED: %s", r.Failed)
+			}
+		})
+		if err != nil {
+			failed = true
+			rep.Expiry = append(rep.Expiry, scale.ExpiryResult{System: sys.Name(), Leases: f.expiryLeases, Failed: err.Error()})
 		}
 	}
 

@@ -248,23 +248,19 @@ func (l *Leasehold) FetchHeapProfile(ctx context.Context, file string) error {
 	return l.fetchProfile(ctx, l.addrs[0], "/debug/pprof/heap?gc=1", file)
 }
 
+// FetchMetrics returns the first node's Prometheus metrics (/metrics) as text.
+func (l *Leasehold) FetchMetrics(ctx context.Context) (string, error) {
+	if len(l.addrs) == 0 {
+		return "", errors.New("leasehold: not started")
+	}
+	b, err := l.get(ctx, l.addrs[0], "/metrics")
+	return string(b), err
+}
+
 // fetchProfile writes the profile at path (under /debug/pprof/) of the server whose API
 // is at addr.
 func (l *Leasehold) fetchProfile(ctx context.Context, addr, path, file string) error {
-	req, hc, err := l.sec.httpGet(addr, path)
-	if err != nil {
-		return err
-	}
-	url := req.URL.String()
-	resp, err := hc.Do(req.WithContext(ctx))
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	b, err := io.ReadAll(resp.Body)
+	b, err := l.get(ctx, addr, path)
 	if err != nil {
 		return err
 	}
@@ -272,6 +268,24 @@ func (l *Leasehold) fetchProfile(ctx context.Context, addr, path, file string) e
 		return err
 	}
 	return os.WriteFile(file, b, 0o644)
+}
+
+// get returns the body of an HTTP GET of path on the server whose API is at addr.
+func (l *Leasehold) get(ctx context.Context, addr, path string) ([]byte, error) {
+	req, hc, err := l.sec.httpGet(addr, path)
+	if err != nil {
+		return nil, err
+	}
+	url := req.URL.String()
+	resp, err := hc.Do(req.WithContext(ctx))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return io.ReadAll(resp.Body)
 }
 
 // Stop closes the shared client and stops the servers.

@@ -49,6 +49,7 @@ type Report struct {
 	Rounds    [][]run.Result // every round, in the order they ran (empty for older runs)
 	Locks     []scale.LocksResult
 	Leases    []scale.LeasesResult
+	Expiry    []scale.ExpiryResult
 }
 
 func (r *Report) result(system, scenario string) (run.Result, bool) {
@@ -277,6 +278,42 @@ func (r *Report) scale(b *strings.Builder) {
 			p("| %d (server reports %d) | %d | %v | %v | %s | %.2f over %v | %s | %s | %.2f | %d |\n",
 				x.Leases, x.ServerLeases, x.Clients, x.TTL, x.Setup.Round(time.Second), rate(x.KeepalivesPerSec),
 				x.ServerCPU, x.Window.Round(time.Second), dur(x.CPUPerKeepalive), mib(x.RSS), x.BenchCPU, x.Lost)
+		}
+		p("\n")
+	}
+	for _, x := range r.Expiry {
+		r.expiry(b, x)
+	}
+}
+
+// expiry writes the scale-expiry run: the leases kept alive, their expiry at once, and
+// what the probe clients saw meanwhile.
+func (r *Report) expiry(b *strings.Builder, x scale.ExpiryResult) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	p("### Scale: %d leases kept alive, then expiring at once (leasehold %s)\n\n", x.Leases, x.Version)
+	if x.Failed != "" {
+		p("**FAILED: %s**\n\n", x.Failed)
+	}
+	p("| leases (server reports) | connections | TTL | grants/s | renewals/s | server CPU | CPU per renewal | server RSS | generator CPU | lost |\n")
+	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("| %d (%d) | %d | %v | %s | %s | %.2f over %v | %s | %s | %.2f | %d |\n\n",
+		x.Leases, x.ServerLeases, x.Conns, x.TTL, rate(x.GrantRate), rate(x.KeepalivesPerSec),
+		x.ServerCPU, x.Window.Round(time.Second), dur(x.CPUPerKeepalive), mib(x.RSS), x.GenCPU, x.Lost)
+	if x.Live > 0 {
+		server := "—"
+		if x.ServerExpired > 0 {
+			server = fmt.Sprintf("%s (bucket ≤ %s), %.0f expiries", dur(x.ServerLateP99), dur(x.ServerLateP99Bucket), x.ServerExpired)
+		}
+		p("| killed | all gone after | none early | expiry lateness p99, server histogram | lateness from outside p50 / p99 / max | server CPU while expiring | left |\n")
+		p("|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("| %d | %v | %v | %s | %s / %s / %s | %.2f | %d |\n\n", x.Live, x.AllGone.Round(time.Millisecond), x.Early == 0, server,
+			dur(x.OutsideP50), dur(x.OutsideP99), dur(x.OutsideMax), x.ExpireCPU, x.Remaining)
+	}
+	if len(x.Probes) > 0 {
+		p("Other clients meanwhile (one per class, an acquire and release every %v):\n\n", x.ProbeEvery)
+		p("| class | phase | acquires | p50 | p99 | max | errors |\n|---|---|---:|---:|---:|---:|---:|\n")
+		for _, pr := range x.Probes {
+			p("| %s | %s | %d | %s | %s | %s | %d %s |\n", pr.Class, pr.Phase, pr.N, dur(pr.P50), dur(pr.P99), dur(pr.Max), pr.Errors, cell(pr.FirstError))
 		}
 		p("\n")
 	}
