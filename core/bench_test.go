@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -18,6 +19,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	acquire := Command{Op: OpAcquire, Lease: leaseA, Name: "orders/42", Class: Correctness, Holder: Holder{Host: "web-1", PID: 42}}
 	release := Command{Op: OpRelease, Lease: leaseA, Name: "orders/42"}
 	b.ReportAllocs()
+	cpu := cpuTime()
 	for b.Loop() {
 		r := s.Apply(acquire)
 		if r.Err != nil || r.Queued {
@@ -28,6 +30,16 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			b.Fatal(r.Err)
 		}
 	}
+	b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+}
+
+// cpuTime is the CPU time this process has used (user and system, all its threads):
+// steadier than ns/op on a machine others share, as it leaves out the time this
+// process waited for a CPU.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkLocksAcquireRelease is the same on the leader's bare efficiency table.
@@ -360,5 +372,40 @@ func TestHeldLockBytes(t *testing.T) {
 	t.Logf("%.1f bytes of live heap per held correctness lock (bound %d)", per, heldLockBytesBound)
 	if per > heldLockBytesBound {
 		t.Errorf("a held correctness lock costs %.1f bytes of live heap, more than the bound of %d: see docs/PERFORMANCE.md (memory per held lock) before raising it", per, heldLockBytesBound)
+	}
+}
+
+// BenchmarkLedgerNote is what the ledger adds to every grant and release (Note of the
+// acquire and of the release): of one lock at its per-lock bound, and of locks cycling
+// through a ledger at its total bound (each end drops the oldest of all).
+func BenchmarkLedgerNote(b *testing.B) {
+	holder := Holder{Host: "web-1", PID: 42}
+	for _, bc := range []struct {
+		name  string
+		names int
+	}{{"one-lock", 1}, {"total-bound", 20_000}} {
+		b.Run(bc.name, func(b *testing.B) {
+			g := NewLedger(Limits{LedgerPerLock: 16, LedgerTotal: 10_000})
+			names := make([]string, bc.names)
+			for i := range names {
+				names[i] = fmt.Sprintf("orders/%06d", i)
+			}
+			token := uint64(0)
+			pair := func() {
+				token++
+				name := names[token%uint64(len(names))]
+				g.Note(Event{Kind: EventAcquired, Name: name, Token: token, Holder: holder}, int64(token))
+				g.Note(Event{Kind: EventReleased, Name: name, Token: token, Holder: holder}, int64(token)+1)
+			}
+			for range 2 * max(bc.names, 16) {
+				pair()
+			}
+			b.ReportAllocs()
+			cpu := cpuTime()
+			for b.Loop() {
+				pair()
+			}
+			b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+		})
 	}
 }

@@ -57,13 +57,14 @@ type ElectionChange struct {
 	// WallMillis is the proposer's wall clock when it proposed the change (Unix ms; 0:
 	// unknown). Display only.
 	WallMillis int64 `json:"wall,omitempty"`
-
-	gone bool // dropped by the per-election bound, still in the history's order
 }
 
-// size is what c costs the history's byte bound: its variable parts and a fixed
+// logName and logSize make an ElectionChange an entry of a boundedLog.
+func (c *ElectionChange) logName() string { return c.Name }
+
+// logSize is what c costs the history's byte bound: its variable parts and a fixed
 // overhead per change.
-func (c *ElectionChange) size() int {
+func (c *ElectionChange) logSize() int {
 	return changeOverhead + len(c.Name) + len(c.Value) + len(c.Holder.Host) + len(c.Holder.Note)
 }
 
@@ -93,23 +94,18 @@ func (e *HistoryCompactedError) Error() string {
 
 func (e *HistoryCompactedError) Unwrap() error { return ErrHistoryCompacted }
 
-// history is the bounded record of recent election changes.
+// history is the bounded record of recent election changes: a boundedLog by election,
+// with the revisions.
 type history struct {
-	perElection, total, bytes int
-	rev                       uint64 // the last revision given
+	rev uint64 // the last revision given
 	// floor is the highest revision dropped by the totals (0: none): a change of any
 	// election at or below it may be gone.
-	floor  uint64
-	byName map[string][]*ElectionChange // oldest first
-	order  []*ElectionChange            // every change held, oldest first; some gone
-	live   int                          // changes in order not gone
-	gone   int                          // changes in order gone
-	size   int                          // the size of the live
+	floor   uint64
+	changes boundedLog[ElectionChange, *ElectionChange]
 }
 
 func newHistory(l Limits) history {
-	return history{perElection: l.ElectionHistory, total: l.ElectionHistoryTotal, bytes: l.ElectionHistoryBytes,
-		byName: make(map[string][]*ElectionChange)}
+	return history{changes: newBoundedLog[ElectionChange](l.ElectionHistory, l.ElectionHistoryTotal, l.ElectionHistoryBytes)}
 }
 
 // note records a change of election name (c without its revision) made by the command
@@ -118,71 +114,24 @@ func (s *State) note(c ElectionChange) uint64 {
 	h := &s.history
 	c.Rev = max(h.rev+1, s.seq)
 	c.WallMillis = s.now
-	h.add(&c)
+	h.add(c)
 	return c.Rev
 }
 
 // add appends c (its revision above every one held), dropping the election's oldest
-// beyond perElection and the oldest of all beyond the totals.
-func (h *history) add(c *ElectionChange) {
+// beyond ElectionHistory and the oldest of all beyond the totals.
+func (h *history) add(c ElectionChange) {
 	h.rev = c.Rev
-	list := append(h.byName[c.Name], c)
-	if len(list) > h.perElection {
-		list[0].gone = true
-		h.gone++
-		h.live--
-		h.size -= list[0].size()
-		list = slices.Delete(list, 0, 1)
-	}
-	h.byName[c.Name] = list
-	h.order = append(h.order, c)
-	h.live++
-	h.size += c.size()
-	for h.live > h.total || h.size > h.bytes && h.live > 1 {
-		old := h.pop()
-		h.live--
-		h.size -= old.size()
+	if old, ok := h.changes.add(c); ok {
 		h.floor = old.Rev
-		rest := h.byName[old.Name][1:] // old is its election's oldest
-		if len(rest) == 0 {
-			delete(h.byName, old.Name)
-		} else {
-			h.byName[old.Name] = rest
-		}
-	}
-	h.trim()
-	if 4*h.gone > h.live+64 {
-		// A quiet election's old change at the front would keep the gone of a busy
-		// one behind it: squeeze them out, so order stays within a quarter of live.
-		h.order = slices.DeleteFunc(h.order, func(c *ElectionChange) bool { return c.gone })
-		h.gone = 0
-	}
-}
-
-// pop removes and returns the oldest change held (order's first not gone).
-func (h *history) pop() *ElectionChange {
-	h.trim()
-	old := h.order[0]
-	h.order[0] = nil
-	h.order = h.order[1:]
-	return old
-}
-
-// trim drops the gone from the front of order, so that it never fills with them.
-func (h *history) trim() {
-	for len(h.order) > 0 && h.order[0].gone {
-		h.order[0] = nil
-		h.order = h.order[1:]
-		h.gone--
 	}
 }
 
 // oldest returns the lowest resume point from which every later change of election
 // name is held.
 func (h *history) oldest(name string) uint64 {
-	list := h.byName[name]
-	if len(list) >= h.perElection { // full: its older changes may have been dropped
-		return max(h.floor, list[0].Rev-1)
+	if h.changes.full(name) { // its older changes may have been dropped
+		return max(h.floor, h.changes.of(name)[0].v.Rev-1)
 	}
 	return h.floor
 }
@@ -201,12 +150,12 @@ func (s *State) ElectionChanges(name string, after uint64, buf []ElectionChange)
 	if oldest := h.oldest(name); after < oldest {
 		return buf, &HistoryCompactedError{Name: name, After: after, Oldest: oldest}
 	}
-	list := h.byName[name]
-	i, _ := slices.BinarySearchFunc(list, after+1, func(c *ElectionChange, rev uint64) int {
-		return cmp.Compare(c.Rev, rev)
+	list := h.changes.of(name)
+	i, _ := slices.BinarySearchFunc(list, after+1, func(c *logEntry[ElectionChange], rev uint64) int {
+		return cmp.Compare(c.v.Rev, rev)
 	})
 	for _, c := range list[i:] {
-		buf = append(buf, *c)
+		buf = append(buf, c.v)
 	}
 	return buf, nil
 }
@@ -214,22 +163,16 @@ func (s *State) ElectionChanges(name string, after uint64, buf []ElectionChange)
 // LastElectionChange returns election name's newest change held, and false when none
 // is.
 func (s *State) LastElectionChange(name string) (ElectionChange, bool) {
-	list := s.history.byName[name]
+	list := s.history.changes.of(name)
 	if len(list) == 0 {
 		return ElectionChange{}, false
 	}
-	return *list[len(list)-1], true
+	return list[len(list)-1].v, true
 }
 
 // records returns the changes held, oldest first, for a snapshot.
 func (h *history) records() []ElectionChange {
-	out := make([]ElectionChange, 0, h.live)
-	for _, c := range h.order {
-		if !c.gone {
-			out = append(out, *c)
-		}
-	}
-	return out
+	return h.changes.appendTo(make([]ElectionChange, 0, h.changes.live))
 }
 
 // restoreChange adds a change read from a snapshot (records' order), after checking it.
@@ -251,15 +194,15 @@ func (s *State) restoreChange(c ElectionChange) error {
 		return fmt.Errorf("%w: bad election change in snapshot", ErrCorrupt)
 	}
 	rev := h.rev
-	h.add(&c)
+	h.add(c)
 	h.rev = rev // add moves rev to c's; the snapshot's "electionRev" came first
 	return nil
 }
 
 // lastHeld returns the revision of the newest change held (0: none).
 func (h *history) lastHeld() uint64 {
-	if len(h.order) == 0 {
-		return 0
+	if c, ok := h.changes.newest(); ok {
+		return c.Rev
 	}
-	return h.order[len(h.order)-1].Rev
+	return 0
 }

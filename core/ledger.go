@@ -28,8 +28,6 @@ type Tenure struct {
 	End EventKind `json:"how,omitempty"`
 	// Note is a force release's reason, with who asked.
 	Note string `json:"note,omitempty"`
-
-	gone bool // dropped by the per-lock bound, still in the ledger's order
 }
 
 // DefaultLedgerPerLock and DefaultLedgerTotal bound the ledger by default: the last 16
@@ -42,39 +40,27 @@ const (
 // Ledger is a bounded record of recent tenures, fed with a lock table's events (Note):
 // the replicated State keeps one for the correctness locks (State.History), and a
 // leader one for its efficiency table. It keeps each lock's last LedgerPerLock ended
-// tenures and LedgerTotal in all, dropping the oldest first, and the start of every
-// hold still open. Its zero value is not usable: make one with NewLedger. It is not
-// safe for concurrent use.
+// tenures and LedgerTotal in all, dropping the oldest first (a boundedLog), and the
+// start of every hold still open. Its zero value is not usable: make one with
+// NewLedger. It is not safe for concurrent use.
 type Ledger struct {
-	perLock, total int
 	// open holds the start of every hold still open whose start is known, by token:
 	// one entry per grant, which covers all the names of a lock set (granted in one
 	// change, so at one time, and always ended together). The map holds no pointer:
 	// with a million locks held, the GC does not scan it.
-	open   map[uint64]openStart
-	byLock map[string]*lockTenures
-	// order[head:] are the ended tenures, oldest first; some gone (perLock). pop
-	// moves them down once half is free, so that a full ledger grows nothing.
-	order []*Tenure
-	head  int
-	live  int // tenures in order not gone
-	gone  int // tenures in order[head:] that are gone (squeeze takes them out)
-	// spare are records no longer in the ledger, reused by add: a full ledger, or a
-	// lock at its bound, records an end without allocating.
-	spare []*Tenure
+	open  map[uint64]openStart
+	ended boundedLog[Tenure, *Tenure] // the ended tenures, by lock
 }
 
-// maxSpare bounds Ledger.spare.
-const maxSpare = 64
-
-// lockTenures are one lock's ended tenures, oldest first.
-type lockTenures struct{ list []*Tenure }
+// logName and logSize make a Tenure an entry of a boundedLog.
+func (t *Tenure) logName() string { return t.Name }
+func (t *Tenure) logSize() int    { return 0 } // the ledger has no byte bound
 
 // NewLedger returns an empty ledger bounded by l's LedgerPerLock and LedgerTotal (their
 // defaults when unset).
 func NewLedger(l Limits) Ledger {
 	l = l.withDefaults()
-	return Ledger{perLock: l.LedgerPerLock, total: l.LedgerTotal, open: make(map[uint64]openStart), byLock: make(map[string]*lockTenures)}
+	return Ledger{open: make(map[uint64]openStart), ended: newBoundedLog[Tenure](l.LedgerPerLock, l.LedgerTotal, 0)}
 }
 
 // Note records what event e, of a change made at now (Unix milliseconds; 0: unknown),
@@ -89,7 +75,7 @@ func (g *Ledger) Note(e Event, now int64) (ended int64) {
 		g.opened(e.Token, now)
 	case EventReleased, EventExpired, EventRevoked, EventForceReleased, EventDisconnected:
 		start, last := g.closed(e.Token)
-		g.add(Tenure{Name: e.Name, Token: e.Token, Holder: e.Holder, Mode: e.Mode, StartMillis: start, EndMillis: now, End: e.Kind, Note: e.Note})
+		g.ended.add(Tenure{Name: e.Name, Token: e.Token, Holder: e.Holder, Mode: e.Mode, StartMillis: start, EndMillis: now, End: e.Kind, Note: e.Note})
 		if last {
 			return start
 		}
@@ -138,96 +124,7 @@ func (g *Ledger) closed(token uint64) (start int64, last bool) {
 func (g *Ledger) started(token uint64) int64 { return g.open[token].start() }
 
 // Has reports whether the ledger keeps an ended tenure of lock name.
-func (g *Ledger) Has(name string) bool { return g.byLock[name] != nil }
-
-// add appends an ended tenure, dropping the lock's oldest beyond perLock and the
-// ledger's oldest beyond total.
-func (g *Ledger) add(v Tenure) {
-	var t *Tenure
-	if n := len(g.spare); n > 0 {
-		t, g.spare[n-1] = g.spare[n-1], nil
-		g.spare = g.spare[:n-1]
-	} else {
-		t = new(Tenure)
-	}
-	*t = v
-	lt := g.byLock[t.Name]
-	if lt == nil {
-		lt = &lockTenures{}
-		g.byLock[t.Name] = lt
-	}
-	lt.list = append(lt.list, t)
-	if len(lt.list) > g.perLock {
-		lt.list[0].gone = true
-		lt.list = slices.Delete(lt.list, 0, 1)
-		g.live--
-		g.gone++
-	}
-	g.order = append(g.order, t)
-	g.live++
-	for g.live > g.total {
-		old := g.pop()
-		if old.gone {
-			g.gone--
-		} else {
-			g.live--
-			lo := g.byLock[old.Name] // old is its lock's oldest
-			if lo.list = slices.Delete(lo.list, 0, 1); len(lo.list) == 0 {
-				delete(g.byLock, old.Name)
-			}
-		}
-		g.free(old)
-	}
-	for g.head < len(g.order) && g.order[g.head].gone { // keep the order from filling with the gone
-		g.free(g.pop())
-		g.gone--
-	}
-	if g.gone > squeezeAfter && g.gone > g.live/4 {
-		// A quiet lock's old tenure at the head of the order would otherwise keep a busy
-		// lock's dropped tenures behind it for ever: the order would grow with every end.
-		g.squeeze()
-	}
-}
-
-// squeezeAfter is how many gone tenures the order may hold before squeeze runs (and at
-// least a quarter of the live ones), so that squeezing costs O(1) per end on average.
-const squeezeAfter = 64
-
-// squeeze takes the gone tenures out of the order, keeping the others in their order.
-func (g *Ledger) squeeze() {
-	n := 0
-	for _, t := range g.order[g.head:] {
-		if t.gone {
-			g.free(t)
-			continue
-		}
-		g.order[n] = t
-		n++
-	}
-	clear(g.order[n:])
-	g.order, g.head, g.gone = g.order[:n], 0, 0
-}
-
-// pop takes the oldest record out of the order.
-func (g *Ledger) pop() *Tenure {
-	t := g.order[g.head]
-	g.order[g.head] = nil
-	g.head++
-	if g.head*2 >= len(g.order) {
-		n := copy(g.order, g.order[g.head:])
-		clear(g.order[n:])
-		g.order, g.head = g.order[:n], 0
-	}
-	return t
-}
-
-// free keeps t, which nothing refers to any more, for reuse.
-func (g *Ledger) free(t *Tenure) {
-	if len(g.spare) < maxSpare {
-		*t = Tenure{}
-		g.spare = append(g.spare, t)
-	}
-}
+func (g *Ledger) Has(name string) bool { return g.ended.has(name) }
 
 // History returns correctness lock name's recent tenures, oldest first, then its holds
 // still open (End 0), as the lock table has them. The result is a copy.
@@ -237,10 +134,8 @@ func (s *State) History(name string) []Tenure { return s.ledger.History(name, s.
 // in locks (End 0; the table whose events the ledger notes). The result is a copy.
 func (g *Ledger) History(name string, locks *Locks) []Tenure {
 	var out []Tenure
-	if lt := g.byLock[name]; lt != nil {
-		for _, t := range lt.list {
-			out = append(out, *t)
-		}
+	for _, e := range g.ended.of(name) {
+		out = append(out, e.v)
 	}
 	if l := locks.Get(name); l != nil {
 		holds := l.Holds
@@ -263,12 +158,7 @@ func (g *Ledger) History(name string, locks *Locks) []Tenure {
 // locks). A snapshot view keeps less (viewRecords, writeLedger); the tests check the
 // two agree.
 func (g *Ledger) records(locks *Locks) []Tenure {
-	out := make([]Tenure, 0, g.live+len(g.open))
-	for _, t := range g.order[g.head:] {
-		if !t.gone {
-			out = append(out, *t)
-		}
-	}
+	out := g.ended.appendTo(make([]Tenure, 0, g.ended.live+len(g.open)))
 	n := len(out)
 	add := func(name string, token uint64) {
 		if o, ok := g.open[token]; ok {
@@ -302,12 +192,7 @@ type openRecord struct {
 // making a Tenure of every open hold: the ended tenures oldest first, and the open
 // holds' starts by token, in no order. writeLedger writes them as records orders them.
 func (g *Ledger) viewRecords() ([]Tenure, []openRecord) {
-	ended := make([]Tenure, 0, g.live)
-	for _, t := range g.order[g.head:] {
-		if !t.gone {
-			ended = append(ended, *t)
-		}
-	}
+	ended := g.ended.appendTo(make([]Tenure, 0, g.ended.live))
 	open := make([]openRecord, 0, len(g.open))
 	for token, o := range g.open {
 		open = append(open, openRecord{token: token, start: o.start()})
@@ -369,7 +254,7 @@ func (s *State) restoreTenure(t Tenure) error {
 	case t.End == 0:
 		return fmt.Errorf("%w: ledger entry of an open hold without its start in snapshot", ErrCorrupt)
 	case t.End == EventReleased || t.End == EventExpired || t.End == EventRevoked || t.End == EventForceReleased || t.End == EventDisconnected:
-		s.ledger.add(t)
+		s.ledger.ended.add(t)
 	default:
 		return fmt.Errorf("%w: ledger entry that ended as %d in snapshot", ErrCorrupt, t.End)
 	}

@@ -167,7 +167,7 @@ func TestLedgerQuietAndBusy(t *testing.T) {
 	for i := range 10_000 {
 		cycle("busy", int64(100+2*i))
 	}
-	if n := len(s.ledger.order) - s.ledger.head; n > 1+4+squeezeAfter+1 {
+	if n := len(s.ledger.ended.order) - s.ledger.ended.head; n > 1+4+squeezeAfter+1 {
 		t.Fatalf("the order holds %d records for 5 tenures kept: the busy lock's dropped ones pile up behind the quiet one", n)
 	}
 	if q, b := len(s.History("quiet")), len(s.History("busy")); q != 1 || b != 4 {

@@ -604,7 +604,8 @@ func leaseIndex(t *Locks, id LeaseID) (map[string]struct{}, error) {
 	return names, nil
 }
 
-// checkState checks checkTable on the correctness table plus the State's own invariants.
+// checkState checks checkTable on the correctness table plus the State's own invariants,
+// its ledger's and its election history's among them.
 func checkState(s *State) error {
 	if err := checkTable(s.locks, s.live, s.seq); err != nil {
 		return err
@@ -629,6 +630,12 @@ func checkState(s *State) error {
 		if _, ok := s.tombstones[id]; !ok {
 			return fmt.Errorf("tombstone order names %s, which is not remembered", id)
 		}
+	}
+	if err := checkLog(&s.ledger.ended); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	if err := checkHistory(&s.history); err != nil {
+		return fmt.Errorf("election history: %w", err)
 	}
 	return nil
 }
