@@ -46,6 +46,10 @@ var errFastLaneSilent = errors.New("client: the node stopped answering")
 // sent: the request was not sent, and is safe to send again on a new connection.
 var errFastLaneClosed = errors.New("client: fast-lane connection closed by the server")
 
+// errFastLaneGoingAway is why the client closes a connection on which its node sent a
+// GOAWAY (it is shutting down, docs/PROTOCOL.md): no request is sent on it any more.
+var errFastLaneGoingAway = errors.New("client: the node is shutting down (GOAWAY)")
+
 // flConn is one fast-lane connection: many calls in flight, answers routed to them by
 // request id, and a batching writer.
 //
@@ -85,6 +89,10 @@ type flConn struct {
 	interrupted bool   // a read deadline is set to wake the reading call
 	retired     bool   // the client moved to another node: closed once nothing is pending (retire)
 	err         error
+	// goneAway: the node sent GOAWAY; get hands the connection out no more. onGoAway,
+	// set before the connection is handed out, tells the client's node list.
+	goneAway atomic.Bool
+	onGoAway func()
 	// busySince is when calls last began to wait on an idle connection (like
 	// lastRead); see fastLanes.watch.
 	busySince int64
@@ -110,7 +118,7 @@ func dialFastLane(ctx context.Context, addr string, id *clusterID, o *options) (
 	if err != nil {
 		return nil, err
 	}
-	if err := id.fastLaneHello(conn, addr, fastlane.Extensions{Token: o.token}); err != nil {
+	if err := id.fastLaneHello(conn, addr, fastlane.Extensions{Token: o.token, GoAway: true}); err != nil {
 		_ = conn.Close()
 		return nil, err
 	}
@@ -128,6 +136,12 @@ func (c *flConn) readLoop() {
 		if err != nil {
 			c.fail(err)
 			return
+		}
+		if f.Kind == fastlane.KindGoAway {
+			if c.goAway() {
+				c.retire()
+			}
+			continue
 		}
 		if c.handOut(f, true) {
 			return
@@ -160,6 +174,12 @@ func (c *flConn) readOwn(ctx context.Context, id uint64) (flResult, error) {
 			}
 			c.fail(err)
 			return flResult{}, c.brokenError()
+		}
+		if f.Kind == fastlane.KindGoAway {
+			if c.goAway() {
+				c.retire()
+			}
+			continue
 		}
 		if f.ID == id {
 			// Copy the payload before the turn ends: the next reader reuses the
@@ -270,6 +290,20 @@ func (c *flConn) retire() {
 	time.AfterFunc(retireBound, func() { c.fail(errFastLaneLeft) })
 }
 
+// goAway takes the node's GOAWAY: it is shutting down. The connection is handed out no
+// more and the node is distrusted; goAway reports whether this was news. A reader then
+// retires the connection: it is closed once the calls in flight on it have their
+// answers, which the node still sends.
+func (c *flConn) goAway() bool {
+	if c.goneAway.Swap(true) {
+		return false
+	}
+	if c.onGoAway != nil {
+		c.onGoAway()
+	}
+	return true
+}
+
 // abandonLocked leaves call id pending without a caller, if its answer has not been
 // handed out yet: its slot is freed when the answer arrives.
 func (c *flConn) abandonLocked(id uint64) {
@@ -358,10 +392,19 @@ func (c *flConn) call(ctx context.Context, m fastlane.Method, req, resp proto.Me
 		c.busySince = int64(now)
 		if now-time.Duration(c.lastRead.Load()) > idleCheckAfter {
 			// Nobody has read the connection for a while: make sure the server has not
-			// closed it meanwhile (restarted, say), while the request is still unsent.
-			if err := peerclosed.Check(rawConn(c.conn)); err != nil {
+			// closed it meanwhile (restarted, say), nor sent a GOAWAY (the only frame a
+			// server sends unasked: with nothing pending, anything waiting is that),
+			// while the request is still unsent.
+			waiting, err := peerclosed.Peek(rawConn(c.conn))
+			if err == nil && waiting {
+				err = errFastLaneGoingAway
+			}
+			if err != nil {
 				c.mu.Unlock()
 				<-c.slots
+				if waiting {
+					c.goAway()
+				}
 				c.fail(err)
 				return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%w: %w", errFastLaneClosed, err))
 			}
@@ -479,7 +522,7 @@ func (f *fastLanes) get(ctx context.Context) *flConn {
 		f.mu.Unlock()
 		return nil
 	}
-	if f.conn != nil && f.node == node && !f.conn.broken() {
+	if f.conn != nil && f.node == node && !f.conn.broken() && !f.conn.goneAway.Load() {
 		c := f.conn
 		f.mu.Unlock()
 		return c
@@ -502,6 +545,7 @@ func (f *fastLanes) get(ctx context.Context) *flConn {
 	if f.conn != nil {
 		f.conn.retire()
 	}
+	conn.onGoAway = func() { f.c.nodes.distrust(node) }
 	f.node, f.conn = node, conn
 	f.ready.Store(&readyLane{node: node, conn: conn})
 	if quiet := f.c.opts.attempt / 2; quiet > 0 {

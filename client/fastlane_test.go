@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +29,7 @@ type fakeLane struct {
 	conn   net.Conn
 	frames chan fastlane.Frame
 	w      *fastlane.Writer
+	hello  fastlane.Extensions // what the client's hello offered
 }
 
 func startFakeLane(t *testing.T) (*flConn, *fakeLane) {
@@ -43,11 +45,12 @@ func startFakeLane(t *testing.T) (*flConn, *fakeLane) {
 		if err != nil {
 			return
 		}
-		if _, err := fastlane.ServerHello(conn, ""); err != nil {
+		hello, err := fastlane.ServerHello(conn, "")
+		if err != nil {
 			_ = conn.Close()
 			return
 		}
-		f := &fakeLane{t: t, conn: conn, frames: make(chan fastlane.Frame, 64), w: fastlane.NewWriter(conn)}
+		f := &fakeLane{t: t, conn: conn, frames: make(chan fastlane.Frame, 64), w: fastlane.NewWriter(conn), hello: hello}
 		accepted <- f
 		r := fastlane.NewReader(conn)
 		for {
@@ -83,6 +86,20 @@ func (f *fakeLane) next() fastlane.Frame {
 		f.t.Fatal("no frame from the client")
 	}
 	return fastlane.Frame{}
+}
+
+// closedWithNothingMore waits for the client to close the connection, failing the test
+// if it sends a frame first.
+func (f *fakeLane) closedWithNothingMore() {
+	f.t.Helper()
+	select {
+	case fr, ok := <-f.frames:
+		if ok {
+			f.t.Fatalf("the client sent %+v after the GOAWAY", fr)
+		}
+	case <-time.After(5 * time.Second):
+		f.t.Fatal("the client did not close the connection")
+	}
 }
 
 // answer answers a CheckToken request with its own token as the holder's token.
@@ -281,4 +298,58 @@ func TestFastLaneInFlightLimit(t *testing.T) {
 			t.Fatal("a call got no answer")
 		}
 	}
+}
+
+// TestFastLaneGoAway: the client asks for GOAWAY in its hello. A GOAWAY that arrives
+// while a call waits leaves that call to its answer, tells the client's node list once,
+// and the client closes the connection when nothing is pending any more; one that
+// arrives while the connection is idle keeps the next call from being sent on it (the
+// call fails as not sent, so it is sent again elsewhere).
+func TestFastLaneGoAway(t *testing.T) {
+	t.Run("pending", func(t *testing.T) {
+		c, f := startFakeLane(t)
+		if !f.hello.GoAway {
+			t.Fatal("the client's hello did not ask for GOAWAY")
+		}
+		var told atomic.Int32
+		c.onGoAway = func() { told.Add(1) }
+		got := make(chan error, 1)
+		go func() {
+			tok, err := check(context.Background(), c, 7)
+			if err == nil && tok != 7 {
+				err = errors.New("wrong answer")
+			}
+			got <- err
+		}()
+		req := f.next()
+		f.w.Send(fastlane.GoAwayFrame(), false)
+		f.w.Send(fastlane.GoAwayFrame(), false) // a second one changes nothing
+		f.answer(req)
+		if err := <-got; err != nil {
+			t.Fatalf("the call in flight at the GOAWAY: %v", err)
+		}
+		f.closedWithNothingMore()
+		if !c.goneAway.Load() || told.Load() != 1 {
+			t.Fatalf("goneAway %v, node list told %d times; want true, once", c.goneAway.Load(), told.Load())
+		}
+	})
+	t.Run("idle", func(t *testing.T) {
+		c, f := startFakeLane(t)
+		var told atomic.Int32
+		c.onGoAway = func() { told.Add(1) }
+		go func() { f.answer(f.next()) }()
+		if _, err := check(context.Background(), c, 1); err != nil {
+			t.Fatal(err)
+		}
+		f.w.Send(fastlane.GoAwayFrame(), false)
+		time.Sleep(20 * time.Millisecond) // in the client's socket, the connection idle
+		_, err := check(context.Background(), c, 2)
+		if !errors.Is(err, errFastLaneClosed) || !errors.Is(err, errFastLaneGoingAway) {
+			t.Fatalf("a call after a GOAWAY on an idle connection: %v; want errFastLaneClosed (not sent), errFastLaneGoingAway", err)
+		}
+		f.closedWithNothingMore()
+		if told.Load() != 1 {
+			t.Fatalf("node list told %d times, want once", told.Load())
+		}
+	})
 }

@@ -139,7 +139,11 @@ func BenchmarkCodecCommand(b *testing.B) {
 
 // bigState returns a State with n correctness locks held by n/100 leases (100 locks each,
 // under the default MaxLocksPerLease), every tenth lock with two waiters.
-func bigState(b *testing.B, n int) *State {
+func bigState(b *testing.B, n int) *State { b.Helper(); return bigStateAt(b, n, 0) }
+
+// bigStateAt is bigState with its acquires proposed at wall (Unix ms; 0: unknown), so
+// that the ledger keeps the start of every hold, as a server's does.
+func bigStateAt(b *testing.B, n int, wall int64) *State {
 	b.Helper()
 	s := NewState(Limits{})
 	leases := max(n/100, 3)
@@ -151,7 +155,7 @@ func bigState(b *testing.B, n int) *State {
 	for i := range n {
 		name := fmt.Sprintf("tenant-%03d/orders/%07d", i%1000, i)
 		holder := lid(uint32(i%leases + 1))
-		c := Command{Op: OpAcquire, Lease: holder, Name: name, Class: Correctness, Holder: Holder{Host: "worker-17.example.internal", PID: uint32(i)}}
+		c := Command{Op: OpAcquire, Lease: holder, Name: name, Class: Correctness, Holder: Holder{Host: "worker-17.example.internal", PID: uint32(i)}, WallMillis: wall}
 		if r := s.Apply(c); r.Err != nil {
 			b.Fatal(r.Err)
 		}
@@ -189,6 +193,17 @@ func BenchmarkSnapshot100k(b *testing.B) {
 // FSM.Snapshot does while applies wait.
 func BenchmarkSnapshotView100k(b *testing.B) {
 	s := bigState(b, 100_000)
+	b.ReportAllocs()
+	for b.Loop() {
+		s.SnapshotView()
+	}
+}
+
+// BenchmarkSnapshotViewTimed100k is BenchmarkSnapshotView100k with the ledger's start
+// of every hold (as on a server, where every acquire carries its time): B/op is what a
+// snapshot copies while applies wait, and keeps until it is written.
+func BenchmarkSnapshotViewTimed100k(b *testing.B) {
+	s := bigStateAt(b, 100_000, 1_780_000_000_000)
 	b.ReportAllocs()
 	for b.Loop() {
 		s.SnapshotView()
@@ -310,6 +325,53 @@ func TestLocksAcquireReleaseAllocs(t *testing.T) {
 	}
 	if tbl.leases[leaseA] != nil || len(tbl.spare) != 1 {
 		t.Fatalf("after the pairs: index %v, %d spare; want none and one", tbl.leases[leaseA], len(tbl.spare))
+	}
+}
+
+// heldLockBytesBound is what TestHeldLockBytes allows a held correctness lock in a
+// State: its record (64 bytes), its slot in the lock index, its name, the ledger's start
+// of its hold and its place in its lease's index. It measured 149.5 bytes (2026-12-02;
+// main before the lock index, with a map by name: 180.4), so a bound of 165 leaves room
+// for noise and fails on a map's slot.
+const heldLockBytesBound = 165
+
+// TestHeldLockBytes fails when the live heap a State keeps per held correctness lock
+// grows past heldLockBytesBound: 300,000 timed acquires (30 leases × 10,000, as
+// BenchmarkHeldLocksMemory, each command encoded and decoded as on a replica; at
+// 300,000 the lock index and a map are both about half full, as on average).
+func TestHeldLockBytes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills 300,000 locks")
+	}
+	const leases, perLease = 30, 10_000
+	s := NewState(Limits{})
+	for i := range leases {
+		if r := s.Apply(Command{Op: OpGrant, Lease: lid(uint32(i + 1)), TTLMillis: 10_000}); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	before := liveHeap()
+	for i := range leases {
+		for j := range perLease {
+			c := Command{Op: OpAcquire, Lease: lid(uint32(i + 1)), Name: fmt.Sprintf("scale/lease-%d/lock-%05d", i, j),
+				Class: Correctness, Holder: Holder{Host: "worker-17.example.internal", PID: uint32(1000 + i)}, WallMillis: 1_780_000_000_000 + int64(j)}
+			e, err := EncodeCommand(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c, err = DecodeCommand(e); err != nil {
+				t.Fatal(err)
+			}
+			if r := s.Apply(c); r.Err != nil {
+				t.Fatal(r.Err)
+			}
+		}
+	}
+	per := float64(liveHeap()-before) / (leases * perLease)
+	runtime.KeepAlive(s)
+	t.Logf("%.1f bytes of live heap per held correctness lock (bound %d)", per, heldLockBytesBound)
+	if per > heldLockBytesBound {
+		t.Errorf("a held correctness lock costs %.1f bytes of live heap, more than the bound of %d: see docs/PERFORMANCE.md (memory per held lock) before raising it", per, heldLockBytesBound)
 	}
 }
 

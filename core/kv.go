@@ -95,7 +95,7 @@ func (s *State) applyWrite(c Command) Result {
 			return Result{Err: &StaleTokenError{Key: c.Key, Token: c.Token, Highest: e.FenceToken}}
 		}
 		if c.RequireHolder {
-			if l := s.locks.locks[c.Name]; l == nil || !l.held() || l.token != c.Token {
+			if l := s.locks.locks.get(c.Name); l == nil || !l.held() || l.token != c.Token {
 				return Result{Err: fmt.Errorf("%w: token %d is not the current holder's of %q", ErrNotHolder, c.Token, c.Name)}
 			}
 		}

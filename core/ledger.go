@@ -65,15 +65,22 @@ func NewLedger(l Limits) Ledger {
 
 // Note records what event e, of a change made at now (Unix milliseconds; 0: unknown),
 // does to the ledger: an acquire opens a hold, and a release, expiry, revocation, force
-// release or disconnect ends one; other kinds change nothing.
-func (g *Ledger) Note(e Event, now int64) {
+// release or disconnect ends one; other kinds change nothing. When e ends the last
+// name held under its token (a lock set's names end together, one event each) and the
+// ledger knew the grant's start, Note returns that start, else 0: a leader times its
+// holds by it (the hold-time metric), so that it keeps no start of its own per hold.
+func (g *Ledger) Note(e Event, now int64) (ended int64) {
 	switch e.Kind {
 	case EventAcquired:
 		g.opened(e.Token, now)
 	case EventReleased, EventExpired, EventRevoked, EventForceReleased, EventDisconnected:
-		start := g.closed(e.Token)
+		start, last := g.closed(e.Token)
 		g.ended.add(Tenure{Name: e.Name, Token: e.Token, Holder: e.Holder, Mode: e.Mode, StartMillis: start, EndMillis: now, End: e.Kind, Note: e.Note})
+		if last {
+			return start
+		}
 	}
+	return 0
 }
 
 // openStart is an open grant's start (Unix milliseconds, below 2^56) shifted left by
@@ -99,18 +106,18 @@ func (g *Ledger) opened(token uint64, start int64) {
 }
 
 // closed counts one name of token's grant fewer and returns the grant's start (0 when
-// unknown).
-func (g *Ledger) closed(token uint64) int64 {
+// unknown) and whether that was the grant's last name held.
+func (g *Ledger) closed(token uint64) (start int64, last bool) {
 	o, ok := g.open[token]
 	if !ok {
-		return 0
+		return 0, false
 	}
 	if o.names() <= 1 {
 		delete(g.open, token)
-	} else {
-		g.open[token] = o - 1
+		return o.start(), true
 	}
-	return o.start()
+	g.open[token] = o - 1
+	return o.start(), false
 }
 
 // started returns the start of token's open grant (0 when unknown).
@@ -146,8 +153,10 @@ func (g *Ledger) History(name string, locks *Locks) []Tenure {
 	return out
 }
 
-// records copies the ledger for a snapshot: the ended tenures oldest first, then the
-// open holds' starts in (name, token) order, one per name held (the holds of locks).
+// records copies the ledger as a snapshot records it: the ended tenures oldest first,
+// then the open holds' starts in (name, token) order, one per name held (the holds of
+// locks). A snapshot view keeps less (viewRecords, writeLedger); the tests check the
+// two agree.
 func (g *Ledger) records(locks *Locks) []Tenure {
 	out := g.ended.appendTo(make([]Tenure, 0, g.ended.live+len(g.open)))
 	n := len(out)
@@ -156,7 +165,7 @@ func (g *Ledger) records(locks *Locks) []Tenure {
 			out = append(out, Tenure{Name: name, Token: token, StartMillis: o.start()})
 		}
 	}
-	for _, l := range locks.locks {
+	for l := range locks.locks.all() {
 		if l.held() {
 			add(l.name, l.token)
 		}
@@ -170,6 +179,66 @@ func (g *Ledger) records(locks *Locks) []Tenure {
 		return cmp.Or(strings.Compare(a.Name, b.Name), cmp.Compare(a.Token, b.Token))
 	})
 	return out
+}
+
+// openRecord is an open hold's start (Unix milliseconds) by token, as a snapshot view
+// keeps it: 16 bytes a grant instead of a Tenure (some 110 bytes) a name held.
+type openRecord struct {
+	token uint64
+	start int64
+}
+
+// viewRecords copies the ledger for a snapshot view, as records would but without
+// making a Tenure of every open hold: the ended tenures oldest first, and the open
+// holds' starts by token, in no order. writeLedger writes them as records orders them.
+func (g *Ledger) viewRecords() ([]Tenure, []openRecord) {
+	ended := g.ended.appendTo(make([]Tenure, 0, g.ended.live))
+	open := make([]openRecord, 0, len(g.open))
+	for token, o := range g.open {
+		open = append(open, openRecord{token: token, start: o.start()})
+	}
+	return ended, open
+}
+
+// writeLedger writes the "ledger" field of a snapshot (when it has any record) from a
+// view's copies: ended as it is, then the start of each hold of locks (in name order)
+// whose token open has, in (name, token) order — the bytes records' would give.
+// It sorts open.
+func writeLedger(e *jsonWriter, ended []Tenure, open []openRecord, locks []lock) {
+	slices.SortFunc(open, func(a, b openRecord) int { return cmp.Compare(a.token, b.token) })
+	n := 0
+	put := func(t *Tenure) {
+		if n == 0 {
+			e.raw(`,"ledger":[`)
+		}
+		e.elem(n, t)
+		n++
+	}
+	for i := range ended {
+		put(&ended[i])
+	}
+	var tokens []uint64
+	for i := range locks {
+		l := &locks[i]
+		tokens = tokens[:0]
+		if l.held() {
+			tokens = append(tokens, l.token)
+		}
+		if l.more != nil {
+			for _, h := range l.more.holds {
+				tokens = append(tokens, h.token)
+			}
+			slices.Sort(tokens)
+		}
+		for _, tok := range tokens {
+			if j, ok := slices.BinarySearchFunc(open, tok, func(o openRecord, t uint64) int { return cmp.Compare(o.token, t) }); ok {
+				put(&Tenure{Name: l.name, Token: tok, StartMillis: open[j].start})
+			}
+		}
+	}
+	if n > 0 {
+		e.raw("]")
+	}
 }
 
 // restoreTenure adds a ledger record read from a snapshot (records' order), after

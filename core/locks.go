@@ -331,7 +331,7 @@ func (l *lock) describe(v *Lock, hold *Hold, holds []Hold, waiters []Waiter) ([]
 // lock sets over them — with FIFO queues. It knows which leases exist only through the
 // calls its owner makes; it does not check lease liveness itself.
 type Locks struct {
-	locks   map[string]*lock
+	locks   lockIndex // by name
 	leases  map[LeaseID]*leaseLocks
 	limits  Limits
 	waiting int // places in queues over all locks (a lock set has one in each of its locks)
@@ -357,7 +357,6 @@ func NewLocks(limits Limits) *Locks {
 	limits = limits.withDefaults()
 	limits.MaxLocksPerLease = min(limits.MaxLocksPerLease, math.MaxInt32) // lock.pos is an int32
 	return &Locks{
-		locks:  make(map[string]*lock),
 		leases: make(map[LeaseID]*leaseLocks),
 		limits: limits,
 		lost:   make(map[LeaseID][]LostLock),
@@ -370,14 +369,14 @@ func NewLocks(limits Limits) *Locks {
 func (t *Locks) Waiting() int { return t.waiting }
 
 // Len returns the number of locks in the table.
-func (t *Locks) Len() int { return len(t.locks) }
+func (t *Locks) Len() int { return t.locks.len() }
 
 // Has reports whether the table has a lock called name (held, waited for or delayed).
-func (t *Locks) Has(name string) bool { return t.locks[name] != nil }
+func (t *Locks) Has(name string) bool { return t.locks.get(name) != nil }
 
 // Get returns a copy of the lock called name, or nil.
 func (t *Locks) Get(name string) *Lock {
-	if l := t.locks[name]; l != nil {
+	if l := t.locks.get(name); l != nil {
 		return l.view()
 	}
 	return nil
@@ -417,7 +416,7 @@ func (t *Locks) HeldBy(lease LeaseID) []string {
 // DelayedLocks returns copies of the locks in their lock-delay, in name order.
 func (t *Locks) DelayedLocks() []*Lock {
 	var delayed []*lock
-	for _, l := range t.locks {
+	for l := range t.locks.all() {
 		if l.delayed() {
 			delayed = append(delayed, l)
 		}
@@ -433,11 +432,11 @@ func (t *Locks) DelayedLocks() []*Lock {
 // List returns copies of up to limit locks whose names start with prefix, in name
 // order, and whether more matched.
 func (t *Locks) List(prefix string, limit int) ([]*Lock, bool) {
-	limit = max(0, min(limit, len(t.locks)+1))
-	names := make([]string, 0, min(len(t.locks), limit+1))
-	for name := range t.locks {
-		if strings.HasPrefix(name, prefix) {
-			names = append(names, name)
+	limit = max(0, min(limit, t.locks.len()+1))
+	names := make([]string, 0, min(t.locks.len(), limit+1))
+	for l := range t.locks.all() {
+		if strings.HasPrefix(l.name, prefix) {
+			names = append(names, l.name)
 		}
 	}
 	slices.Sort(names)
@@ -447,7 +446,7 @@ func (t *Locks) List(prefix string, limit int) ([]*Lock, bool) {
 	}
 	out := make([]*Lock, len(names))
 	for i, n := range names {
-		out[i] = t.locks[n].view()
+		out[i] = t.locks.get(n).view()
 	}
 	return out, truncated
 }
@@ -470,7 +469,7 @@ func (t *Locks) Acquire(a AcquireArgs, seq Sequence) Result {
 	if len(a.Names) > 0 {
 		return t.acquireSet(&a, seq)
 	}
-	l := t.locks[a.Name]
+	l := t.locks.get(a.Name)
 	ll := t.leases[a.Lease]
 	if l != nil {
 		if err := l.conflict(&a); err != nil {
@@ -551,7 +550,7 @@ func queuedResult(l *lock) Result {
 // Release gives up lock name held by lease under token (in any mode) and grants the
 // next waiters. When the hold is one of a lock set's, the whole set is released.
 func (t *Locks) Release(lease LeaseID, name string, token uint64, seq Sequence) Result {
-	l := t.locks[name]
+	l := t.locks.get(name)
 	if l == nil {
 		return Result{Err: fmt.Errorf("%w: %q is not held", ErrNotHolder, name)}
 	}
@@ -585,7 +584,7 @@ func (t *Locks) Release(lease LeaseID, name string, token uint64, seq Sequence) 
 // lock (the grant raced the cancellation) it returns that grant's token and leaves the
 // hold alone.
 func (t *Locks) CancelWait(lease LeaseID, name string, seq Sequence) Result {
-	l := t.locks[name]
+	l := t.locks.get(name)
 	if l == nil {
 		return Result{Err: fmt.Errorf("%w: %q", ErrNotWaiting, name)}
 	}
@@ -621,7 +620,7 @@ func (t *Locks) CancelWait(lease LeaseID, name string, seq Sequence) Result {
 // LostLock). The caller consumes the fence token; this only reports the released token
 // (the highest, when there were several holders) and effects.
 func (t *Locks) ForceRelease(name, reason string, seq Sequence, r *Result) {
-	l := t.locks[name]
+	l := t.locks.get(name)
 	if l == nil || !l.inUse() {
 		return
 	}
@@ -672,7 +671,7 @@ func (t *Locks) addLost(lease LeaseID, ll LostLock) {
 // EndDelay ends name's lock-delay and grants the next waiters. It is a no-op for a
 // lock that is not delayed.
 func (t *Locks) EndDelay(name string, seq Sequence, r *Result) {
-	l := t.locks[name]
+	l := t.locks.get(name)
 	if l == nil || !l.delayed() {
 		return
 	}
@@ -761,7 +760,7 @@ func (t *Locks) dropLease(lease LeaseID, ended EventKind, expired bool, seq Sequ
 // newLock adds a record for name, of the class and kind a asks for.
 func (t *Locks) newLock(name string, a *AcquireArgs) *lock {
 	l := &lock{name: name, class: a.Class, limit: uint16(a.Limit)}
-	t.locks[name] = l
+	t.locks.put(l)
 	return l
 }
 
@@ -785,7 +784,7 @@ func (t *Locks) unqueue(l *lock, i int) {
 
 func (t *Locks) dropIfUnused(l *lock) {
 	if !l.inUse() && l.more == nil {
-		delete(t.locks, l.name)
+		t.locks.del(l.name)
 	}
 }
 
@@ -806,12 +805,14 @@ func (t *Locks) lease(lease LeaseID) *leaseLocks {
 
 // grant makes lease a holder of l in mode, which l admits.
 func (t *Locks) grant(l *lock, lease LeaseID, token uint64, holder Holder, delay int64, mode Mode) {
-	if t.rec != nil {
-		t.rec(Event{Kind: EventAcquired, Name: l.name, Class: l.class, Limit: uint32(l.limit), Token: token, Holder: holder, Mode: mode})
-	}
 	ll := t.lease(lease)
 	if !ll.terms.set() || ll.terms.holder() != holder || ll.terms.delay() != delay {
 		ll.terms = makeTerms(holder, delay)
+	}
+	if t.rec != nil {
+		// With the interned holder, not the command's: the event may be kept (a watch
+		// history of 100,000), and its strings then are the one shared copy.
+		t.rec(Event{Kind: EventAcquired, Name: l.name, Class: l.class, Limit: uint32(l.limit), Token: token, Holder: ll.terms.holder(), Mode: mode})
 	}
 	if mode == Exclusive {
 		l.lease, l.token, l.terms = lease, token, ll.terms
@@ -887,9 +888,9 @@ func (t *Locks) forgetIfIdle(lease LeaseID, ll *leaseLocks) {
 
 // sortedNames returns every lock name in order.
 func (t *Locks) sortedNames() []string {
-	names := make([]string, 0, len(t.locks))
-	for n := range t.locks {
-		names = append(names, n)
+	names := make([]string, 0, t.locks.len())
+	for l := range t.locks.all() {
+		names = append(names, l.name)
 	}
 	slices.Sort(names)
 	return names
@@ -898,9 +899,9 @@ func (t *Locks) sortedNames() []string {
 // records returns a copy of every record in the table, in no particular order, sharing
 // nothing the table changes in place (a waiter's lock set is never changed once made).
 func (t *Locks) records() []lock {
-	out := make([]lock, 0, len(t.locks))
+	out := make([]lock, 0, t.locks.len())
 	extras, holds := 0, 0
-	for _, l := range t.locks {
+	for l := range t.locks.all() {
 		out = append(out, *l)
 		if l.more != nil {
 			extras++

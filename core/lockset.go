@@ -40,7 +40,7 @@ import (
 func (t *Locks) acquireSet(a *AcquireArgs, seq Sequence) Result {
 	locks := make([]*lock, len(a.Names))
 	for i, name := range a.Names {
-		if l := t.locks[name]; l != nil {
+		if l := t.locks.get(name); l != nil {
 			if err := l.conflict(a); err != nil {
 				return Result{Err: err}
 			}
@@ -185,7 +185,7 @@ func (t *Locks) grantEach(locks []*lock, seq Sequence, r *Result) {
 func (t *Locks) grantNext(l *lock, seq Sequence, r *Result) {
 	if l.more == nil { // nobody waits: the common case
 		if !l.held() {
-			delete(t.locks, l.name)
+			t.locks.del(l.name)
 		}
 		return
 	}

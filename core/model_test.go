@@ -323,8 +323,8 @@ func (m *model) compareLocks(t *Locks) error {
 			return fmt.Errorf("lease %s lost %+v, model %+v", id, got, want)
 		}
 	}
-	if len(t.locks) != len(m.locks) {
-		return fmt.Errorf("table has %d locks %v, model %d %v", len(t.locks), t.sortedNames(), len(m.locks), m.sortedNames())
+	if t.locks.len() != len(m.locks) {
+		return fmt.Errorf("table has %d locks %v, model %d %v", t.locks.len(), t.sortedNames(), len(m.locks), m.sortedNames())
 	}
 	for name, ml := range m.locks {
 		l := t.Get(name)
@@ -401,9 +401,10 @@ func checkTable(t *Locks, live func(LeaseID) bool, last uint64) error {
 	}
 	tokens := make(map[uint64]*grant)
 	waiting := 0
-	for name, rec := range t.locks {
-		if rec.name != name {
-			return fmt.Errorf("lock stored under %q is named %q", name, rec.name)
+	for rec := range t.locks.all() {
+		name := rec.name
+		if t.locks.get(name) != rec {
+			return fmt.Errorf("lock %q is not found by its name", name)
 		}
 		if m := rec.more; m != nil && len(m.waiters) == 0 && len(m.holds) == 0 && m.delay == 0 {
 			return fmt.Errorf("lock %q keeps an empty extra part", name)
@@ -494,7 +495,7 @@ func checkTable(t *Locks, live func(LeaseID) bool, last uint64) error {
 				}
 				for _, o := range s.locks {
 					j := o.waiterIndex(w.lease)
-					if t.locks[o.name] != o || j < 0 || o.more.waiters[j].set != s {
+					if t.locks.get(o.name) != o || j < 0 || o.more.waiters[j].set != s {
 						return fmt.Errorf("lock %q: waiter %d's set %q does not wait for %q", name, i, s.key, o.name)
 					}
 				}
@@ -567,7 +568,7 @@ func leaseIndex(t *Locks, id LeaseID) (map[string]struct{}, error) {
 	}
 	names := make(map[string]struct{})
 	for i, l := range ll.held {
-		if int(l.pos) != i || t.locks[l.name] != l || !l.heldBy(id) {
+		if int(l.pos) != i || t.locks.get(l.name) != l || !l.heldBy(id) {
 			return nil, fmt.Errorf("lease %s: held[%d] is %q at pos %d, which it does not hold", id, i, l.name, l.pos)
 		}
 		names[l.name] = struct{}{}
@@ -576,7 +577,7 @@ func leaseIndex(t *Locks, id LeaseID) (map[string]struct{}, error) {
 		return nil, fmt.Errorf("lease %s keeps an empty shared or set index", id)
 	}
 	for l := range ll.shared {
-		if t.locks[l.name] != l || l.sharedIndex(id) < 0 {
+		if t.locks.get(l.name) != l || l.sharedIndex(id) < 0 {
 			return nil, fmt.Errorf("lease %s: indexed as holding %q shared, which it does not", id, l.name)
 		}
 		names[l.name] = struct{}{}
@@ -585,7 +586,7 @@ func leaseIndex(t *Locks, id LeaseID) (map[string]struct{}, error) {
 		return nil, fmt.Errorf("lease %s keeps an empty wait set", id)
 	}
 	for l := range ll.waits {
-		if t.locks[l.name] != l || l.waiterIndex(id) < 0 {
+		if t.locks.get(l.name) != l || l.waiterIndex(id) < 0 {
 			return nil, fmt.Errorf("lease %s: indexed as waiting for %q, which it does not", id, l.name)
 		}
 		names[l.name] = struct{}{}
@@ -595,7 +596,7 @@ func leaseIndex(t *Locks, id LeaseID) (map[string]struct{}, error) {
 	}
 	for tok, set := range ll.sets {
 		for _, l := range set {
-			if got, _, ok := l.holdOf(id); !ok || got != tok || t.locks[l.name] != l {
+			if got, _, ok := l.holdOf(id); !ok || got != tok || t.locks.get(l.name) != l {
 				return nil, fmt.Errorf("lease %s: set %d lists %q, which it does not hold under that token", id, tok, l.name)
 			}
 		}
@@ -609,7 +610,7 @@ func checkState(s *State) error {
 	if err := checkTable(s.locks, s.live, s.seq); err != nil {
 		return err
 	}
-	for _, l := range s.locks.locks {
+	for l := range s.locks.locks.all() {
 		if l.class != Correctness {
 			return fmt.Errorf("lock %q of class %v in the replicated state", l.name, l.class)
 		}
@@ -938,7 +939,8 @@ type preStep struct {
 
 func capture(t *Locks, last uint64) preStep {
 	p := preStep{last: last, queues: make(map[string][]LeaseID), holder: make(map[string]LeaseID), held: make(map[string]bool)}
-	for name := range t.locks {
+	for rec := range t.locks.all() {
+		name := rec.name
 		l := t.Get(name)
 		for _, w := range l.Waiters {
 			p.queues[name] = append(p.queues[name], w.Lease)

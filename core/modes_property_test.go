@@ -96,7 +96,7 @@ func (g *modeGen) next() Command {
 		return Command{Op: OpForceRelease, Name: g.anyName(), Reason: "ops"}
 	case w < 97:
 		for _, n := range g.s.locks.sortedNames() {
-			if g.s.locks.locks[n].delayed() && g.ch.intn(2) == 0 {
+			if g.s.locks.locks.get(n).delayed() && g.ch.intn(2) == 0 {
 				return Command{Op: OpEndDelay, Name: n}
 			}
 		}
@@ -182,7 +182,8 @@ type modePre struct {
 
 func captureQueues(t *Locks, last uint64) modePre {
 	p := modePre{last: last, queues: make(map[string][]LeaseID)}
-	for name, l := range t.locks {
+	for l := range t.locks.all() {
+		name := l.name
 		for _, w := range l.more.waitersOrNil() {
 			p.queues[name] = append(p.queues[name], w.lease)
 		}
@@ -226,7 +227,8 @@ func checkModeStep(pre modePre, c Command, r Result, t *Locks, last uint64) erro
 	}
 	// FIFO: of the queue as it stood (with a place this step added at its back), the
 	// places this step granted are its front, in order, and the rest keep their order.
-	for name := range t.locks {
+	for l := range t.locks.all() {
+		name := l.name
 		before := pre.queues[name]
 		if c.Op == OpAcquire && r.Queued && slices.Contains(names, name) && !slices.Contains(before, c.Lease) {
 			before = append(slices.Clone(before), c.Lease)
@@ -249,7 +251,7 @@ func checkModeStep(pre modePre, c Command, r Result, t *Locks, last uint64) erro
 		}
 	}
 	for name, g := range grants {
-		if t.locks[name] == nil && len(g) > 0 {
+		if t.locks.get(name) == nil && len(g) > 0 {
 			return fmt.Errorf("%s granted but gone from the table", name)
 		}
 	}
@@ -376,7 +378,8 @@ func drain(sys modeSystem) error {
 		key   string
 	}
 	waiting := make(map[wait]int) // how many grants (names) each waiting acquire expects
-	for name, l := range t.locks {
+	for l := range t.locks.all() {
+		name := l.name
 		for _, w := range l.more.waitersOrNil() {
 			k := wait{w.lease, name}
 			if w.set != nil {
@@ -387,13 +390,13 @@ func drain(sys modeSystem) error {
 	}
 	granted := make(map[wait]int)
 	setOf := make(map[uint64]string) // a set's token: its key
-	for round := 0; len(t.locks) > 0; round++ {
+	for round := 0; t.locks.len() > 0; round++ {
 		if round > 10_000 {
-			return fmt.Errorf("still %d locks after %d rounds: %v", len(t.locks), round, t.sortedNames())
+			return fmt.Errorf("still %d locks after %d rounds: %v", t.locks.len(), round, t.sortedNames())
 		}
 		var c Command
 		for _, n := range t.sortedNames() {
-			l := t.locks[n]
+			l := t.locks.get(n)
 			if l.delayed() {
 				c = Command{Op: OpEndDelay, Name: n}
 				break
@@ -484,7 +487,7 @@ func TestPropertyModesCoverage(t *testing.T) {
 			pre := captureQueues(s.locks, s.seq)
 			held := map[string]bool{}
 			for _, n := range append(slices.Clone(c.Names), c.Name) {
-				if l := s.locks.locks[n]; l != nil && l.inUse() {
+				if l := s.locks.locks.get(n); l != nil && l.inUse() {
 					held[n] = true
 				}
 			}
@@ -501,7 +504,7 @@ func TestPropertyModesCoverage(t *testing.T) {
 				seen[fmt.Sprintf("set=%v %v queued", set, c.Mode)]++
 				if c.Mode == Shared {
 					for _, n := range append(slices.Clone(c.Names), c.Name) {
-						if held[n] && !s.locks.locks[n].terms.set() {
+						if held[n] && !s.locks.locks.get(n).terms.set() {
 							seen["reader queued behind a writer, readers holding"]++
 						}
 					}

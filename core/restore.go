@@ -42,7 +42,7 @@ func (rs *restorer) add(v *Lock) error {
 	}
 	t := rs.t
 	l := &lock{name: v.Name, class: v.Class, limit: uint16(v.Limit)}
-	t.locks[v.Name] = l
+	t.locks.put(l)
 	if h := v.Hold; h != nil {
 		t.grant(l, h.Lease, h.Token, h.Holder, h.DelayMillis, Exclusive)
 	}
@@ -155,7 +155,7 @@ func (rs *restorer) finish() error {
 	if err := rs.checkOneOrder(); err != nil {
 		return err
 	}
-	for _, l := range t.locks {
+	for l := range t.locks.all() {
 		if l.numWaiters() == 0 {
 			continue
 		}
@@ -201,7 +201,7 @@ func (rs *restorer) linkSets() error {
 		twice[tok] = append(locks, l)
 		return nil
 	}
-	for _, l := range rs.t.locks {
+	for l := range rs.t.locks.all() {
 		if l.held() {
 			if err := note(l, l.token, l.lease, false); err != nil {
 				return err

@@ -87,8 +87,9 @@ type SnapshotView struct {
 	keys       []keyRecord // in progress (unsorted), then done oldest first
 	inProgress int         // how many of keys are in progress
 	groups     []groupRecord
-	ledger     []Tenure   // ledger.records()
-	elections  []Election // in name order; copies
+	ledger     []Tenure     // the ledger's ended tenures (Ledger.viewRecords)
+	ledgerOpen []openRecord // and its open holds' starts
+	elections  []Election   // in name order; copies
 	// The election history: its revision and floor, the changes held (copies).
 	electionRev, electionFloor uint64
 	history                    []ElectionChange
@@ -115,7 +116,7 @@ func (s *State) SnapshotView() *SnapshotView {
 	}
 	v.keys, v.inProgress = s.keys.records()
 	v.groups = s.groups.records()
-	v.ledger = s.ledger.records(s.locks)
+	v.ledger, v.ledgerOpen = s.ledger.viewRecords()
 	v.elections = s.elections.records()
 	v.electionRev, v.electionFloor, v.history = s.history.rev, s.history.floor, s.history.records()
 	for id, ttl := range s.leases {
@@ -196,10 +197,7 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 		e.raw(`,"groups":`)
 		writeArray(e, v.groups)
 	}
-	if len(v.ledger) > 0 {
-		e.raw(`,"ledger":`)
-		writeArray(e, v.ledger)
-	}
+	writeLedger(e, v.ledger, v.ledgerOpen, v.locks)
 	if len(v.elections) > 0 {
 		e.raw(`,"elections":`)
 		writeArray(e, v.elections)

@@ -41,6 +41,16 @@ type State struct {
 	// Record's fn.
 	now int64
 	rec func(Event)
+	// ended is OnHoldEnd's fn.
+	ended func(EndedHold)
+}
+
+// EndedHold is the end of one grant's hold, as OnHoldEnd reports it: its class and the
+// ledger's times of its grant and its end (Unix milliseconds, the proposing leaders'
+// wall clocks; EndMillis 0 when the ending command carried no time).
+type EndedHold struct {
+	Class                  Class
+	StartMillis, EndMillis int64
 }
 
 // NewState returns an empty state with the given limits. Every replica must use the same
@@ -66,7 +76,9 @@ func NewState(limits Limits) *State {
 
 // record takes every event of the lock table: into the ledger, then to Record's fn.
 func (s *State) record(e Event) {
-	s.ledger.Note(e, s.now)
+	if start := s.ledger.Note(e, s.now); start > 0 && s.ended != nil {
+		s.ended(EndedHold{Class: e.Class, StartMillis: start, EndMillis: s.now})
+	}
 	if s.rec != nil {
 		s.rec(e)
 	}
@@ -118,6 +130,12 @@ func (s *State) NumLeases() int { return len(s.leases) }
 // Record makes Apply call fn with every lock event of the commands it applies, in
 // order, as it applies them (see Locks.Record). nil stops recording.
 func (s *State) Record(fn func(Event)) { s.rec = fn }
+
+// OnHoldEnd makes Apply call fn, as it applies a command, once for every grant whose
+// hold the command ends and whose start the ledger knows (a lock set's grant once, with
+// its last name): a leader's hold-time metric, which then keeps nothing per hold. nil
+// stops it. It changes nothing in the state.
+func (s *State) OnHoldEnd(fn func(EndedHold)) { s.ended = fn }
 
 // Locks returns the correctness lock table for reading. Callers must not mutate it.
 func (s *State) Locks() *Locks { return s.locks }

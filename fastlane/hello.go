@@ -18,6 +18,11 @@ import (
 const (
 	// FlagExtensions is the handshake flag bit of hello extensions.
 	FlagExtensions uint16 = 0x0001
+	// FlagGoAway is the handshake flag bit of GOAWAY (KindGoAway): set by a client that
+	// understands the frame, and in the server's answer by a server that will send it
+	// before it closes the connection to shut down. A server that does not know the bit
+	// answers without it, and never sends the frame.
+	FlagGoAway uint16 = 0x0002
 	// MaxExtensions bounds the extension block (without its 2-byte length).
 	MaxExtensions = 4096
 )
@@ -32,22 +37,31 @@ const (
 	ExtToken ExtType = 1
 )
 
-// Extensions are the hello extensions of a connection. The zero value sends none.
+// Extensions are what a client's hello offers beside the fixed handshake: the hello
+// extensions (Token) and the flags (GoAway). The zero value offers nothing.
 type Extensions struct {
 	Token string
+	// GoAway: the client understands GOAWAY frames (FlagGoAway). On the server side
+	// (ServerHello), the client asked for them and the server answered that it sends
+	// them.
+	GoAway bool
 }
 
 // flags returns the client's hello flags for e.
 func (e Extensions) flags() uint16 {
-	if e == (Extensions{}) {
-		return 0
+	var f uint16
+	if e.Token != "" {
+		f |= FlagExtensions
 	}
-	return FlagExtensions
+	if e.GoAway {
+		f |= FlagGoAway
+	}
+	return f
 }
 
 // send writes e's block if the client offered it and the server's answer flags accept.
 func (e Extensions) send(w io.Writer, serverFlags uint16) error {
-	if e.flags() == 0 || serverFlags&FlagExtensions == 0 {
+	if e.flags()&FlagExtensions == 0 || serverFlags&FlagExtensions == 0 {
 		return nil
 	}
 	b := []byte{0, 0}

@@ -132,3 +132,38 @@ func TestHelloRejectsBadClusterID(t *testing.T) {
 		t.Fatal("a malformed cluster ID was sent")
 	}
 }
+
+// TestHelloGoAway: a client that sets FlagGoAway is answered with it, and ServerHello
+// reports it (the server then sends a GOAWAY before it closes the connection to shut
+// down); a client that does not set it is not, with or without a token; the flag does
+// not make the client send an extension block, and a token still arrives beside it.
+func TestHelloGoAway(t *testing.T) {
+	for _, ext := range []fastlane.Extensions{{}, {GoAway: true}, {Token: "t"}, {Token: "t", GoAway: true}} {
+		c, s := tcpPair(t)
+		got := make(chan fastlane.Extensions, 1)
+		serr := make(chan error, 1)
+		go func() {
+			e, err := fastlane.ServerHello(s, clusterA)
+			got <- e
+			serr <- err
+		}()
+		if _, err := fastlane.ClientHello(c, clusterA, ext); err != nil {
+			t.Fatalf("%+v: client: %v", ext, err)
+		}
+		if err := <-serr; err != nil {
+			t.Fatalf("%+v: server: %v", ext, err)
+		}
+		if e := <-got; e != ext {
+			t.Fatalf("the server took %+v from a client offering %+v", e, ext)
+		}
+		// Nothing more follows the handshake (no stray extension block).
+		_ = s.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		var b [1]byte
+		if n, err := s.Read(b[:]); n != 0 || err == nil {
+			t.Fatalf("%+v: %d more bytes after the handshake (%v)", ext, n, err)
+		}
+	}
+	if f := fastlane.GoAwayFrame(); len(f) != 4+fastlane.HeaderLen || fastlane.Kind(f[4]) != fastlane.KindGoAway {
+		t.Fatalf("GoAwayFrame = %x", f)
+	}
+}

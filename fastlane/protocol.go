@@ -51,7 +51,18 @@ const (
 	KindResponse Kind = 2 // server → client: id, response message
 	KindError    Kind = 3 // server → client: id, FastLaneError message
 	KindCancel   Kind = 4 // client → server: id; the server cancels that request's context
+	// KindGoAway (server → client, id 0, no payload): the server is shutting down. The
+	// client sends no new request on the connection; the requests it already sent are
+	// answered (or refused as shutting_down, not started). Only sent to a client whose
+	// hello set FlagGoAway.
+	KindGoAway Kind = 5
 )
+
+// GoAwayFrame is the one GOAWAY frame (KindGoAway).
+func GoAwayFrame() []byte {
+	f, _ := AppendFrame(nil, KindGoAway, 0, 0, nil)
+	return f
+}
 
 // Errors of the framing layer.
 var (
@@ -134,7 +145,7 @@ func (r *Reader) next() (Frame, bool, error) {
 	b = b[4 : 4+n]
 	r.start += 4 + int(n)
 	f := Frame{Kind: Kind(b[0]), Method: Method(b[1]), ID: binary.BigEndian.Uint64(b[2:10]), Payload: b[HeaderLen:]}
-	if f.Kind < KindRequest || f.Kind > KindCancel {
+	if f.Kind < KindRequest || f.Kind > KindGoAway {
 		return Frame{}, false, fmt.Errorf("%w: frame kind %d", ErrProtocol, f.Kind)
 	}
 	return f, true, nil
@@ -420,7 +431,10 @@ func ServerHello(conn net.Conn, own string) (Extensions, error) {
 	if v == version1 {
 		answer = version1
 	}
-	accept := binary.BigEndian.Uint16(hello[6:8]) & FlagExtensions
+	accept := binary.BigEndian.Uint16(hello[6:8]) & (FlagExtensions | FlagGoAway)
+	if v == version1 {
+		accept &= FlagExtensions // a version-1 client never asked for GOAWAY
+	}
 	resp := binary.BigEndian.AppendUint16([]byte(Magic), answer)
 	resp = binary.BigEndian.AppendUint16(resp, accept)
 	resp = binary.BigEndian.AppendUint32(resp, MaxFrame)
@@ -438,7 +452,9 @@ func ServerHello(conn net.Conn, own string) (Extensions, error) {
 	case want != "" && want != own:
 		return Extensions{}, fmt.Errorf("%w: the client expects cluster %s, this node is of %s", ErrWrongCluster, want, clusterName(own))
 	}
-	return receiveExtensions(conn, accept)
+	ext, err := receiveExtensions(conn, accept)
+	ext.GoAway = accept&FlagGoAway != 0
+	return ext, err
 }
 
 // Handshake sizes: version 2 appends a cluster ID to each version-1 hello.

@@ -134,9 +134,6 @@ func (l *Leader) endCorrectness(a AcquireArgs, ch chan outcome, res core.Result,
 	for _, name := range a.LockNames() {
 		l.names.settleLocked(name)
 	}
-	if err == nil && res.Err == nil && !res.Queued {
-		l.grantedLocked(a.Lease, res.Token, core.Correctness, l.now())
-	}
 	l.mu.Unlock()
 	if err == nil {
 		err = l.acquireErr(a, res)

@@ -19,8 +19,6 @@ type countdown struct {
 	// lost is set once the replicated state holds lost locks for the lease (it never
 	// drops them while the lease lives), so that only their keepalives read the state.
 	lost bool
-	// holds are the lease's holds this leader saw granted, for metrics (observe.go).
-	holds holds
 }
 
 // countdownHeap orders countdowns by when the expiry loop must next look at them; it

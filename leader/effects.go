@@ -24,7 +24,6 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 		case core.EffectPartitionAssigned:
 			l.groupsChangedLocked()
 		case core.EffectGranted:
-			l.grantedLocked(e.Lease, e.Token, core.Correctness, l.now())
 			l.waits.notify(e.Lease, e.Name, outcome{token: e.Token})
 		case core.EffectElected:
 			l.waits.notify(e.Lease, electionKey(e.Name), outcome{token: e.Token})
@@ -67,7 +66,6 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 				c.lost = true
 			}
 			if l.active {
-				l.endedLocked(e.Lease, e.Token)
 				l.obs.ForceReleased(core.Correctness)
 			}
 		}

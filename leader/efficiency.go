@@ -39,9 +39,6 @@ func (l *Leader) acquireEfficiency(ctx context.Context, a AcquireArgs) (Grant, e
 		res = l.eff.Acquire(a.AcquireArgs, &l.effSeq)
 		l.refillLocked()
 		err = l.acquireErr(a, res)
-		if err == nil && !res.Queued {
-			l.grantedLocked(a.Lease, res.Token, core.Efficiency, l.now())
-		}
 	}
 	g := Grant{Token: res.Token, Class: core.Efficiency, Epoch: l.epoch}
 	var ch chan outcome
@@ -96,7 +93,6 @@ func (l *Leader) AcquireNow(a AcquireArgs) (Grant, bool) {
 	}
 	l.refillLocked()
 	now := l.now()
-	l.grantedLocked(a.Lease, res.Token, core.Efficiency, now)
 	l.obs.Waited(core.Efficiency, WaitGranted, now-start)
 	return Grant{Token: res.Token, Class: core.Efficiency, Epoch: l.epoch}, true
 }
@@ -106,7 +102,6 @@ func (l *Leader) effEffectsLocked(effects []core.Effect) {
 	for _, e := range effects {
 		switch e.Kind {
 		case core.EffectGranted:
-			l.grantedLocked(e.Lease, e.Token, core.Efficiency, l.now())
 			l.waits.notify(e.Lease, e.Name, outcome{token: e.Token})
 		case core.EffectWaitEnded:
 			// Only DropLease reports it, and OnEffects tells the lease's waiters right
@@ -115,7 +110,6 @@ func (l *Leader) effEffectsLocked(effects []core.Effect) {
 			l.startDelayLocked(e.Name, core.Efficiency, e.DelayMillis)
 		case core.EffectRevokedHold:
 			// The table keeps the lost lock for the holder's keepalives (core.Locks.Lost).
-			l.endedLocked(e.Lease, e.Token)
 			l.obs.ForceReleased(core.Efficiency)
 		}
 	}

@@ -40,7 +40,7 @@ type Explanation struct {
 type HeldBy struct {
 	Token  uint64
 	Holder core.Holder
-	Since  time.Time // zero when unknown (a hold granted before this leader served)
+	Since  time.Time // the grant, by the ledger; zero when unknown (the ledger did not time it)
 }
 
 // explained attaches the explanation to a *LockHeldError that has none yet.
@@ -59,6 +59,11 @@ func (l *Leader) explain(a AcquireArgs, name string) *Explanation {
 	since := map[uint64]int64{}
 	if l.names.inMemoryLocked(name) {
 		lk = l.eff.Get(name)
+		for _, t := range l.effLedger.History(name, l.eff) {
+			if t.End == 0 {
+				since[t.Token] = t.StartMillis
+			}
+		}
 	} else {
 		l.log.Read(func(s *core.State) {
 			lk = s.Locks().Get(name)
@@ -80,11 +85,7 @@ func (l *Leader) explain(a AcquireArgs, name string) *Explanation {
 	for _, h := range holds {
 		hb := HeldBy{Token: h.Token, Holder: h.Holder}
 		if ms := since[h.Token]; ms != 0 {
-			hb.Since = time.UnixMilli(ms) // the ledger's start: the grant's proposal
-		} else if c := l.leases[h.Lease]; c != nil {
-			if hs, ok := c.holds.get(h.Token); ok {
-				hb.Since = l.base.Add(hs.at) // as this leader saw it granted
-			}
+			hb.Since = time.UnixMilli(ms) // the ledger's start: the grant (its proposal)
 		}
 		e.Holders = append(e.Holders, hb)
 	}

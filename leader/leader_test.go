@@ -34,6 +34,9 @@ type fakeLog struct {
 	holds    map[core.Op]chan struct{}
 	fails    map[core.Op]error // the next proposal of op fails with this, unapplied
 	observe  func([]core.Effect)
+	// holdEnds gets each command's ended holds (recorded into ended), after observe.
+	holdEnds func([]core.EndedHold)
+	ended    []core.EndedHold
 	// deposed makes VerifyLeader fail, as on a leader that another has replaced.
 	deposed  bool
 	onVerify func() // if set, runs in VerifyLeader (without f.mu)
@@ -49,7 +52,21 @@ type proposal struct {
 }
 
 func newFakeLog(limits core.Limits) *fakeLog {
-	return &fakeLog{state: core.NewState(limits), gates: make(map[core.Op]chan struct{}), holds: make(map[core.Op]chan struct{}), fails: make(map[core.Op]error)}
+	f := &fakeLog{state: core.NewState(limits), gates: make(map[core.Op]chan struct{}), holds: make(map[core.Op]chan struct{}), fails: make(map[core.Op]error)}
+	f.state.OnHoldEnd(func(h core.EndedHold) { f.ended = append(f.ended, h) }) // under f.mu, in Apply
+	return f
+}
+
+// stamped sets the wall clock on the commands that can start or end a hold, as
+// replication does (the ledger's times).
+func stamped(cmd core.Command) core.Command {
+	switch cmd.Op {
+	case core.OpAcquire, core.OpRelease, core.OpCancelWait, core.OpRevoke, core.OpExpire, core.OpForceRelease, core.OpEndDelay, core.OpDisconnect:
+		if cmd.WallMillis == 0 {
+			cmd.WallMillis = time.Now().UnixMilli()
+		}
+	}
+	return cmd
 }
 
 func (f *fakeLog) Apply(ctx context.Context, cmd core.Command) (core.Result, error) {
@@ -72,16 +89,20 @@ func (f *fakeLog) Apply(ctx context.Context, cmd core.Command) (core.Result, err
 		f.mu.Unlock()
 		return core.Result{}, err
 	}
-	res := f.state.Apply(cmd)
+	res := f.state.Apply(stamped(cmd))
 	if !f.forgetful {
 		f.applied = append(f.applied, cmd)
 	}
 	hold := f.holds[cmd.Op]
 	delete(f.holds, cmd.Op)
-	observe := f.observe
+	observe, holdEnds, ended := f.observe, f.holdEnds, f.ended
+	f.ended = nil
 	f.mu.Unlock()
 	if len(res.Effects) > 0 && observe != nil {
 		observe(res.Effects)
+	}
+	if len(ended) > 0 && holdEnds != nil {
+		holdEnds(ended)
 	}
 	if hold != nil {
 		<-hold // applied, but the proposer hears of it only later
@@ -264,7 +285,7 @@ func newLeaderOn(t testing.TB, fl *fakeLog, cfg leader.Config) *leader.Leader {
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	l := leader.New(fl, cfg)
 	fl.mu.Lock()
-	fl.observe = l.OnEffects
+	fl.observe, fl.holdEnds = l.OnEffects, l.OnHoldEnds
 	fl.mu.Unlock()
 	t.Cleanup(l.Demote)
 	return l

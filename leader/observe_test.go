@@ -154,3 +154,23 @@ func TestObserverTimes(t *testing.T) {
 		rec.want(t, "revoke", "ended revoked")
 	})
 }
+
+// TestObserverHoldEnds: the ends of correctness holds that replication reports are
+// observed only while the node serves, timed by the ledger's times (never below 0, an
+// unknown end taken as now).
+func TestObserverHoldEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		l, _ := newLeader(t, leader.Config{Observer: rec})
+		ends := []core.EndedHold{{Class: core.Correctness, StartMillis: 1_000, EndMillis: 3_500}}
+		l.OnHoldEnds(ends)
+		rec.want(t, "a follower")
+		promote(t, l)
+		rec.take()
+		now := time.Now().UnixMilli()
+		l.OnHoldEnds(append(ends,
+			core.EndedHold{Class: core.Correctness, StartMillis: 9_000, EndMillis: 8_000}, // an earlier leader's clock ahead
+			core.EndedHold{Class: core.Correctness, StartMillis: now - 1_500}))            // no end time: now
+		rec.want(t, "the leader", "hold correctness 2.5s", "hold correctness 0s", "hold correctness 1.5s")
+	})
+}

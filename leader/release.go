@@ -47,7 +47,6 @@ func (l *Leader) releaseInMemory(lease core.LeaseID, name string, token uint64) 
 	}
 	r := l.eff.Release(lease, name, token, &l.effSeq)
 	if r.Err == nil {
-		l.endedLocked(lease, token)
 		l.obs.Released(core.Efficiency)
 	}
 	l.effEffectsLocked(r.Effects)
@@ -68,7 +67,6 @@ func (l *Leader) releaseResult(lease core.LeaseID, token uint64, res core.Result
 	}
 	if res.Err == nil {
 		l.mu.Lock()
-		l.endedLocked(lease, token)
 		l.obs.Released(core.Correctness)
 		l.mu.Unlock()
 	}

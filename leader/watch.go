@@ -8,7 +8,8 @@ import (
 )
 
 // recordLocked opens a new epoch's record of the efficiency table's changes: every
-// event goes into the epoch's ledger (ledger.go) and, when the leader has a hub, to
+// event goes into the epoch's ledger (ledger.go), which times the holds for the
+// Observer, and, when the leader has a hub, to
 // Watch's history, after the epoch's start (every efficiency lock of an earlier leader
 // is gone), stamped with the epoch. The correctness locks' events come from the apply
 // path (replication), not from here.
@@ -21,10 +22,13 @@ import (
 // this term's entries): a watcher resuming here from an earlier leader's revision
 // skips none of them.
 func (l *Leader) recordLocked() {
-	hub, epoch, ledger := l.cfg.Events, l.epoch, &l.effLedger
+	hub, epoch, ledger, obs := l.cfg.Events, l.epoch, &l.effLedger, l.obs
 	started := hub == nil
 	l.eff.Record(func(e core.Event) {
-		ledger.Note(e, time.Now().UnixMilli())
+		now := time.Now().UnixMilli()
+		if start := ledger.Note(e, now); start > 0 {
+			obs.Held(core.Efficiency, heldFor(start, now)) // the hold-time metric (observe.go)
+		}
 		if !started {
 			started = true
 			hub.Publish(core.Event{Kind: core.EventEpoch, Class: core.Efficiency}, epoch)

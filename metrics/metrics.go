@@ -65,7 +65,7 @@ func New() *Metrics {
 	}, []string{"class", "outcome"})
 	hold := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "leasehold_hold_seconds",
-		Help:    "Holds that ended while this node led, by class: time from the grant to the release, force release or lease end, on the leader's clock.",
+		Help:    "Holds that ended while this node led, by class: time from the grant to the release, force release or lease end, by the ledger's times (wall clock, milliseconds).",
 		Buckets: holdBuckets,
 	}, []string{"class"})
 	released := prometheus.NewCounterVec(prometheus.CounterOpts{

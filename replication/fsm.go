@@ -23,7 +23,10 @@ type fsm struct {
 	// events, if set, gets each command entry's lock events (recorded into pending).
 	events  *watch.Hub
 	pending []core.Event
-	log     *slog.Logger
+	// holdEnds, if set, gets each entry's ended holds (recorded into ended).
+	holdEnds func([]core.EndedHold)
+	ended    []core.EndedHold
+	log      *slog.Logger
 	// clusterID is the state's cluster ID as last seen; when it changes, saveClusterID
 	// (if set) keeps it outside the state too (see presetClusterID).
 	clusterID     string
@@ -76,6 +79,10 @@ func (f *fsm) applyAll(index uint64, cmds [][]byte, res []core.Result) {
 		f.pending = f.pending[:0]
 	}
 	named := f.namedLocked()
+	// The ends are handed on after the lock is let go, in the slice the next entry
+	// fills again: applies are serial, so that is after holdEnds returned.
+	ended := f.ended
+	f.ended = f.ended[:0]
 	f.mu.Unlock()
 	f.save(named)
 	if f.observe != nil {
@@ -84,6 +91,9 @@ func (f *fsm) applyAll(index uint64, cmds [][]byte, res []core.Result) {
 				f.observe(r.Effects)
 			}
 		}
+	}
+	if len(ended) > 0 {
+		f.holdEnds(ended)
 	}
 }
 
@@ -113,12 +123,15 @@ func (f *fsm) Restore(r io.ReadCloser) error {
 	return nil
 }
 
-// setState makes s the state, recording its lock events for the hub; f.mu is held (or
-// f is not in use yet).
+// setState makes s the state, recording its lock events for the hub and its ends of
+// holds for holdEnds; f.mu is held (or f is not in use yet).
 func (f *fsm) setState(s *core.State) {
 	f.state = s
 	if f.events != nil {
 		s.Record(func(e core.Event) { f.pending = append(f.pending, e) })
+	}
+	if f.holdEnds != nil {
+		s.OnHoldEnd(func(h core.EndedHold) { f.ended = append(f.ended, h) })
 	}
 }
 

@@ -87,6 +87,10 @@ type Config struct {
 	// Observe, if set, is called with the effects of every applied command, in log
 	// order, from raft's apply goroutine. It must not block and must not call Apply.
 	Observe func([]core.Effect)
+	// ObserveHoldEnds, if set, is called after each applied entry that ended holds
+	// whose grant the ledger timed, with those ends (core.State.OnHoldEnd), from raft's
+	// apply goroutine after Observe. It must not block, call Apply or keep the slice.
+	ObserveHoldEnds func([]core.EndedHold)
 	// Events, if set, receives the lock events of every applied command entry (G10),
 	// stamped with the entry's index, while the entry is applied: a reader of the state
 	// never sees a change before its event is in the hub. A restored snapshot resets it.
@@ -234,7 +238,7 @@ func Open(cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
-	n.fsm = &fsm{limits: cfg.Limits, observe: cfg.Observe, events: cfg.Events, log: cfg.Logger}
+	n.fsm = &fsm{limits: cfg.Limits, observe: cfg.Observe, holdEnds: cfg.ObserveHoldEnds, events: cfg.Events, log: cfg.Logger}
 	n.fsm.setState(core.NewState(cfg.Limits))
 
 	rc := raft.DefaultConfig()

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/leasehold/leasehold/fastlane"
 )
 
 // ErrShuttingDown is the answer, Unavailable with reason "shutting_down", to a fast-lane
@@ -56,13 +58,29 @@ func (l *lanes) remove(c *fastConn) {
 // ends first, closes the rest at once (their requests in flight end with their outcome
 // unknown to the client) and returns ctx's error.
 //
+// A connection whose client understands GOAWAY (fastlane.FlagGoAway, as the Go client
+// does) is sent one first: the client then sends nothing more on it, and closes it once
+// its requests are answered.
+//
 // The caller closes the fast-lane listener first (ServeFastLane's ln), so that no
-// connection is added. What is not promised: a request a client writes in the instant
-// its connection closes (after drainQuiet of silence) is cut off, its outcome unknown to
-// that client — it was never started. Connect's requests are drained by the HTTP
-// server's Shutdown.
+// connection is added. What is not promised: a client without GOAWAY that writes a
+// request in the instant its connection closes (after drainQuiet of silence) has it cut
+// off, its outcome unknown to that client — it was never started; the Go client, which
+// looks for the GOAWAY before it writes on a connection that was idle, would have to
+// stall for drainQuiet between that look and its write. Connect's requests are drained
+// by the HTTP server's Shutdown.
 func (s *Server) DrainFastLane(ctx context.Context) error {
+	s.lanes.mu.Lock()
 	s.lanes.draining.Store(true)
+	// A client that understands GOAWAY sends nothing more on its connection from the
+	// moment the frame arrives, so the connection's close after drainQuiet cannot meet
+	// a request on its way: the frame is in the client's socket before the quiet begins.
+	for c := range s.lanes.conns {
+		if c.goAway {
+			c.w.Offer(goAway)
+		}
+	}
+	s.lanes.mu.Unlock()
 	since := time.Now()
 	tick := time.NewTicker(drainQuiet / 5)
 	defer tick.Stop()
@@ -96,6 +114,9 @@ func (s *Server) DrainFastLane(ctx context.Context) error {
 		}
 	}
 }
+
+// goAway is the GOAWAY frame DrainFastLane sends.
+var goAway = fastlane.GoAwayFrame()
 
 // heard records, while the server drains, that a frame arrived on c.
 func (c *fastConn) heard() {

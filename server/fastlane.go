@@ -65,7 +65,7 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 	c := &fastConn{
 		s: s, pool: pool, conn: conn, r: fastlane.NewReader(conn), w: fastlane.NewWriter(conn),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), base: context.Background(),
-		inflight: make(map[uint64]context.CancelFunc),
+		inflight: make(map[uint64]context.CancelFunc), goAway: ext.GoAway,
 	}
 	if !s.lanes.add(c) {
 		return nil // the server drains (DrainFastLane): the client will try elsewhere
@@ -115,6 +115,8 @@ type fastConn struct {
 	base      context.Context
 
 	lane *laneConn // nil when the listener's connections are not laneConns (tests)
+	// goAway: the client understands GOAWAY; DrainFastLane sends it one.
+	goAway bool
 
 	mu       sync.Mutex
 	bound    map[string]time.Duration // release-on-disconnect leases (disconnect.go), with their TTLs

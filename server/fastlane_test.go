@@ -45,6 +45,7 @@ func FuzzFastLane(f *testing.F) {
 	f.Add(false, frame(fastlane.KindRequest, methodAcquire, 2, []byte{0x0a, 0x03, 'a', '/', 'b'}))
 	f.Add(false, frame(fastlane.KindRequest, 200, 3, []byte{1, 2, 3}))
 	f.Add(false, frame(fastlane.KindCancel, methodAcquire, 9, nil))
+	f.Add(false, frame(fastlane.KindGoAway, 0, 0, nil)) // only a server sends it
 	f.Add(false, []byte{0xff, 0xff, 0xff, 0xff, 1, 1})
 	f.Add(false, []byte{0, 0, 0, 1, 1})
 	f.Add(true, []byte("GET / HTTP/1.1\r\n\r\n"))

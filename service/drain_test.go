@@ -28,13 +28,18 @@ type rawLane struct {
 
 func dialRawLane(t *testing.T, addr string) *rawLane {
 	t.Helper()
+	return dialRawLaneWith(t, addr, fastlane.Extensions{})
+}
+
+func dialRawLaneWith(t *testing.T, addr string, ext fastlane.Extensions) *rawLane {
+	t.Helper()
 	conn, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
-	if _, err := fastlane.ClientHello(conn, "", fastlane.Extensions{}); err != nil {
+	if _, err := fastlane.ClientHello(conn, "", ext); err != nil {
 		t.Fatal(err)
 	}
 	return &rawLane{t: t, conn: conn, r: fastlane.NewReader(conn)}
@@ -148,6 +153,46 @@ func TestDrainFastLane(t *testing.T) {
 			t.Fatalf("after the drain the connection should be closed, read: %v", err)
 		}
 	}
+	waitDrained(t, drained)
+	// The refused Put was not carried out.
+	if v, err := c.Get(ctx, "drain/k"); err != nil || v.Found {
+		t.Fatalf("the refused Put: Get = %+v, %v; want not found", v, err)
+	}
+}
+
+// TestDrainSendsGoAway: a node that shuts down first sends a GOAWAY frame on each
+// connection whose client asked for it in its hello (fastlane.FlagGoAway), and none on
+// the others; a client that then sends nothing more has its connection closed once it
+// has been quiet for a moment, as any.
+func TestDrainSendsGoAway(t *testing.T) {
+	n := testnode.Start(t)
+	asked := dialRawLaneWith(t, n.FastLaneAddr(), fastlane.Extensions{GoAway: true})
+	plain := dialRawLane(t, n.FastLaneAddr())
+	for _, l := range []*rawLane{asked, plain} { // both connections served, so registered
+		l.call(leaseholdv1connect.LeaseServiceGrantProcedure, &leaseholdv1.GrantRequest{TtlMs: 30_000}, &leaseholdv1.GrantResponse{})
+	}
+	drained := make(chan error, 1)
+	go func() {
+		dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer dcancel()
+		drained <- n.Server.DrainFastLane(dctx)
+	}()
+	f, err := asked.r.Read()
+	if err != nil || f.Kind != fastlane.KindGoAway || f.ID != 0 || len(f.Payload) != 0 {
+		t.Fatalf("the connection that asked for GOAWAY read %+v, %v; want a GOAWAY frame (kind %d, id 0, empty)", f, err, fastlane.KindGoAway)
+	}
+	for name, l := range map[string]*rawLane{"asked": asked, "plain": plain} {
+		if f, err := l.r.Read(); !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !isReset(err) {
+			t.Fatalf("%s: after the drain the connection should be closed, read %+v, %v", name, f, err)
+		}
+	}
+	waitDrained(t, drained)
+}
+
+// waitDrained waits for DrainFastLane's result on drained, which must come soon after
+// the connections were closed, and be nil.
+func waitDrained(t *testing.T, drained <-chan error) {
+	t.Helper()
 	select {
 	case err := <-drained:
 		if err != nil {
@@ -155,10 +200,6 @@ func TestDrainFastLane(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("DrainFastLane did not return 5 s after its connections were closed")
-	}
-	// The refused Put was not carried out.
-	if v, err := c.Get(ctx, "drain/k"); err != nil || v.Found {
-		t.Fatalf("the refused Put: Get = %+v, %v; want not found", v, err)
 	}
 }
 

@@ -221,6 +221,7 @@ func Start(cfg Config) (*Node, error) {
 	rc.Logger = cfg.Logger
 	cfg.Server.TLS, rc.PeerTLS = cfg.TLS, cfg.peerTLS()
 	rc.Observe = func(e []core.Effect) { n.Leader.OnEffects(e) }
+	rc.ObserveHoldEnds = func(e []core.EndedHold) { n.Leader.OnHoldEnds(e) }
 	rc.Events = watch.NewHub(cfg.Server.WatchRetention)
 	rc.LeaderChange = changes
 	m := metrics.New()

@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -43,6 +45,7 @@ func newServerCmd() *cobra.Command {
 	fs.StringVar(&f.advertise, "advertise-addr", "", "API address other nodes and clients use (default: the listen address)")
 	fs.StringVar(&f.raftAdvertise, "raft-advertise", "", "raft address other nodes dial (default: --raft-addr)")
 	fs.BoolVar(&f.bootstrap, "bootstrap", true, "start a new cluster if the data dir is empty (off with --join)")
+	fs.StringVar(&f.memoryLimit, "memory-limit", "", "soft limit of the Go runtime's memory (as GOMEMLIMIT: 240MiB, 1GiB, or bytes): the GC runs more often as the heap nears it instead of letting it grow to twice what is live (GOGC); empty keeps GOMEMLIMIT's or none. See docs/OPERATIONS.md (memory) before setting it near the live heap")
 	fs.BoolVar(&f.enablePprof, "pprof", false, "serve Go's profiler under /debug/pprof/ on the API address (for diagnosing CPU or memory use)")
 	fs.StringVar(&f.join, "join", "", "API address of a cluster member to join through (implies --bootstrap=false)")
 	fs.BoolVar(&f.recoverFlag, "recover", false, "rewrite the raft configuration of this stopped node, whose cluster lost its quorum, to this node alone (or to --peers), then exit; see docs/OPERATIONS.md")
@@ -83,6 +86,7 @@ type serverFlags struct {
 	raftAdvertise string
 	bootstrap     bool
 	enablePprof   bool
+	memoryLimit   string // runtime/debug.SetMemoryLimit, as GOMEMLIMIT
 	join          string
 	recoverFlag   bool
 	tokenGap      uint64
@@ -105,6 +109,15 @@ func runServer(f serverFlags) int {
 		return exitUsage
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if f.memoryLimit != "" {
+		limit, err := parseMemoryLimit(f.memoryLimit)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "leasehold server: --memory-limit: %v\n", err)
+			return exitUsage
+		}
+		debug.SetMemoryLimit(limit)
+		log.Info("memory limit set", "bytes", limit)
+	}
 	if f.recoverFlag {
 		return recoverNode(replication.Config{NodeID: f.nodeID, DataDir: f.dataDir, RaftAddr: f.raftAddr, RaftAdvertise: f.raftAdvertise, LogStore: f.logStore, Logger: log}, f.peers, f.tokenGap)
 	}
@@ -254,4 +267,31 @@ func (l peerList) Set(v string) error {
 		}
 	}
 	return nil
+}
+
+// minMemoryLimit is the smallest --memory-limit taken: below it the GC would run all
+// the time for any node.
+const minMemoryLimit = 16 << 20
+
+// parseMemoryLimit parses a --memory-limit: a number of bytes with an optional suffix
+// B, KiB, MiB, GiB or TiB, as GOMEMLIMIT is written, at least minMemoryLimit.
+func parseMemoryLimit(s string) (int64, error) {
+	num, unit := s, int64(1)
+	for _, u := range []struct {
+		suffix string
+		size   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"B", 1}} {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, unit = n, u.size
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)/unit {
+		return 0, fmt.Errorf("%q is not a size such as 240MiB, 1GiB or a number of bytes", s)
+	}
+	if n*unit < minMemoryLimit {
+		return 0, fmt.Errorf("%s is below the smallest limit taken, 16MiB", s)
+	}
+	return n * unit, nil
 }

@@ -15,13 +15,19 @@ import (
 // when it has, the socket's error when there is one, nil when the connection is open (or
 // holds data not yet read). It peeks, so it consumes nothing.
 func Check(conn net.Conn) error {
+	_, err := Peek(conn)
+	return err
+}
+
+// Peek is Check that also tells whether data waits to be read (waiting true, err nil).
+func Peek(conn net.Conn) (waiting bool, err error) {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
-		return nil
+		return false, nil
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return err
+		return false, err
 	}
 	var (
 		n    int
@@ -32,14 +38,16 @@ func Check(conn net.Conn) error {
 		n, _, rerr = syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		return true
 	}); err != nil {
-		return err
+		return false, err
 	}
 	switch {
 	case rerr == nil && n == 0:
-		return io.EOF
+		return false, io.EOF
+	case rerr == nil:
+		return true, nil
 	case errors.Is(rerr, syscall.EAGAIN), errors.Is(rerr, syscall.EINTR):
-		return nil
+		return false, nil
 	default:
-		return rerr
+		return false, rerr
 	}
 }
