@@ -154,6 +154,18 @@ func mainErr(f flags) int {
 			return fail("-scale-locks-classes: unknown class %q", c)
 		}
 	}
+	if scaleExpiry {
+		switch {
+		case f.expiryLeases < 1:
+			return fail("-scale-expiry-leases must be at least 1, got %d", f.expiryLeases)
+		case f.expiryConns < 1:
+			return fail("-scale-expiry-conns must be at least 1, got %d", f.expiryConns)
+		case f.expiryTTL < 100*time.Millisecond:
+			return fail("-scale-expiry-ttl must be at least the server's minimum TTL, 100ms, got %v", f.expiryTTL)
+		case f.expiryWindow <= 0 || f.expiryProbe <= 0:
+			return fail("-scale-expiry-window and -scale-expiry-probe must be positive")
+		}
+	}
 	if f.duration <= 0 || f.warmup < 0 {
 		return fail("-duration must be positive and -warmup not negative")
 	}
