@@ -301,6 +301,9 @@ func (r *Report) expiry(b *strings.Builder, x scale.ExpiryResult) {
 		x.ServerCPU, x.Window.Round(time.Second), dur(x.CPUPerKeepalive), mib(x.RSS), x.GenCPU, x.Lost)
 	if x.Live > 0 {
 		server := "—"
+		if x.ServerLatenessUnavailable != "" {
+			server = "no metrics: " + cell(x.ServerLatenessUnavailable)
+		}
 		if x.ServerExpired > 0 {
 			server = fmt.Sprintf("%s (bucket ≤ %s), %.0f expiries", dur(x.ServerLateP99), dur(x.ServerLateP99Bucket), x.ServerExpired)
 		}

@@ -1,18 +1,21 @@
 package scale
 
 import (
-	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/leasehold/leasehold/bench/internal/peers"
+	"github.com/leasehold/leasehold/bench/internal/run"
 	"github.com/leasehold/leasehold/client"
 	"github.com/leasehold/leasehold/internal/proc"
 )
@@ -248,7 +251,7 @@ func Expiry(ctx context.Context, sys *peers.Leasehold, n, conns int, ttl, window
 	if after, err := sys.FetchMetrics(ctx); err == nil && lerr == nil {
 		res.ServerExpired, res.ServerLateP99, res.ServerLateP99Bucket = latenessQuantile(before, after, 0.99)
 	} else {
-		res.ServerLatenessUnavailable = fmt.Sprint(errorsOr(lerr, err))
+		res.ServerLatenessUnavailable = fmt.Sprint(cmp.Or(lerr, err))
 	}
 	for _, p := range probes {
 		res.Probes = append(res.Probes, p.results()...)
@@ -263,13 +266,6 @@ func Expiry(ctx context.Context, sys *peers.Leasehold, n, conns int, ttl, window
 	fmt.Fprintf(logw, "scale-expiry: all %d gone %v after the kill; lateness p99 %v (server, bucket ≤ %v), outside p99 %v max %v; server %.2f core while expiring\n",
 		res.Live, res.AllGone.Round(time.Millisecond), res.ServerLateP99.Round(time.Millisecond), res.ServerLateP99Bucket, res.OutsideP99.Round(time.Millisecond), res.OutsideMax.Round(time.Millisecond), res.ExpireCPU)
 	return res
-}
-
-func errorsOr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // sleep waits d or until ctx ends, and says whether d passed.
@@ -331,8 +327,7 @@ func outsideLateness(samples []countSample, earliest []int64) (early int, p50, p
 		return early, 0, 0, 0
 	}
 	slices.Sort(late)
-	q := func(f float64) time.Duration { return late[min(len(late)-1, int(math.Ceil(f*float64(len(late))))-1)] }
-	return early, q(0.5), q(0.99), late[len(late)-1]
+	return early, run.Percentile(late, 0.5), run.Percentile(late, 0.99), late[len(late)-1]
 }
 
 // latenessQuantile reads the server's expiry-lateness histogram before and after and
@@ -368,28 +363,22 @@ func latenessQuantile(before, after string, q float64) (count float64, quant, bo
 	return total, 0, 0
 }
 
-// histogram parses the cumulative buckets of leasehold_expiry_lateness_seconds from a
-// Prometheus text exposition.
+// histogram returns the cumulative buckets of leasehold_expiry_lateness_seconds, by
+// upper bound (+Inf holding every sample), from a Prometheus text exposition; none when
+// the text has no such histogram.
 func histogram(text string) map[float64]float64 {
-	const prefix = `leasehold_expiry_lateness_seconds_bucket{le="`
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(strings.NewReader(text))
 	out := map[float64]float64{}
-	sc := bufio.NewScanner(strings.NewReader(text))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), prefix)
-		if !ok {
-			continue
-		}
-		leText, rest, ok := strings.Cut(line, `"}`)
-		if !ok {
-			continue
-		}
-		le, err1 := strconv.ParseFloat(leText, 64)
-		n, err2 := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-		if err1 == nil && err2 == nil {
-			out[le] = n
-		}
+	mf := families["leasehold_expiry_lateness_seconds"]
+	if err != nil || mf == nil || len(mf.GetMetric()) == 0 {
+		return out
 	}
+	h := mf.GetMetric()[0].GetHistogram()
+	for _, b := range h.GetBucket() {
+		out[b.GetUpperBound()] = float64(b.GetCumulativeCount())
+	}
+	out[math.Inf(1)] = float64(h.GetSampleCount())
 	return out
 }
 
@@ -474,8 +463,7 @@ func (p *prober) results() []ProbeResult {
 		slices.Sort(d)
 		r := ProbeResult{Class: p.name, Phase: phase, N: len(d), Errors: p.errs[phase], FirstError: p.first[phase]}
 		if len(d) > 0 {
-			q := func(f float64) time.Duration { return d[min(len(d)-1, int(math.Ceil(f*float64(len(d))))-1)] }
-			r.P50, r.P99, r.Max = q(0.5), q(0.99), d[len(d)-1]
+			r.P50, r.P99, r.Max = run.Percentile(d, 0.5), run.Percentile(d, 0.99), d[len(d)-1]
 		}
 		out = append(out, r)
 	}

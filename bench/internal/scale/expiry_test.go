@@ -86,14 +86,19 @@ func TestOutsideLateness(t *testing.T) {
 // histogram_quantile would: 100 expiries, 90 of them within 256 ms and the rest within
 // 512 ms, so the 99th is nine tenths of the way through the 256–512 ms bucket.
 func TestLatenessQuantile(t *testing.T) {
-	before := `leasehold_expiry_lateness_seconds_bucket{le="0.256"} 5
+	before := `# TYPE leasehold_expiry_lateness_seconds histogram
+leasehold_expiry_lateness_seconds_bucket{le="0.256"} 5
 leasehold_expiry_lateness_seconds_bucket{le="0.512"} 5
 leasehold_expiry_lateness_seconds_bucket{le="+Inf"} 5
+leasehold_expiry_lateness_seconds_sum 1
+leasehold_expiry_lateness_seconds_count 5
 `
 	after := `# HELP leasehold_expiry_lateness_seconds lateness
+# TYPE leasehold_expiry_lateness_seconds histogram
 leasehold_expiry_lateness_seconds_bucket{le="0.256"} 95
 leasehold_expiry_lateness_seconds_bucket{le="0.512"} 105
 leasehold_expiry_lateness_seconds_bucket{le="+Inf"} 105
+leasehold_expiry_lateness_seconds_sum 30
 leasehold_expiry_lateness_seconds_count 105
 `
 	n, q, bound := latenessQuantile(before, after, 0.99)

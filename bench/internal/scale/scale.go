@@ -125,10 +125,7 @@ func Locks(ctx context.Context, sys *peers.Leasehold, n, perLease, fill int, ttl
 	}
 	cpu0, _ := proc.CPU(pid)
 	t0 := time.Now()
-	select {
-	case <-time.After(hold):
-	case <-ctx.Done():
-	}
+	sleep(ctx, hold)
 	cpu1, _ := proc.CPU(pid)
 	res.HoldCPU = (cpu1 - cpu0).Seconds() / time.Since(t0).Seconds()
 	res.RSSAfter, _ = proc.RSS(pid)
@@ -234,10 +231,7 @@ func Leases(ctx context.Context, sys *peers.Leasehold, n, nclients int, ttl, win
 	}
 	// One full keepalive period, so every lease is on its steady schedule.
 	fmt.Fprintf(logw, "scale-leases: %d leases open in %v; settling for %v\n", count.Load(), res.Setup.Round(time.Second), ttl/3+time.Second)
-	select {
-	case <-time.After(ttl/3 + time.Second):
-	case <-ctx.Done():
-	}
+	sleep(ctx, ttl/3+time.Second)
 	cpu0, _ := proc.CPU(pid)
 	self0, _ := proc.CPU(selfPID)
 	t0 := time.Now()
@@ -247,10 +241,7 @@ func Leases(ctx context.Context, sys *peers.Leasehold, n, nclients int, ttl, win
 	} else {
 		profiled <- nil
 	}
-	select {
-	case <-time.After(window):
-	case <-ctx.Done():
-	}
+	sleep(ctx, window)
 	if err := <-profiled; err != nil {
 		fmt.Fprintf(logw, "scale-leases: no profile: %v\n", err)
 	}
