@@ -137,12 +137,6 @@ func (c *flConn) readLoop() {
 			c.fail(err)
 			return
 		}
-		if f.Kind == fastlane.KindGoAway {
-			if c.goAway() {
-				c.retire()
-			}
-			continue
-		}
 		if c.handOut(f, true) {
 			return
 		}
@@ -175,12 +169,6 @@ func (c *flConn) readOwn(ctx context.Context, id uint64) (flResult, error) {
 			c.fail(err)
 			return flResult{}, c.brokenError()
 		}
-		if f.Kind == fastlane.KindGoAway {
-			if c.goAway() {
-				c.retire()
-			}
-			continue
-		}
 		if f.ID == id {
 			// Copy the payload before the turn ends: the next reader reuses the
 			// reader's buffer that f.Payload points into.
@@ -192,13 +180,23 @@ func (c *flConn) readOwn(ctx context.Context, id uint64) (flResult, error) {
 	}
 }
 
-// read reads the next frame and notes when it arrived.
+// read reads the next frame and notes when it arrived. A GOAWAY is taken on the way
+// (goAway, then retire: the connection closes once nothing is pending) and not
+// returned: it answers no call.
 func (c *flConn) read() (fastlane.Frame, error) {
-	f, err := c.r.Read()
-	if err == nil {
+	for {
+		f, err := c.r.Read()
+		if err != nil {
+			return f, err
+		}
 		c.lastRead.Store(int64(time.Since(clockBase)))
+		if f.Kind != fastlane.KindGoAway {
+			return f, nil
+		}
+		if c.goAway() {
+			c.retire()
+		}
 	}
-	return f, err
 }
 
 // handOut gives frame f to the call waiting for it, if any (the call may have given up).
@@ -291,9 +289,9 @@ func (c *flConn) retire() {
 }
 
 // goAway takes the node's GOAWAY: it is shutting down. The connection is handed out no
-// more and the node is distrusted; goAway reports whether this was news. A reader then
-// retires the connection: it is closed once the calls in flight on it have their
-// answers, which the node still sends.
+// more and the node is distrusted; goAway reports whether this was news. The reader
+// then retires the connection (read): it is closed once the calls in flight on it have
+// their answers, which the node still sends.
 func (c *flConn) goAway() bool {
 	if c.goneAway.Swap(true) {
 		return false

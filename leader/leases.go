@@ -85,7 +85,7 @@ func (l *Leader) KeepAliveThen(lease core.LeaseID, then func(KeepAliveResult, er
 	}
 	l.log.VerifyLeaderThen(func(cerr error) {
 		if cerr != nil {
-			then(KeepAliveResult{}, fmt.Errorf("%w: leadership not confirmed: %w", ErrNotLeader, cerr))
+			then(KeepAliveResult{}, notConfirmed(cerr))
 			return
 		}
 		then(res, err)
@@ -137,6 +137,11 @@ func (l *Leader) confirm(ctx context.Context) error {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
+	return notConfirmed(err)
+}
+
+// notConfirmed is ErrNotLeader for a leadership confirmation that failed with err.
+func notConfirmed(err error) error {
 	return fmt.Errorf("%w: leadership not confirmed: %w", ErrNotLeader, err)
 }
 

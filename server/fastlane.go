@@ -445,13 +445,7 @@ func (s *Server) keepAliveThen(_ context.Context, r *leaseholdv1.KeepAliveReques
 	if err != nil {
 		return false
 	}
-	s.leader.KeepAliveThen(id, func(ka leader.KeepAliveResult, err error) {
-		if err != nil {
-			done(nil, err)
-			return
-		}
-		done(keepAliveResponse(ka), nil)
-	})
+	s.leader.KeepAliveThen(id, func(ka leader.KeepAliveResult, err error) { done(keepAliveResponse(ka), err) })
 	return true
 }
 
