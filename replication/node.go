@@ -421,12 +421,7 @@ func (n *Node) VerifyLeaderThen(then func(error)) {
 		then(ErrNotLeader)
 		return
 	}
-	n.verifier.verifyThen(func(err error) {
-		if err != nil {
-			err = fmt.Errorf("%w: %w", ErrNotLeader, err)
-		}
-		then(err)
-	})
+	n.verifier.verifyThen(then)
 }
 
 // confirmRound starts one leadership confirmation. A one-voter cluster cannot be

@@ -2,6 +2,7 @@ package replication
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/hashicorp/raft"
@@ -47,8 +48,9 @@ func (v *verifier) verify(ctx context.Context) error {
 	}
 }
 
-// verifyThen is verify without the wait: then gets what verify would have returned
-// (there is no context), once, on the goroutine that runs rounds, and must not block.
+// verifyThen is verify without the wait: then gets what Node.VerifyLeader would have
+// returned (there is no context: nil, or the round's error wrapped in ErrNotLeader),
+// once, on the goroutine that runs rounds, and must not block.
 // A caller that answers many requests (a keepalive each) so needs no goroutine, channel
 // or wake-up per request.
 func (v *verifier) verifyThen(then func(error)) {
@@ -88,8 +90,14 @@ func (v *verifier) run() {
 		if r.done != nil {
 			close(r.done)
 		}
-		for _, then := range r.thens {
-			then(r.err)
+		if len(r.thens) > 0 {
+			err := r.err
+			if err != nil {
+				err = fmt.Errorf("%w: %w", ErrNotLeader, err) // once per round, not per caller
+			}
+			for _, then := range r.thens {
+				then(err)
+			}
 		}
 	}
 }

@@ -196,14 +196,15 @@ func (c *fastConn) read() {
 				continue
 			}
 		}
+		if m.thenUncancelled && c.proposeUncancelled(m, f.ID, req) {
+			continue
+		}
 		// Not derived from c.ctx: end cancels it through inflight, and the requests of
 		// a busy connection do not all register with (and lock) one parent context.
 		ctx, cancel := context.WithCancel(c.base)
-		c.mu.Lock()
-		c.inflight[f.ID] = cancel
-		c.mu.Unlock()
+		c.register(f.ID, cancel)
 		c.wg.Add(1) // the request answered later, or the new reader
-		if m.then != nil && m.then(c.s, ctx, req, c.later(m, f.ID)) {
+		if m.then != nil && !m.thenUncancelled && m.then(c.s, ctx, req, c.later(m, f.ID)) {
 			continue
 		}
 		c.flush() // the queued answers do not wait for the new reader to be scheduled
@@ -214,6 +215,34 @@ func (c *fastConn) read() {
 		c.serve(ctx, m, f.ID, req, sendNow)
 		return
 	}
+}
+
+// proposeUncancelled starts request id through m.then, which a cancel cannot stop, and
+// reports true; or reports false, having left nothing behind, when the request must take
+// the full path. The request is in inflight (a duplicate id is refused, and the
+// connection counts as busy) but with no context of its own: at a million leases renewed
+// every ten seconds, a context per keepalive was 3.6% of the server's CPU.
+func (c *fastConn) proposeUncancelled(m *method, id uint64, req proto.Message) bool {
+	c.register(id, noCancel)
+	c.wg.Add(1)
+	if m.then(c.s, c.base, req, c.later(m, id)) {
+		return true
+	}
+	c.wg.Done()
+	c.mu.Lock()
+	delete(c.inflight, id)
+	c.mu.Unlock()
+	return false
+}
+
+// noCancel stands in inflight for a request that has no context to cancel.
+func noCancel() {}
+
+// register records request id as in flight with the cancel function of its context.
+func (c *fastConn) register(id uint64, cancel context.CancelFunc) {
+	c.mu.Lock()
+	c.inflight[id] = cancel
+	c.mu.Unlock()
 }
 
 // readerSend is how the reader sends an answer it gives itself: queued while more whole
@@ -419,7 +448,7 @@ func (s *Server) acquireThen(ctx context.Context, r *leaseholdv1.AcquireRequest,
 }
 
 // releaseThen is acquireThen for a release.
-func (s *Server) releaseThen(_ context.Context, r *leaseholdv1.ReleaseRequest, done func(proto.Message, error)) bool {
+func (s *Server) releaseThen(r *leaseholdv1.ReleaseRequest, done func(proto.Message, error)) bool {
 	if !s.leader.Active() {
 		return false
 	}
@@ -437,7 +466,7 @@ func (s *Server) releaseThen(_ context.Context, r *leaseholdv1.ReleaseRequest, d
 // with no goroutine, channel or wake-up per request: at a million leases renewed every
 // ten seconds that was most of the server's CPU. A node that must forward, or an
 // invalid lease ID, takes the full path.
-func (s *Server) keepAliveThen(_ context.Context, r *leaseholdv1.KeepAliveRequest, done func(proto.Message, error)) bool {
+func (s *Server) keepAliveThen(r *leaseholdv1.KeepAliveRequest, done func(proto.Message, error)) bool {
 	if !s.leader.Active() {
 		return false
 	}

@@ -29,7 +29,7 @@ func methodTable() []*method {
 		// LeaseService
 		unary(leaseholdv1connect.LeaseServiceGrantProcedure, (*Server).Grant, needs(permLock)),
 		unary(leaseholdv1connect.LeaseServiceKeepAliveProcedure, (*Server).KeepAlive, needs(permLock),
-			readerProposes((*Server).keepAliveThen)),
+			readerProposesUncancelled((*Server).keepAliveThen)),
 		unary(leaseholdv1connect.LeaseServiceRevokeProcedure, (*Server).Revoke, needs(permLock)),
 		serverStream(leaseholdv1connect.LeaseServiceBindProcedure, (*Server).Bind, needs(permLock)),
 		// LockService
@@ -38,7 +38,7 @@ func methodTable() []*method {
 			readerServes((*Server).acquireAtOnce), readerGrants((*Server).acquireNow), readerProposes((*Server).acquireThen)),
 		unary(leaseholdv1connect.LockServiceReleaseProcedure, (*Server).Release,
 			needsOn(permLock, (*leaseholdv1.ReleaseRequest).GetName),
-			readerServes((*Server).releaseAtOnce), readerProposes((*Server).releaseThen)),
+			readerServes((*Server).releaseAtOnce), readerProposesUncancelled((*Server).releaseThen)),
 		unary(leaseholdv1connect.LockServiceDescribeProcedure, (*Server).Describe, needsOn(permRead, (*leaseholdv1.DescribeRequest).GetName)),
 		unary(leaseholdv1connect.LockServiceListProcedure, (*Server).List, needsOn(permRead, (*leaseholdv1.ListRequest).GetPrefix)),
 		unary(leaseholdv1connect.LockServiceForceReleaseProcedure, (*Server).ForceRelease, needs(permAdmin)),
@@ -142,6 +142,10 @@ type method struct {
 	// answer goes to done, on the goroutine that hands out commit results. It reports
 	// false, having done nothing, when the request must take the full path.
 	then func(s *Server, ctx context.Context, req proto.Message, done func(proto.Message, error)) bool
+	// thenUncancelled: once then has started a request, nothing stops it short of its
+	// answer (a keepalive's leadership round, a release's commit), so then ignores ctx
+	// and the reader gives the request no context of its own.
+	thenUncancelled bool
 
 	series *procMetrics // this RPC's metric series on one Server
 }
@@ -329,6 +333,17 @@ func readerProposes[PReq proto.Message](then func(*Server, context.Context, PReq
 		m.then = func(s *Server, ctx context.Context, req proto.Message, done func(proto.Message, error)) bool {
 			return then(s, ctx, req.(PReq), done)
 		}
+	}
+}
+
+// readerProposesUncancelled is readerProposes for a request that a cancel cannot stop once
+// then has started it: then gets no context.
+func readerProposesUncancelled[PReq proto.Message](then func(*Server, PReq, func(proto.Message, error)) bool) methodOption {
+	return func(m *method) {
+		m.then = func(s *Server, _ context.Context, req proto.Message, done func(proto.Message, error)) bool {
+			return then(s, req.(PReq), done)
+		}
+		m.thenUncancelled = true
 	}
 }
 
