@@ -168,10 +168,11 @@ func (n *Node) Running() bool {
 }
 
 // Server returns the running node's RPC handlers: (*server.Server).KeepAlive(ctx, req)
-// and the rest serve the request as they would over Connect or the fast lane
-// (forwarding to the leader included), minus the transport and the error-to-code
-// mapping: errors come back as Go errors (leader.ErrNotLeader, *leader.LeaseGoneError,
-// context errors, ...).
+// and the rest serve the request on this node as they would after Connect or the fast
+// lane routed it here, minus the transport, the routing and the error-to-code mapping.
+// A handler called on a follower does not forward to the leader: it answers as a
+// follower would (leader.ErrNotLeader for what only the leader serves). Errors come back
+// as Go errors (leader.ErrNotLeader, *leader.LeaseGoneError, context errors, ...).
 func (n *Node) Server() *server.Server { return n.running().Server }
 
 // Leader returns the running node's leader runtime.
