@@ -28,7 +28,10 @@ func TestAbandonedWaitDoesNotKeepLock(t *testing.T) {
 	}
 	res := make(chan error, 1)
 	go func() {
-		wctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+		// Long enough that the kill below comes first even on a loaded machine (the
+		// waiter must give up while no server runs), short enough to end well inside
+		// the 10 s the test waits for it: 1.5 s was not, at a load of 14-18.
+		wctx, cancel := context.WithTimeout(ctx, 4*time.Second)
 		defer cancel()
 		wl, err := w.Lock(wctx, name, client.Correctness)
 		if err == nil {
@@ -42,6 +45,11 @@ func TestAbandonedWaitDoesNotKeepLock(t *testing.T) {
 		return err == nil && info.GetWaiters() == 1
 	}) {
 		t.Fatal("the waiter did not queue within 5s")
+	}
+	select {
+	case err := <-res:
+		t.Fatalf("the waiter's Lock returned before the server was killed: %v", err)
+	default:
 	}
 	s.Kill9()
 	// The waiter's Lock ends while no server runs.
