@@ -2,6 +2,7 @@ package leader
 
 import (
 	"container/heap"
+	"slices"
 	"time"
 
 	"github.com/leasehold/leasehold/core"
@@ -9,12 +10,16 @@ import (
 
 // countdown is one lease's expiry deadline on this leader's monotonic clock. Times are
 // offsets from Leader.base (Leader.now), 8 bytes each where a time.Time takes 24: a
-// leader keeps one countdown per live lease.
+// leader keeps one countdown per live lease, by value in Leader.leases, with no pointer
+// in it. A keepalive so reads one map slot (a million leases' slots do not fit a cache:
+// each keepalive's lookup is a cache and TLB miss, and a pointer to follow from there
+// was a second one, 15% of the server's CPU at a million leases), and the garbage
+// collector has nothing to mark per lease.
 type countdown struct {
-	id       core.LeaseID
 	ttl      time.Duration
 	deadline time.Duration // since Leader.base, on the monotonic clock: immune to wall-clock steps
-	index    int32         // in the heap
+	seq      uint64        // the sequence number of its entry in the queue, while queued
+	queued   bool          // it has an entry in the queue: always, except while an Expire is proposed
 	expiring bool          // an Expire is being proposed; keepalives are refused
 	// lost is set once the replicated state holds lost locks for the lease (it never
 	// drops them while the lease lives), so that only their keepalives read the state.
@@ -27,70 +32,86 @@ type countdown struct {
 // never later: the expiry loop, finding a countdown due whose deadline has not passed,
 // moves it to its deadline (one heap fix per lease and TTL at most, instead of one per
 // keepalive, and none on a keepalive's path). The key is kept in the heap beside the
-// pointer, so ordering reads no countdown.
+// lease ID, so ordering reads no countdown.
+//
+// An entry names its lease and the sequence number it was queued with; it is the
+// lease's own only while the countdown has that number and is queued. A lease that ends
+// leaves its entry behind, stale, to be dropped when it comes up (or by compaction,
+// when stale entries are the majority): the heap so needs no back-pointers, and
+// nothing is written into a countdown when the heap moves its entries.
 type countdownHeap []queued
 
 type queued struct {
-	due time.Duration // since Leader.base; at or before c.deadline, unless c is parked (expiring)
-	c   *countdown
+	due time.Duration // since Leader.base; at or before the countdown's deadline
+	id  core.LeaseID
+	seq uint64
 }
 
 func (h countdownHeap) Len() int           { return len(h) }
 func (h countdownHeap) Less(i, j int) bool { return h[i].due < h[j].due }
-func (h countdownHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].c.index, h[j].c.index = int32(i), int32(j)
-}
-func (h *countdownHeap) Push(x any) {
-	q := x.(queued)
-	q.c.index = int32(len(*h))
-	*h = append(*h, q)
-}
+func (h countdownHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *countdownHeap) Push(x any)        { *h = append(*h, x.(queued)) }
 func (h *countdownHeap) Pop() any {
 	old := *h
 	q := old[len(old)-1]
-	old[len(old)-1] = queued{}
 	*h = old[:len(old)-1]
-	q.c.index = -1
 	return q
 }
 
-// setDue moves c in the heap to due, and its deadline with it.
-func (h *countdownHeap) setDue(c *countdown, due time.Duration) {
-	c.deadline = due
-	h.park(c, due)
+// liveLocked reports whether the queue's entry q is its lease's own, and returns the
+// countdown.
+func (l *Leader) liveLocked(q queued) (countdown, bool) {
+	c, ok := l.leases[q.id]
+	return c, ok && c.queued && c.seq == q.seq
 }
 
-// park moves c in the heap to due and leaves its deadline alone: an expiring lease keeps
-// the deadline it expired at (its expiry's lateness is measured from it).
-func (h *countdownHeap) park(c *countdown, due time.Duration) {
-	(*h)[c.index].due = due
-	heap.Fix(h, int(c.index))
-}
-
-// addCountdownLocked starts lease's countdown at full TTL from now (l.now), unless it is
-// already counting, and returns it.
-func (l *Leader) addCountdownLocked(id core.LeaseID, ttlMillis int64, now time.Duration) *countdown {
-	if c := l.leases[id]; c != nil {
-		return c
-	}
-	ttl := time.Duration(ttlMillis) * time.Millisecond
-	c := &countdown{id: id, ttl: ttl, deadline: now + ttl}
+// queueLocked gives lease id's countdown c (not queued) an entry in the queue at due,
+// stores c, and wakes the expiry loop when it is now the first due: the loop may be
+// asleep until a later one.
+func (l *Leader) queueLocked(id core.LeaseID, c countdown, due time.Duration) {
+	l.queueSeq++
+	c.seq, c.queued = l.queueSeq, true
 	l.leases[id] = c
-	heap.Push(&l.queue, queued{due: c.deadline, c: c})
-	l.kickIfFirstLocked(c)
-	return c
-}
-
-// kickIfFirstLocked wakes the expiry loop when c is now the first countdown due: the
-// loop may be asleep until a later one.
-func (l *Leader) kickIfFirstLocked(c *countdown) {
-	if c.index == 0 && l.kick != nil {
+	heap.Push(&l.queue, queued{due: due, id: id, seq: c.seq})
+	if l.queue[0].seq == c.seq && l.kick != nil {
 		select {
 		case l.kick <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// dropCountdownLocked forgets lease id's countdown, its lease having ended, and returns
+// it. Its entry in the queue, if any, stays behind stale; once stale entries are more
+// than half the queue, the queue is rebuilt without them.
+func (l *Leader) dropCountdownLocked(id core.LeaseID) (countdown, bool) {
+	c, ok := l.leases[id]
+	if !ok {
+		return c, false
+	}
+	delete(l.leases, id)
+	if c.queued {
+		l.staleQueued++
+		if l.staleQueued > 1024 && l.staleQueued > len(l.queue)/2 {
+			l.queue = slices.DeleteFunc(l.queue, func(q queued) bool {
+				_, live := l.liveLocked(q)
+				return !live
+			})
+			heap.Init(&l.queue)
+			l.staleQueued = 0
+		}
+	}
+	return c, true
+}
+
+// addCountdownLocked starts lease's countdown at full TTL from now (l.now), unless it is
+// already counting; lost is whether the lease holds lost locks in the replicated state.
+func (l *Leader) addCountdownLocked(id core.LeaseID, ttlMillis int64, now time.Duration, lost bool) {
+	if _, ok := l.leases[id]; ok {
+		return
+	}
+	ttl := time.Duration(ttlMillis) * time.Millisecond
+	l.queueLocked(id, countdown{ttl: ttl, deadline: now + ttl, lost: lost}, now+ttl)
 }
 
 // maxExpiring bounds the expiry proposals in flight (the replication batcher puts them
@@ -120,19 +141,28 @@ func (l *Leader) expiryLoop(stop, kick chan struct{}) {
 	for {
 		now := l.now()
 		l.mu.Lock()
-		var due []*countdown
+		var due []core.LeaseID
 		ops := 0
 		for ; ops < maxQueueOps && len(l.queue) > 0 && l.queue[0].due <= now; ops++ {
-			c := l.queue[0].c
-			if c.deadline > now {
+			top := l.queue[0]
+			c, live := l.liveLocked(top)
+			switch {
+			case !live:
+				// Its lease ended (dropCountdownLocked).
+				heap.Pop(&l.queue)
+				l.staleQueued--
+			case c.deadline > now:
 				// Renewed since it was placed: look again at its deadline.
-				l.queue.setDue(c, c.deadline)
-				continue
+				l.queue[0].due = c.deadline
+				heap.Fix(&l.queue, 0)
+			default:
+				// Out of the queue until the expiry is applied (the lease ends) or
+				// fails (expired queues it again).
+				heap.Pop(&l.queue)
+				c.expiring, c.queued = true, false
+				l.leases[top.id] = c
+				due = append(due, top.id)
 			}
-			c.expiring = true
-			// Park it far in the future until the expiry is applied or retried.
-			l.queue.park(c, now+24*time.Hour)
-			due = append(due, c)
 		}
 		next := time.Hour
 		if len(l.queue) > 0 {
@@ -142,14 +172,14 @@ func (l *Leader) expiryLoop(stop, kick chan struct{}) {
 			next = 0 // more may be due: look again once the lock has been let go
 		}
 		l.mu.Unlock()
-		for _, c := range due {
+		for _, id := range due {
 			select {
 			case sem <- struct{}{}:
 			case <-stop:
 				return
 			}
-			l.log.ApplyThen(core.Command{Op: core.OpExpire, Lease: c.id}, func(_ core.Result, err error) {
-				l.expired(stop, c, err)
+			l.log.ApplyThen(core.Command{Op: core.OpExpire, Lease: id}, func(_ core.Result, err error) {
+				l.expired(stop, id, err)
 				<-sem
 			})
 		}
@@ -163,13 +193,14 @@ func (l *Leader) expiryLoop(stop, kick chan struct{}) {
 	}
 }
 
-// expired takes the outcome of c's expiry proposal. Applied, OnEffects has dropped the
-// countdown (for a lease that had already ended there is nothing to drop). Failed, this
-// node may have lost leadership (Demote then ends the term, and the next leader counts
-// afresh) or the outcome is unknown: while the term lasts the expiry is proposed again
-// shortly, and the lease stays expiring, refusing keepalives, since it may be gone
-// already. It runs on the log's goroutine that hands out results: it must not block.
-func (l *Leader) expired(stop chan struct{}, c *countdown, err error) {
+// expired takes the outcome of lease id's expiry proposal. Applied, OnEffects has
+// dropped the countdown (for a lease that had already ended there is nothing to drop).
+// Failed, this node may have lost leadership (Demote then ends the term, and the next
+// leader counts afresh) or the outcome is unknown: while the term lasts the expiry is
+// proposed again shortly, and the lease stays expiring, refusing keepalives, since it
+// may be gone already. It runs on the log's goroutine that hands out results: it must
+// not block.
+func (l *Leader) expired(stop chan struct{}, id core.LeaseID, err error) {
 	if err == nil {
 		return
 	}
@@ -180,10 +211,10 @@ func (l *Leader) expired(stop chan struct{}, c *countdown, err error) {
 		return
 	default:
 	}
-	if l.leases[c.id] != c {
+	c, ok := l.leases[id]
+	if !ok || !c.expiring || c.queued {
 		return
 	}
-	l.lg.Warn("expiry not confirmed, retrying", "lease", c.id, "err", err)
-	l.queue.park(c, l.now()+100*time.Millisecond)
-	l.kickIfFirstLocked(c)
+	l.lg.Warn("expiry not confirmed, retrying", "lease", id, "err", err)
+	l.queueLocked(id, c, l.now()+100*time.Millisecond)
 }

@@ -1,10 +1,6 @@
 package leader
 
-import (
-	"container/heap"
-
-	"github.com/leasehold/leasehold/core"
-)
+import "github.com/leasehold/leasehold/core"
 
 // OnEffects acts on the effects of an applied command. replication calls it from its
 // apply goroutine on every node, in log order.
@@ -35,16 +31,12 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 			// the waiter, with the reason its lease ended (expired or revoked).
 		case core.EffectLeaseGranted:
 			if l.active {
-				l.addCountdownLocked(e.Lease, e.TTLMillis, l.now())
+				l.addCountdownLocked(e.Lease, e.TTLMillis, l.now(), false)
 			}
 		case core.EffectLeaseEnded:
-			c := l.leases[e.Lease]
-			if c != nil {
-				heap.Remove(&l.queue, int(c.index))
-				delete(l.leases, e.Lease)
-			}
+			c, counted := l.dropCountdownLocked(e.Lease)
 			if l.active {
-				l.leaseEndedLocked(c, e.Reason)
+				l.leaseEndedLocked(c, counted, e.Reason)
 				var r core.Result
 				if e.Reason == core.EndDisconnected {
 					l.eff.DropDisconnected(e.Lease, &l.effSeq, &r)
@@ -62,8 +54,9 @@ func (l *Leader) OnEffects(effects []core.Effect) {
 			// The replicated state keeps the lost lock for the holder's keepalives
 			// (core.Locks.Lost), so that any later leader reports it too; a new leader
 			// sets the flag from the state (Promote).
-			if c := l.leases[e.Lease]; c != nil {
+			if c, ok := l.leases[e.Lease]; ok {
 				c.lost = true
+				l.leases[e.Lease] = c
 			}
 			if l.active {
 				l.obs.ForceReleased(core.Correctness)

@@ -57,8 +57,8 @@ func (l *Leader) acquireEfficiency(ctx context.Context, a AcquireArgs) (Grant, e
 // effAdmitLocked checks that an efficiency acquire may go ahead: its lease is live and
 // not expiring, and the name may be taken as efficiency (class.go).
 func (l *Leader) effAdmitLocked(a AcquireArgs) error {
-	if c := l.leases[a.Lease]; c == nil || c.expiring {
-		return l.goneLocked(a.Lease, c != nil)
+	if c, ok := l.leases[a.Lease]; !ok || c.expiring {
+		return l.goneLocked(a.Lease, ok)
 	}
 	for _, name := range a.LockNames() {
 		if err := l.names.claimLocked(name, core.Efficiency); err != nil {

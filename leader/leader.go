@@ -117,8 +117,10 @@ type Leader struct {
 	stop   chan struct{} // closed by Demote
 	kick   chan struct{} // wakes the expiry loop
 	// Lease countdowns (countdown.go).
-	leases map[core.LeaseID]*countdown
-	queue  countdownHeap
+	leases      map[core.LeaseID]countdown
+	queue       countdownHeap
+	queueSeq    uint64 // numbers the queue's entries (countdownHeap)
+	staleQueued int    // entries in queue whose lease has ended
 	// Efficiency locks (efficiency.go) and their tokens (tokens.go).
 	eff    *core.Locks
 	effSeq block
@@ -156,7 +158,7 @@ func New(log Log, cfg Config) *Leader {
 		obs:    obs,
 		base:   time.Now(),
 		waits:  waits{m: make(map[core.LeaseID]map[string][]chan outcome)},
-		leases: make(map[core.LeaseID]*countdown),
+		leases: make(map[core.LeaseID]countdown),
 		delays: make(map[string]*delay),
 		drains: make(map[drainKey]*time.Timer),
 		eff:    core.NewLocks(cfg.Limits),

@@ -1301,3 +1301,51 @@ func BenchmarkKeepAlive(b *testing.B) {
 		}
 	}
 }
+
+// TestRevokedLeasesLeaveTheQueue: a lease that ends before it is due leaves its entry in
+// the countdown queue behind, stale; once stale entries are most of the queue it is
+// rebuilt without them, and neither kind of entry makes the expiry loop propose anything
+// for an ended lease or anything early for a live one (G4).
+func TestRevokedLeasesLeaveTheQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, fl := newLeader(t, leader.Config{})
+		promote(t, l)
+		start := time.Now()
+		const n, kept = 3000, 500
+		ids := make([]core.LeaseID, n)
+		for i := range ids {
+			ids[i] = grant(t, l, 10*time.Second)
+		}
+		for _, id := range ids[kept:] {
+			if err := l.Revoke(t.Context(), id); err != nil {
+				t.Fatalf("Revoke: %v", err)
+			}
+		}
+		// 2,500 ended: the queue was rebuilt when stale entries passed half of it, and
+		// holds at most the live leases plus the stale entries since.
+		if got := l.QueueLen(); got > kept+1100 || got < kept {
+			t.Fatalf("queue holds %d entries for %d live leases after %d revocations", got, kept, n-kept)
+		}
+		// Keepalives at 5 s move the kept leases' deadlines to 15 s.
+		sleepUntil(start, 5*time.Second)
+		for _, id := range ids[:kept] {
+			if _, err := l.KeepAlive(t.Context(), id); err != nil {
+				t.Fatalf("KeepAlive: %v", err)
+			}
+		}
+		sleepUntil(start, 14900*time.Millisecond)
+		if at, ok := fl.firstProposal(core.OpExpire, core.LeaseID{}); ok {
+			t.Fatalf("an expiry proposed at %v, before any lease was due (15 s)", at.Sub(start))
+		}
+		sleepUntil(start, 16*time.Second)
+		for i, id := range ids {
+			_, proposed := fl.firstProposal(core.OpExpire, id)
+			if live := i < kept; proposed != live || fl.leaseAlive(id) {
+				t.Fatalf("lease %d (kept: %v): expiry proposed %v, alive %v at 16 s", i, live, proposed, fl.leaseAlive(id))
+			}
+		}
+		if got := l.QueueLen(); got != 0 {
+			t.Fatalf("queue holds %d entries once every lease has ended", got)
+		}
+	})
+}

@@ -100,24 +100,25 @@ func (l *Leader) renew(lease core.LeaseID) (KeepAliveResult, error) {
 	if !l.active {
 		return KeepAliveResult{}, ErrNotLeader
 	}
-	c := l.leases[lease]
-	if c == nil || c.expiring {
-		return KeepAliveResult{}, l.goneLocked(lease, c != nil)
+	c, ok := l.leases[lease]
+	if !ok || c.expiring {
+		return KeepAliveResult{}, l.goneLocked(lease, ok)
 	}
 	c.deadline = l.now() + c.ttl // later than its place in the queue: see countdownHeap
-	return KeepAliveResult{TTL: c.ttl, Epoch: l.epoch, Lost: l.lostLocked(c)}, nil
+	l.leases[lease] = c
+	return KeepAliveResult{TTL: c.ttl, Epoch: l.epoch, Lost: l.lostLocked(lease, c)}, nil
 }
 
 // lostLocked returns the locks c's lease lost to force releases, correctness then
 // efficiency (see KeepAliveResult.Lost). It reads the replicated state only for a lease
 // known to have lost some there (countdown.lost): a keepalive that races the apply of a
 // force release may miss it, and the next one reports it.
-func (l *Leader) lostLocked(c *countdown) []core.LostLock {
+func (l *Leader) lostLocked(lease core.LeaseID, c countdown) []core.LostLock {
 	var lost []core.LostLock
 	if c.lost {
-		lost = l.replicatedLost(c.id)
+		lost = l.replicatedLost(lease)
 	}
-	if eff := l.eff.Lost(c.id); len(eff) > 0 {
+	if eff := l.eff.Lost(lease); len(eff) > 0 {
 		lost = append(slices.Clip(lost), eff...) // never append to the state's slice
 	}
 	return lost

@@ -66,8 +66,7 @@ func (l *Leader) Promote(ctx context.Context) error {
 			drains = append(drains, drain{drainKey{group, uint32(partition), epoch}, millis})
 		})
 		s.Leases(func(ls *core.Lease) {
-			c := l.addCountdownLocked(ls.ID, ls.TTLMillis, now)
-			c.lost = s.Locks().Lost(ls.ID) != nil
+			l.addCountdownLocked(ls.ID, ls.TTLMillis, now, s.Locks().Lost(ls.ID) != nil)
 		})
 		delayed = append(delayed, s.Locks().DelayedLocks()...)
 	})
@@ -114,7 +113,7 @@ func (l *Leader) Demote() {
 	l.active = false
 	close(l.stop)
 	clear(l.leases)
-	l.queue = nil
+	l.queue, l.staleQueued = nil, 0
 	for _, d := range l.delays {
 		d.timer.Stop()
 	}

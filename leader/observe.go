@@ -147,12 +147,12 @@ func heldFor(start, end int64) time.Duration {
 }
 
 // leaseEndedLocked observes the end of a lease, applied now for reason; c is its
-// countdown (nil if it had none): an expiry this leader proposed is as late as the
+// countdown if counted (it had one): an expiry this leader proposed is as late as the
 // time since the lease's deadline. (The ends of its holds come through the ledgers:
 // OnHoldEnds, recordLocked.)
-func (l *Leader) leaseEndedLocked(c *countdown, reason core.EndReason) {
+func (l *Leader) leaseEndedLocked(c countdown, counted bool, reason core.EndReason) {
 	l.obs.LeaseEnded(reason)
-	if c == nil {
+	if !counted {
 		return
 	}
 	if reason == core.EndExpired && c.expiring {

@@ -42,8 +42,8 @@ func (l *Leader) releaseInMemory(lease core.LeaseID, name string, token uint64) 
 	if !l.names.inMemoryLocked(name) {
 		return false, nil
 	}
-	if c := l.leases[lease]; c == nil || c.expiring {
-		return true, l.goneLocked(lease, c != nil)
+	if c, ok := l.leases[lease]; !ok || c.expiring {
+		return true, l.goneLocked(lease, ok)
 	}
 	r := l.eff.Release(lease, name, token, &l.effSeq)
 	if r.Err == nil {

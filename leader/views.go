@@ -93,7 +93,7 @@ func (l *Leader) viewLocked(lk *core.Lock) LockView {
 	}
 	for _, h := range holds {
 		hv := HolderView{Token: h.Token, Holder: h.Holder, TTLRemaining: -1, DelayMillis: h.DelayMillis}
-		if c := l.leases[h.Lease]; c != nil {
+		if c, ok := l.leases[h.Lease]; ok {
 			hv.TTLRemaining = max(0, c.deadline-l.now())
 		}
 		v.Holders = append(v.Holders, hv)
