@@ -56,8 +56,11 @@ func TestElectLeadersKilledAndPaused(t *testing.T) {
 	}
 	polled := map[uint64]bool{}
 	var rounds, kills, pauses int
+	// About 12 s of faults, and at least four rounds: a pause round takes 3.5 s, so
+	// four pauses in a row need more than 12 s once finding each new leader takes a
+	// moment (a slow machine ran only three). ctx bounds it all.
 	end := time.Now().Add(12 * time.Second)
-	for time.Now().Before(end) {
+	for (time.Now().Before(end) || rounds < 4) && ctx.Err() == nil {
 		lctx, lcancel := context.WithTimeout(ctx, 2*time.Second)
 		ld, ok, err := c.Leader(lctx, name)
 		lcancel()
