@@ -196,7 +196,7 @@ func (c *fastConn) read() {
 				continue
 			}
 		}
-		if m.thenUncancelled && c.proposeUncancelled(m, f.ID, req) {
+		if m.thenUncancelled != nil && c.proposeUncancelled(m, f.ID, req) {
 			continue
 		}
 		// Not derived from c.ctx: end cancels it through inflight, and the requests of
@@ -204,7 +204,7 @@ func (c *fastConn) read() {
 		ctx, cancel := context.WithCancel(c.base)
 		c.register(f.ID, cancel)
 		c.wg.Add(1) // the request answered later, or the new reader
-		if m.then != nil && !m.thenUncancelled && m.then(c.s, ctx, req, c.later(m, f.ID)) {
+		if m.then != nil && m.then(c.s, ctx, req, c.later(m, f.ID)) {
 			continue
 		}
 		c.flush() // the queued answers do not wait for the new reader to be scheduled
@@ -217,7 +217,7 @@ func (c *fastConn) read() {
 	}
 }
 
-// proposeUncancelled starts request id through m.then, which a cancel cannot stop, and
+// proposeUncancelled starts request id through m.thenUncancelled, and
 // reports true; or reports false, having left nothing behind, when the request must take
 // the full path. The request is in inflight (a duplicate id is refused, and the
 // connection counts as busy) but with no context of its own: at a million leases renewed
@@ -225,7 +225,7 @@ func (c *fastConn) read() {
 func (c *fastConn) proposeUncancelled(m *method, id uint64, req proto.Message) bool {
 	c.register(id, noCancel)
 	c.wg.Add(1)
-	if m.then(c.s, c.base, req, c.later(m, id)) {
+	if m.thenUncancelled(c.s, req, c.later(m, id)) {
 		return true
 	}
 	c.wg.Done()

@@ -305,14 +305,14 @@ func TestFastLaneCloseCancelsWaits(t *testing.T) {
 
 // lane is a raw fast-lane connection for tests.
 type lane struct {
-	t         *testing.T
+	t         testing.TB
 	conn      net.Conn
 	r         *fastlane.Reader
 	next      uint64
 	lastError leaseholdv1.FastLaneError // the last error frame roundTrip read
 }
 
-func dialLane(t *testing.T, addr string) *lane {
+func dialLane(t testing.TB, addr string) *lane {
 	t.Helper()
 	conn, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {

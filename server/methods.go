@@ -142,10 +142,11 @@ type method struct {
 	// answer goes to done, on the goroutine that hands out commit results. It reports
 	// false, having done nothing, when the request must take the full path.
 	then func(s *Server, ctx context.Context, req proto.Message, done func(proto.Message, error)) bool
-	// thenUncancelled: once then has started a request, nothing stops it short of its
-	// answer (a keepalive's leadership round, a release's commit), so then ignores ctx
-	// and the reader gives the request no context of its own.
-	thenUncancelled bool
+	// thenUncancelled is then for a request that nothing stops, once started, short of
+	// its answer (a keepalive's leadership round, a release's commit): it takes no
+	// context, and the reader gives the request none. At most one of then and
+	// thenUncancelled is set.
+	thenUncancelled func(s *Server, req proto.Message, done func(proto.Message, error)) bool
 
 	series *procMetrics // this RPC's metric series on one Server
 }
@@ -340,10 +341,9 @@ func readerProposes[PReq proto.Message](then func(*Server, context.Context, PReq
 // then has started it: then gets no context.
 func readerProposesUncancelled[PReq proto.Message](then func(*Server, PReq, func(proto.Message, error)) bool) methodOption {
 	return func(m *method) {
-		m.then = func(s *Server, _ context.Context, req proto.Message, done func(proto.Message, error)) bool {
+		m.thenUncancelled = func(s *Server, req proto.Message, done func(proto.Message, error)) bool {
 			return then(s, req.(PReq), done)
 		}
-		m.thenUncancelled = true
 	}
 }
 
