@@ -550,6 +550,7 @@ func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
 // ErrOutcomeUnknown.
 func (n *Node) Close() error {
 	err := n.raft.Shutdown().Error()
+	n.futures.close() // raft has answered every future: the goroutine ends when it has handed them out
 	n.closeStores()
 	return err
 }
