@@ -133,6 +133,7 @@ type batcher struct {
 	pending []proposal
 	bytes   int
 	open    bool   // the latest entry sent may not be written yet: new proposals wait
+	holds   int    // proposers with more proposals on the way (hold): new proposals wait
 	openAt  uint64 // log writes started when the latest entry was sent
 	seq     uint64 // counts entries sent
 
@@ -148,7 +149,28 @@ func (b *batcher) propose(p proposal) {
 	b.mu.Lock()
 	b.pending = append(b.pending, p)
 	b.bytes += len(p.data)
-	if b.open && len(b.pending) < maxBatchCommands && b.bytes < maxBatchBytes {
+	if (b.open || b.holds > 0) && len(b.pending) < maxBatchCommands && b.bytes < maxBatchBytes {
+		b.mu.Unlock()
+		return
+	}
+	b.release()
+}
+
+// hold makes new proposals wait, as they do while an entry is being written, until
+// the returned function is called (once): a proposer that knows more proposals are on
+// the way — the fast-lane reader with more requests in its read buffer — lets them go
+// to raft as one entry instead of the first alone and the rest after its write.
+func (b *batcher) hold() (unhold func()) {
+	b.mu.Lock()
+	b.holds++
+	b.mu.Unlock()
+	return b.unhold
+}
+
+func (b *batcher) unhold() {
+	b.mu.Lock()
+	b.holds--
+	if b.holds > 0 || b.open {
 		b.mu.Unlock()
 		return
 	}

@@ -244,6 +244,56 @@ func TestBatcherGroupsUntilWritten(t *testing.T) {
 	sent(6)
 }
 
+// TestBatcherHolds: while a proposer holds, a proposal that finds nothing unwritten
+// waits instead of going alone; when the last hold ends, everything held goes as one
+// entry. A hold with nothing proposed sends nothing, and a hold does not keep a batch
+// from going when the write it waited for ends.
+func TestBatcherHolds(t *testing.T) {
+	fr := &fakeRaft{}
+	b := &batcher{submit: fr.submit}
+	unhold1, unhold2 := b.hold(), b.hold()
+	ps := []proposal{newProposal(t, 1), newProposal(t, 2), newProposal(t, 3)}
+	for _, p := range ps {
+		b.propose(p)
+	}
+	if n := len(fr.submissions()); n != 0 {
+		t.Fatalf("%d entries sent while held, want none", n)
+	}
+	unhold1()
+	if n := len(fr.submissions()); n != 0 {
+		t.Fatalf("%d entries sent with one hold left, want none", n)
+	}
+	unhold2()
+	subs := fr.submissions()
+	if len(subs) != 1 {
+		t.Fatalf("%d entries sent after the last hold ended, want 1", len(subs))
+	}
+	if cmds, err := decodeBatch(subs[0].data); err != nil || len(cmds) != len(ps) {
+		t.Fatalf("the held proposals went as %d commands (%v), want one entry of %d", len(cmds), err, len(ps))
+	}
+
+	b.hold()() // nothing proposed: nothing sent
+	if n := len(fr.submissions()); n != 1 {
+		t.Fatalf("%d entries sent, want still 1", n)
+	}
+
+	// The entry above is not written yet: with a hold, new proposals go when that write
+	// ends, as without one.
+	unhold := b.hold()
+	b.propose(newProposal(t, 4))
+	b.propose(newProposal(t, 5))
+	b.writesStarted.Add(1)
+	b.writesEnded.Add(1)
+	b.written()
+	if n := len(fr.submissions()); n != 2 {
+		t.Fatalf("%d entries sent after the write ended under a hold, want 2", n)
+	}
+	unhold()
+	if n := len(fr.submissions()); n != 2 {
+		t.Fatalf("%d entries sent after the hold ended with nothing pending, want 2", n)
+	}
+}
+
 // TestBatcherBounds: a batch that reaches its size bound goes at once, whatever is
 // unwritten, so no entry grows past the bounds.
 func TestBatcherBounds(t *testing.T) {

@@ -331,6 +331,13 @@ func (n *Node) Apply(ctx context.Context, cmd core.Command) (core.Result, error)
 	}
 }
 
+// HoldProposals makes the commands proposed from now on wait until unhold is called
+// (once, and soon: nothing proposed meanwhile reaches raft before), then go to raft
+// together, in one log entry where they fit. For a caller that knows more proposals
+// are on the way; without it, the first of them goes to raft at once and alone, and
+// the others wait for its log write.
+func (n *Node) HoldProposals() (unhold func()) { return n.batcher.hold() }
+
 // ApplyThen is Apply without the wait: it proposes cmd and returns, and then gets the
 // result and error Apply would have returned (never a context's error: the proposal
 // cannot be called back). then runs once, on the goroutine that hands out commit

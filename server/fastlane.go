@@ -115,6 +115,9 @@ type fastConn struct {
 	base      context.Context
 
 	lane *laneConn // nil when the listener's connections are not laneConns (tests)
+	// unhold, while set, lets go of the proposals the reader of the moment held back
+	// while more requests waited in its read buffer (holdProposals).
+	unhold func()
 	// goAway: the client understands GOAWAY; DrainFastLane sends it one.
 	goAway bool
 
@@ -156,14 +159,17 @@ func (c *fastConn) end(err error) {
 // hands over — so N requests that arrive in one read are answered in one write, and a
 // lone request is written at once. An answer so waits at most for
 // the reader to serve the other frames of the same read (32 KiB at most), and no more
-// than fastlane.QueueLimit bytes of answers wait.
+// than fastlane.QueueLimit bytes of answers wait. Likewise, what the requests of one
+// read propose goes to the log as one entry (holdProposals).
 func (c *fastConn) read() {
 	for {
 		if !c.r.Buffered() {
+			c.releaseProposals()
 			c.flush()
 		}
 		f, err := c.r.Read()
 		if err != nil {
+			c.releaseProposals()
 			c.end(err)
 			return
 		}
@@ -178,6 +184,7 @@ func (c *fastConn) read() {
 			continue
 		case fastlane.KindRequest:
 		default:
+			c.releaseProposals()
 			c.end(fastlane.ErrProtocol)
 			return
 		}
@@ -186,7 +193,9 @@ func (c *fastConn) read() {
 			continue
 		}
 		if m.atOnce != nil && m.atOnce(c.s, req) {
-			// Nothing can cancel it: no other frame is read until it is answered.
+			// Nothing can cancel it: no other frame is read until it is answered. Served
+			// in full here, it must not wait for a proposal this reader holds.
+			c.releaseProposals()
 			c.serve(c.ctx, m, f.ID, req, c.readerSend())
 			continue
 		}
@@ -196,6 +205,7 @@ func (c *fastConn) read() {
 				continue
 			}
 		}
+		c.holdProposals()
 		if m.thenUncancelled != nil && c.proposeUncancelled(m, f.ID, req) {
 			continue
 		}
@@ -207,6 +217,7 @@ func (c *fastConn) read() {
 		if m.then != nil && m.then(c.s, ctx, req, c.later(m, f.ID)) {
 			continue
 		}
+		c.releaseProposals()
 		c.flush() // the queued answers do not wait for the new reader to be scheduled
 		c.pool.Go(func() {
 			defer c.wg.Done()
@@ -214,6 +225,26 @@ func (c *fastConn) read() {
 		})
 		c.serve(ctx, m, f.ID, req, sendNow)
 		return
+	}
+}
+
+// holdProposals, while more whole frames wait in the read buffer, makes what the
+// requests read from it propose wait until the reader has served them all
+// (releaseProposals, before it could block or hands the reading over), then go to the
+// log as one entry: N correctness acquires that arrive in one read are one log write,
+// where the first alone and the rest after its write were two. The hold lasts as long
+// as the reader takes to serve what it has already read (at most 32 KiB of requests).
+func (c *fastConn) holdProposals() {
+	if c.unhold == nil && c.s.raft != nil && c.r.Buffered() {
+		c.unhold = c.s.raft.HoldProposals()
+	}
+}
+
+// releaseProposals lets go of what holdProposals held.
+func (c *fastConn) releaseProposals() {
+	if c.unhold != nil {
+		c.unhold()
+		c.unhold = nil
 	}
 }
 

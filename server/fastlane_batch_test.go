@@ -14,6 +14,7 @@ import (
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/fastlane"
 	"github.com/leasehold/leasehold/internal/testnode"
+	"github.com/leasehold/leasehold/service"
 )
 
 // countingListener counts the writes on the connections it accepts.
@@ -50,14 +51,7 @@ func TestFastLaneAnswersOneReadInOneWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	counted := &countingListener{Listener: ln}
-	served := make(chan error, 1)
-	go func() { served <- n.Server.ServeFastLane(counted, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
-			t.Error(err)
-		}
-	})
+	serveLane(t, n, counted)
 	l := dialLane(t, ln.Addr().String())
 	lease := l.lease()
 
@@ -77,34 +71,100 @@ func TestFastLaneAnswersOneReadInOneWrite(t *testing.T) {
 	// N acquires in one write, so one read: one write answers them all (two at most,
 	// should the kernel split the read).
 	const requests = 32
+	before = counted.writes.Load()
+	burst(t, l, methodAcquire, requests, func(i int) proto.Message { return acquire(fmt.Sprint("batch/", i)) })
+	if got := counted.writes.Load() - before; got > 2 {
+		t.Fatalf("%d requests read in one go were answered in %d writes, want 1", requests, got)
+	}
+}
+
+// serveLane serves n's fast lane on ln until the test ends.
+func serveLane(t *testing.T, n *service.Node, ln net.Listener) {
+	t.Helper()
+	served := make(chan error, 1)
+	go func() { served <- n.Server.ServeFastLane(ln, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
+			t.Error(err)
+		}
+	})
+}
+
+// burst sends n requests of method m (req(i) the i-th) in one write and reads their n
+// answers, failing unless each is a response; it returns the answers' payloads in
+// request order.
+func burst(t *testing.T, l *lane, m fastlane.Method, n int, req func(i int) proto.Message) [][]byte {
+	t.Helper()
 	var batch []byte
-	ids := make(map[uint64]bool)
-	for i := range requests {
+	ids := make(map[uint64]int)
+	for i := range n {
 		l.next++
-		ids[l.next] = true
-		b, err := fastlane.AppendFrame(batch, fastlane.KindRequest, methodAcquire, l.next, func(b []byte) ([]byte, error) {
-			return proto.MarshalOptions{}.MarshalAppend(b, acquire(fmt.Sprint("batch/", i)))
+		ids[l.next] = i
+		b, err := fastlane.AppendFrame(batch, fastlane.KindRequest, m, l.next, func(b []byte) ([]byte, error) {
+			return proto.MarshalOptions{}.MarshalAppend(b, req(i))
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		batch = b
 	}
-	before = counted.writes.Load()
 	if _, err := l.conn.Write(batch); err != nil {
 		t.Fatal(err)
 	}
-	for range requests {
+	answers := make([][]byte, n)
+	for range n {
 		f, err := l.r.Read()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !ids[f.ID] || f.Kind != fastlane.KindResponse {
-			t.Fatalf("unexpected frame %d kind %d", f.ID, f.Kind)
+		i, ok := ids[f.ID]
+		if !ok || f.Kind != fastlane.KindResponse {
+			t.Fatalf("unexpected frame %d kind %d: %q", f.ID, f.Kind, f.Payload)
 		}
 		delete(ids, f.ID)
+		answers[i] = append([]byte(nil), f.Payload...)
 	}
-	if got := counted.writes.Load() - before; got > 2 {
-		t.Fatalf("%d requests read in one go were answered in %d writes, want 1", requests, got)
+	return answers
+}
+
+// TestFastLaneProposesOneReadAsOneEntry: correctness acquires and releases the server
+// reads in one go reach the log as one entry, not the first alone and the rest after
+// its write (Node.HoldProposals). Five bursts may take one entry more, should the
+// kernel split a read; without the hold they take ten.
+func TestFastLaneProposesOneReadAsOneEntry(t *testing.T) {
+	n := testnode.Start(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveLane(t, n, ln)
+	l := dialLane(t, ln.Addr().String())
+	lease := l.lease()
+	const bursts, requests = 5, 16
+	tokens := make([][]uint64, bursts)
+	before := n.Raft.Status().CommitIndex
+	for b := range bursts {
+		for _, a := range burst(t, l, methodAcquire, requests, func(i int) proto.Message {
+			return &leaseholdv1.AcquireRequest{Name: fmt.Sprintf("held/%d/%d", b, i), LeaseId: lease, Class: leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS}
+		}) {
+			var resp leaseholdv1.AcquireResponse
+			if err := proto.Unmarshal(a, &resp); err != nil {
+				t.Fatal(err)
+			}
+			tokens[b] = append(tokens[b], resp.GetToken())
+		}
+	}
+	if entries := n.Raft.Status().CommitIndex - before; entries > bursts+1 {
+		t.Errorf("%d bursts of %d correctness acquires, each read in one go, took %d log entries, want %d", bursts, requests, entries, bursts)
+	}
+	before = n.Raft.Status().CommitIndex
+	for b := range bursts {
+		burst(t, l, methodRelease, requests, func(i int) proto.Message {
+			return &leaseholdv1.ReleaseRequest{Name: fmt.Sprintf("held/%d/%d", b, i), LeaseId: lease, Token: tokens[b][i]}
+		})
+	}
+	if entries := n.Raft.Status().CommitIndex - before; entries > bursts+1 {
+		t.Errorf("%d bursts of %d releases, each read in one go, took %d log entries, want %d", bursts, requests, entries, bursts)
 	}
 }

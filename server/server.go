@@ -32,6 +32,9 @@ type Raft interface {
 	AddNonvoter(ctx context.Context, id, raftAddr string) error
 	RemoveServer(ctx context.Context, id string) error
 	SnapshotState() ([]byte, error)
+	// HoldProposals makes commands proposed from now on wait for unhold, then go to
+	// the log together (replication.Node.HoldProposals).
+	HoldProposals() (unhold func())
 }
 
 // Server serves leasehold's RPCs. Its exported methods named like RPCs (Grant,
