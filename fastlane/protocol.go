@@ -226,17 +226,32 @@ func PutBuffer(buf *[]byte, frame []byte) {
 // everything pending — its own frame and whatever others appended meanwhile — until
 // nothing is left. A lone frame goes out at once from its sender's goroutine; under load
 // many frames share one write. Safe for concurrent use.
+//
+// What waits is bounded: a Send, Queue or Flush that finds PendingLimit bytes pending
+// while another sender's write is in progress waits for that write to take them (or to
+// fail), so a peer that stops reading stops its sender instead of making it buffer
+// without end. Offer never waits.
 type Writer struct {
 	w        io.Writer
 	mu       sync.Mutex
+	drained  sync.Cond // on mu: signalled after every write, done or failed
 	pending  []byte
 	spare    []byte
 	flushing bool
 	err      error
 }
 
+// PendingLimit is how many bytes may wait behind a write in progress before Send,
+// Queue and Flush wait for it. Offer's frames do not wait: its callers answer requests
+// in flight, which MaxInFlight bounds.
+const PendingLimit = 1 << 20
+
 // NewWriter returns a Writer on w.
-func NewWriter(w io.Writer) *Writer { return &Writer{w: w} }
+func NewWriter(w io.Writer) *Writer {
+	wr := &Writer{w: w}
+	wr.drained.L = &wr.mu
+	return wr
+}
 
 // Send writes frame, or leaves it to the sender already writing. With yield (the caller
 // knows other requests are in flight on the connection), a sender about to write lets
@@ -259,9 +274,13 @@ func (w *Writer) Send(frame []byte, yield bool) bool {
 // first, then writes until nothing is pending. w.mu is held on entry and unlocked on
 // return; it reports whether the connection is still usable.
 func (w *Writer) writeLocked(yield bool) bool {
-	if w.flushing {
-		w.mu.Unlock()
-		return true
+	for w.flushing {
+		if len(w.pending) < PendingLimit || w.err != nil {
+			ok := w.err == nil
+			w.mu.Unlock()
+			return ok
+		}
+		w.drained.Wait() // the write in progress is slow (a peer that does not read)
 	}
 	w.flushing = true
 	if yield {
@@ -294,6 +313,13 @@ func (w *Writer) Queue(frame []byte) bool {
 		return true
 	}
 	return w.writeLocked(false)
+}
+
+// Queued reports how many bytes wait to be written.
+func (w *Writer) Queued() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.pending)
 }
 
 // Flush writes what Queue left pending, unless a sender is already writing it. With
@@ -353,6 +379,7 @@ func (w *Writer) flushLocked() bool {
 		if err != nil {
 			w.err = err
 		}
+		w.drained.Broadcast()
 	}
 	w.flushing = false
 	ok := w.err == nil

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -251,5 +253,66 @@ func TestQueueFlush(t *testing.T) {
 	}
 	if r.Buffered() {
 		t.Fatal("Buffered with only part of a frame left")
+	}
+}
+
+// stuckWriter blocks every write until release is closed, then fails it.
+type stuckWriter struct {
+	started chan struct{} // closed by the first write
+	once    sync.Once
+	release chan struct{}
+}
+
+func (w *stuckWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.started) })
+	<-w.release
+	return 0, errors.New("peer gone")
+}
+
+// TestSendWaitsBehindAStuckWrite: while one sender's write does not return (a peer that
+// reads nothing), other senders' Sends add to what waits only up to PendingLimit, then
+// wait; when the write fails they return false. Offer still never waits.
+func TestSendWaitsBehindAStuckWrite(t *testing.T) {
+	sw := &stuckWriter{started: make(chan struct{}), release: make(chan struct{})}
+	w := fastlane.NewWriter(sw)
+	frame := make([]byte, 64<<10)
+	go w.Send(frame, false) // becomes the writer, and stays in its write
+	<-sw.started
+	sent := make(chan bool, 1)
+	var sends atomic.Int64
+	go func() {
+		for {
+			if !w.Send(frame, false) {
+				sent <- false
+				return
+			}
+			sends.Add(1)
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if n := sends.Load(); n > fastlane.PendingLimit/int64(len(frame))+1 {
+		t.Fatalf("%d Sends returned behind a write that never ends, want at most %d", n, fastlane.PendingLimit/len(frame)+1)
+	}
+	if q := w.Queued(); q > fastlane.PendingLimit+len(frame) {
+		t.Fatalf("%d bytes wait behind the stuck write, want at most %d", q, fastlane.PendingLimit+len(frame))
+	}
+	offered := make(chan bool, 1)
+	go func() { offered <- w.Offer(frame) }()
+	select {
+	case ok := <-offered:
+		if !ok {
+			t.Fatal("Offer failed before any write did")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Offer waited behind the stuck write")
+	}
+	close(sw.release)
+	select {
+	case ok := <-sent:
+		if ok {
+			t.Fatal("a Send succeeded after the write failed")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a Send waiting behind the write did not return when it failed")
 	}
 }

@@ -280,10 +280,20 @@ func (c *fastConn) register(id uint64, cancel context.CancelFunc) {
 // frames wait in its read buffer, and with the last one written, together with what was
 // queued, as any sender writes (Writer.Send, yielding first when other requests are in
 // flight).
+//
+// A write may block (a client that does not read its answers blocks it for up to
+// WriteTimeout), and while the reader holds the batcher no proposal of any connection
+// reaches the log: so the reader lets go of its hold before an answer it writes at
+// once, and before one it queues once half of QueueLimit waits (Queue writes at the
+// limit; the answers a reader gives itself are far smaller than the other half).
 func (c *fastConn) readerSend() sendMode {
 	if c.r.Buffered() {
+		if c.unhold != nil && c.w.Queued() >= fastlane.QueueLimit/2 {
+			c.releaseProposals()
+		}
 		return sendQueued
 	}
+	c.releaseProposals()
 	return sendNow
 }
 

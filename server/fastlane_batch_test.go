@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -167,4 +168,66 @@ func TestFastLaneProposesOneReadAsOneEntry(t *testing.T) {
 	if entries := n.Raft.Status().CommitIndex - before; entries > bursts+1 {
 		t.Errorf("%d bursts of %d releases, each read in one go, took %d log entries, want %d", bursts, requests, entries, bursts)
 	}
+}
+
+// TestFastLaneHoldLetGoBeforeABlockedWrite: a client that mixes correctness acquires
+// (of one lock it holds: each is proposed) with efficiency ones and never reads its
+// answers blocks the server's writes to it; what its reader held back must not wait
+// with it (G6: one client cannot stall the others): another connection's correctness
+// acquire commits at once. Where the reader blocks first (answering the last request of
+// a read, or flushing after it) depends on timing, so without readerSend's release this
+// fails only in the runs where it blocks holding.
+func TestFastLaneHoldLetGoBeforeABlockedWrite(t *testing.T) {
+	n := testnode.Start(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveLane(t, n, ln)
+	stuck := dialLane(t, ln.Addr().String())
+	lease := stuck.lease()
+	_ = stuck.conn.SetDeadline(time.Time{})
+	var progress atomic.Int64 // bursts written
+	go func() {
+		for {
+			var b []byte
+			for j := range 32 {
+				stuck.next++
+				req := &leaseholdv1.AcquireRequest{Name: "stuck/efficiency", LeaseId: lease, Class: leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY}
+				if j == 0 {
+					req = &leaseholdv1.AcquireRequest{Name: "stuck/correctness", LeaseId: lease, Class: leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS}
+				}
+				b, _ = fastlane.AppendFrame(b, fastlane.KindRequest, methodAcquire, stuck.next, func(b []byte) ([]byte, error) {
+					return proto.MarshalOptions{}.MarshalAppend(b, req)
+				})
+			}
+			if _, err := stuck.conn.Write(b); err != nil {
+				return // the test ended, or the server gave up on the connection
+			}
+			progress.Add(1)
+		}
+	}()
+	// The server stops reading the stuck connection once a write to it blocks; then the
+	// stuck client's own writes stop progressing.
+	deadline := time.Now().Add(20 * time.Second)
+	for last := int64(-1); ; {
+		time.Sleep(300 * time.Millisecond)
+		p := progress.Load()
+		if p == last {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server kept reading a client that reads nothing (%d bursts)", p)
+		}
+		last = p
+	}
+	other := dialLane(t, ln.Addr().String())
+	otherLease := other.lease()
+	_ = other.conn.SetDeadline(time.Now().Add(3 * time.Second)) // WriteTimeout (10 s) cuts the stuck client off only later
+	start := time.Now()
+	var resp leaseholdv1.AcquireResponse
+	if kind := other.roundTrip(methodAcquire, &leaseholdv1.AcquireRequest{Name: "other", LeaseId: otherLease, Class: leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS}, &resp); kind != fastlane.KindResponse {
+		t.Fatalf("the other connection's correctness acquire: answer kind %d", kind)
+	}
+	t.Logf("%d bursts written before the server stopped reading; the other acquire took %v", progress.Load(), time.Since(start))
 }
