@@ -92,25 +92,46 @@ func serveLane(t *testing.T, n *service.Node, ln net.Listener) {
 	})
 }
 
+// listenLane serves n's fast lane on a new loopback listener until the test ends, and
+// returns its address.
+func listenLane(t *testing.T, n *service.Node) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveLane(t, n, ln)
+	return ln.Addr().String()
+}
+
+// appendRequests appends n request frames of method m (req(i) the i-th) to b, with the
+// lane's next ids. It reports a frame that does not encode with t.Error, so that a
+// goroutine other than the test's may call it.
+func appendRequests(t *testing.T, l *lane, b []byte, m fastlane.Method, n int, req func(i int) proto.Message) []byte {
+	t.Helper()
+	for i := range n {
+		l.next++
+		var err error
+		b, err = fastlane.AppendFrame(b, fastlane.KindRequest, m, l.next, func(b []byte) ([]byte, error) {
+			return proto.MarshalOptions{}.MarshalAppend(b, req(i))
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	return b
+}
+
 // burst sends n requests of method m (req(i) the i-th) in one write and reads their n
 // answers, failing unless each is a response; it returns the answers' payloads in
 // request order.
 func burst(t *testing.T, l *lane, m fastlane.Method, n int, req func(i int) proto.Message) [][]byte {
 	t.Helper()
-	var batch []byte
 	ids := make(map[uint64]int)
 	for i := range n {
-		l.next++
-		ids[l.next] = i
-		b, err := fastlane.AppendFrame(batch, fastlane.KindRequest, m, l.next, func(b []byte) ([]byte, error) {
-			return proto.MarshalOptions{}.MarshalAppend(b, req(i))
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		batch = b
+		ids[l.next+uint64(i)+1] = i
 	}
-	if _, err := l.conn.Write(batch); err != nil {
+	if _, err := l.conn.Write(appendRequests(t, l, nil, m, n, req)); err != nil {
 		t.Fatal(err)
 	}
 	answers := make([][]byte, n)
@@ -135,12 +156,7 @@ func burst(t *testing.T, l *lane, m fastlane.Method, n int, req func(i int) prot
 // kernel split a read; without the hold they take ten.
 func TestFastLaneProposesOneReadAsOneEntry(t *testing.T) {
 	n := testnode.Start(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveLane(t, n, ln)
-	l := dialLane(t, ln.Addr().String())
+	l := dialLane(t, listenLane(t, n))
 	lease := l.lease()
 	const bursts, requests = 5, 16
 	tokens := make([][]uint64, bursts)
@@ -179,28 +195,19 @@ func TestFastLaneProposesOneReadAsOneEntry(t *testing.T) {
 // fails only in the runs where it blocks holding.
 func TestFastLaneHoldLetGoBeforeABlockedWrite(t *testing.T) {
 	n := testnode.Start(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveLane(t, n, ln)
-	stuck := dialLane(t, ln.Addr().String())
+	addr := listenLane(t, n)
+	stuck := dialLane(t, addr)
 	lease := stuck.lease()
 	_ = stuck.conn.SetDeadline(time.Time{})
 	var progress atomic.Int64 // bursts written
 	go func() {
 		for {
-			var b []byte
-			for j := range 32 {
-				stuck.next++
-				req := &leaseholdv1.AcquireRequest{Name: "stuck/efficiency", LeaseId: lease, Class: leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY}
+			b := appendRequests(t, stuck, nil, methodAcquire, 32, func(j int) proto.Message {
 				if j == 0 {
-					req = &leaseholdv1.AcquireRequest{Name: "stuck/correctness", LeaseId: lease, Class: leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS}
+					return &leaseholdv1.AcquireRequest{Name: "stuck/correctness", LeaseId: lease, Class: leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS}
 				}
-				b, _ = fastlane.AppendFrame(b, fastlane.KindRequest, methodAcquire, stuck.next, func(b []byte) ([]byte, error) {
-					return proto.MarshalOptions{}.MarshalAppend(b, req)
-				})
-			}
+				return &leaseholdv1.AcquireRequest{Name: "stuck/efficiency", LeaseId: lease, Class: leaseholdv1.LockClass_LOCK_CLASS_EFFICIENCY}
+			})
 			if _, err := stuck.conn.Write(b); err != nil {
 				return // the test ended, or the server gave up on the connection
 			}
@@ -221,7 +228,7 @@ func TestFastLaneHoldLetGoBeforeABlockedWrite(t *testing.T) {
 		}
 		last = p
 	}
-	other := dialLane(t, ln.Addr().String())
+	other := dialLane(t, addr)
 	otherLease := other.lease()
 	_ = other.conn.SetDeadline(time.Now().Add(3 * time.Second)) // WriteTimeout (10 s) cuts the stuck client off only later
 	start := time.Now()
