@@ -477,6 +477,7 @@ func (t *Locks) Acquire(a AcquireArgs, seq Sequence) Result {
 		}
 		if ll != nil {
 			if r, again := t.again(l, ll, &a); again {
+				r.Again = r.Err == nil
 				return r
 			}
 		}

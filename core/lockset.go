@@ -50,6 +50,7 @@ func (t *Locks) acquireSet(a *AcquireArgs, seq Sequence) Result {
 	ll := t.leases[a.Lease]
 	if ll != nil {
 		if r, again := t.setAgain(locks, ll, a); again {
+			r.Again = r.Err == nil
 			return r
 		}
 	}

@@ -213,10 +213,12 @@ func (m *model) apply(c Command) (r Result, ok bool) {
 				return fail(ErrClassConflict)
 			}
 			if l.held && l.hold.lease == c.Lease {
-				return Result{Token: l.hold.token}, true
+				return Result{Token: l.hold.token, Again: true}, true
 			}
 			if slices.ContainsFunc(l.waiters, func(w mWaiter) bool { return w.lease == c.Lease }) {
-				return m.queued(l), true
+				r := m.queued(l)
+				r.Again = true
+				return r, true
 			}
 		}
 		if len(m.namesOf(c.Lease)) >= m.limits.MaxLocksPerLease {

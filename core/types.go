@@ -259,6 +259,10 @@ type Result struct {
 	Token uint64
 	// Queued is true when OpAcquire queued the lease instead of granting.
 	Queued bool
+	// Again is true when OpAcquire found the lease already holding (Token) or waiting
+	// for (Queued) what it asked: an earlier acquire made that grant or place, not this
+	// one.
+	Again bool
 	// Released is the token of the hold that OpForceRelease took away (0 if none).
 	Released uint64
 	// HolderToken and Holder describe the current holder when OpAcquire failed with

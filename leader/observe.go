@@ -46,6 +46,10 @@ type Observer interface {
 	ExpiredLate(d time.Duration)
 	// Promoted is called each time this node starts serving as leader.
 	Promoted()
+	// Undone is called when this leader starts taking back what a correctness acquire
+	// did for a caller that had left before its answer (a place in a queue, or a
+	// grant): see Leader.Acquire.
+	Undone()
 }
 
 // WaitOutcome is how an acquire's wait ended (Observer.Waited).
@@ -120,6 +124,7 @@ func (nopObserver) ForceReleased(core.Class)                      {}
 func (nopObserver) LeaseEnded(core.EndReason)                     {}
 func (nopObserver) ExpiredLate(time.Duration)                     {}
 func (nopObserver) Promoted()                                     {}
+func (nopObserver) Undone()                                       {}
 
 // OnHoldEnds observes the ends of correctness holds that an applied entry made
 // (core.State.OnHoldEnd): replication calls it from its apply goroutine on every node,

@@ -34,6 +34,7 @@ func (r *recorder) ForceReleased(c core.Class)         { r.add("forced %v", c) }
 func (r *recorder) LeaseEnded(e core.EndReason)        { r.add("ended %v", e) }
 func (r *recorder) ExpiredLate(d time.Duration)        { r.add("late %v", d) }
 func (r *recorder) Promoted()                          { r.add("promoted") }
+func (r *recorder) Undone()                            { r.add("undone") }
 
 // take returns what was recorded since the last take, sorted (the order of calls within
 // one step is not the point).

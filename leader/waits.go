@@ -24,13 +24,25 @@ type outcome struct {
 type waits struct {
 	mu sync.Mutex
 	m  map[core.LeaseID]map[string][]chan outcome
+	// undoing holds the acquires (lease, name) whose place or grant is being undone
+	// because their caller left (see Leader.undo); nil until the first.
+	undoing map[waitKey]struct{}
+}
+
+type waitKey struct {
+	lease core.LeaseID
+	name  string
 }
 
 // add registers a wait of lease for name and returns the channel its outcome comes on.
 func (w *waits) add(lease core.LeaseID, name string) chan outcome {
-	ch := make(chan outcome, 1)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	return w.addLocked(lease, name)
+}
+
+func (w *waits) addLocked(lease core.LeaseID, name string) chan outcome {
+	ch := make(chan outcome, 1)
 	m := w.m[lease]
 	if m == nil {
 		m = make(map[string][]chan outcome)
@@ -40,10 +52,62 @@ func (w *waits) add(lease core.LeaseID, name string) chan outcome {
 	return ch
 }
 
+// addUnlessUndoing is add, unless an undo of lease's acquire of name is under way:
+// then it registers nothing and reports false.
+func (w *waits) addUnlessUndoing(lease core.LeaseID, name string) (chan outcome, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, undoing := w.undoing[waitKey{lease, name}]; undoing {
+		return nil, false
+	}
+	return w.addLocked(lease, name), true
+}
+
+// others reports whether a wait of lease for name other than ch is registered: another
+// attempt of the same acquire (a client's retry, the same request forwarded late).
+func (w *waits) others(lease core.LeaseID, name string, ch chan outcome) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, c := range w.m[lease][name] {
+		if c != ch {
+			return true
+		}
+	}
+	return false
+}
+
+// claimUndo unregisters ch and, unless another wait of lease for name is registered
+// (then that attempt owns the place or grant, and it reports false), marks an undo of
+// the acquire as under way until undone is called.
+func (w *waits) claimUndo(lease core.LeaseID, name string, ch chan outcome) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.removeLocked(lease, name, ch)
+	if len(w.m[lease][name]) > 0 {
+		return false
+	}
+	if w.undoing == nil {
+		w.undoing = make(map[waitKey]struct{})
+	}
+	w.undoing[waitKey{lease, name}] = struct{}{}
+	return true
+}
+
+// undone ends the undo claimUndo marked.
+func (w *waits) undone(lease core.LeaseID, name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.undoing, waitKey{lease, name})
+}
+
 // remove unregisters the wait whose channel is ch.
 func (w *waits) remove(lease core.LeaseID, name string, ch chan outcome) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.removeLocked(lease, name, ch)
+}
+
+func (w *waits) removeLocked(lease core.LeaseID, name string, ch chan outcome) {
 	m := w.m[lease]
 	chans := m[name]
 	for i, c := range chans {
@@ -118,13 +182,25 @@ func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queu
 		return g, o.err
 	case <-timeout:
 		why := l.explain(a, heldName(a, queued)) // while the caller still has its place
+		held := &LockHeldError{Name: heldName(a, queued), HolderToken: queued.HolderToken, Holder: queued.Holder, Waited: true, Explain: why}
+		if a.Class == core.Correctness && l.waits.others(a.Lease, a.Key(), ch) {
+			// Another attempt of this acquire (the client's retry, after it gave this one
+			// up) waits for the same place: it is that attempt's now, to keep or cancel.
+			return g, held
+		}
 		tok, err := l.cancelWait(context.WithoutCancel(ctx), a, ch)
 		if err != nil || tok != 0 {
 			g.Token = tok
 			return g, err
 		}
-		return g, &LockHeldError{Name: heldName(a, queued), HolderToken: queued.HolderToken, Holder: queued.Holder, Waited: true, Explain: why}
+		return g, held
 	case <-ctx.Done():
+		if a.Class == core.Correctness {
+			// The caller is gone: leave the queue, and give back a grant that raced us —
+			// unless another attempt of this acquire waits for it.
+			l.undo(a, ch, 0)
+			return g, ctx.Err()
+		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		// The caller is gone: leave the queue, and give back a grant that raced us.

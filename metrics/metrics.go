@@ -32,6 +32,7 @@ type Metrics struct {
 	leaseEnd  [4]prometheus.Counter // by core.EndReason: unknown, expired, revoked, disconnected
 	lateness  prometheus.Observer
 	promoted  prometheus.Counter
+	undone    prometheus.Counter
 	commit    prometheus.Observer
 	fsync     prometheus.Observer
 }
@@ -89,6 +90,10 @@ func New() *Metrics {
 		Name: "leasehold_leader_changes_total",
 		Help: "Times this node started serving as leader (summed over the nodes: the cluster's leader changes).",
 	})
+	undone := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "leasehold_acquires_undone_total",
+		Help: "Correctness acquires whose caller left before the answer (its deadline passed, its connection closed) and whose place in a queue or grant this leader took back.",
+	})
 	commit := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "leasehold_raft_commit_seconds",
 		Help:    "Log entries this node proposed: time from handing the entry (one command or a batch) to raft to its apply.",
@@ -115,8 +120,8 @@ func New() *Metrics {
 			m.leaseEnd[r] = m.leaseEnds.WithLabelValues(name)
 		}
 	}
-	m.lateness, m.promoted, m.commit, m.fsync = lateness, promoted, commit, fsync
-	m.registry.MustRegister(wait, hold, released, forced, m.leaseEnds, lateness, promoted, commit, fsync)
+	m.lateness, m.promoted, m.undone, m.commit, m.fsync = lateness, promoted, undone, commit, fsync
+	m.registry.MustRegister(wait, hold, released, forced, m.leaseEnds, lateness, promoted, undone, commit, fsync)
 	return m
 }
 
@@ -163,6 +168,9 @@ func (m *Metrics) ExpiredLate(d time.Duration) { m.lateness.Observe(d.Seconds())
 
 // Promoted implements leader.Observer.
 func (m *Metrics) Promoted() { m.promoted.Inc() }
+
+// Undone implements leader.Observer.
+func (m *Metrics) Undone() { m.undone.Inc() }
 
 // Commit observes one log entry's commit, from its hand-off to raft to its apply
 // (replication.Config.ObserveCommit).

@@ -51,6 +51,7 @@ var errorCodes = []struct {
 	{replication.ErrOutcomeUnknown, connect.CodeUnavailable, reason.OutcomeUnknown},
 	{replication.ErrBusy, connect.CodeUnavailable, reason.Busy},
 	{leader.ErrEpochLost, connect.CodeUnavailable, reason.EpochLost},
+	{leader.ErrUndoing, connect.CodeUnavailable, reason.Busy},
 	{errNoSuchMember, connect.CodeNotFound, reason.NoSuchMember},
 	{errMemberCheck, connect.CodeFailedPrecondition, reason.MemberCheck},
 	{errLastVoter, connect.CodeFailedPrecondition, reason.LastVoter},

@@ -1,0 +1,206 @@
+package leader_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/leader"
+)
+
+// A correctness acquire whose caller leaves while its command commits must not leave
+// the lease holding, or queued for, a lock its owner never heard of: that grant would
+// block every other holder for as long as the lease lives, and a later Lock of the name
+// by the same lease would be answered with it, an old token. These tests freeze the
+// commit (gate), end the caller's context, let the commit through, and look at the
+// replicated state.
+
+// eventually fails the test unless cond holds within a few seconds.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 5 s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// leftDuringCommit starts an Acquire of a with a context that ends while the commit is
+// held back, and returns once Acquire has returned ctx's error; the commit is then let
+// through.
+func leftDuringCommit(t *testing.T, l *leader.Leader, fl *fakeLog, a leader.AcquireArgs, then bool) {
+	t.Helper()
+	before := fl.proposals(core.OpAcquire)
+	open := fl.gate(core.OpAcquire)
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	if then {
+		l.AcquireThen(ctx, a, func(_ leader.Grant, err error) { errc <- err })
+	} else {
+		go func() {
+			_, err := l.Acquire(ctx, a)
+			errc <- err
+		}()
+	}
+	eventually(t, "the acquire is proposed", func() bool { return fl.proposals(core.OpAcquire) > before })
+	cancel()
+	if !then {
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire after its caller left = %v, want context.Canceled", err)
+		}
+	}
+	open()
+	if then {
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("AcquireThen after its caller left = %v, want context.Canceled", err)
+		}
+	}
+}
+
+func TestAcquireGrantForACallerWhoLeftIsReleased(t *testing.T) {
+	for _, then := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Acquire", true: "AcquireThen"}[then], func(t *testing.T) {
+			l, fl := newLeader(t, leader.Config{})
+			promote(t, l)
+			lease := grant(t, l, time.Minute)
+			leftDuringCommit(t, l, fl, args(lease, "orders", core.Correctness, acquireOpts{}), then)
+			eventually(t, "the grant is released", func() bool {
+				holder, _ := fl.holder("orders")
+				return holder.IsZero() && fl.proposals(core.OpRelease) == 1
+			})
+			// The lease is free to take it again, with a new token.
+			g := acquire(t, l, lease, "orders", core.Correctness, acquireOpts{})
+			if _, tok := fl.holder("orders"); tok != g.Token {
+				t.Fatalf("held with token %d, the new grant says %d", tok, g.Token)
+			}
+		})
+	}
+}
+
+func TestAcquirePlaceForACallerWhoLeftIsCancelled(t *testing.T) {
+	for _, then := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Acquire", true: "AcquireThen"}[then], func(t *testing.T) {
+			l, fl := newLeader(t, leader.Config{})
+			promote(t, l)
+			holder, waiter := grant(t, l, time.Minute), grant(t, l, time.Minute)
+			g := acquire(t, l, holder, "orders", core.Correctness, acquireOpts{})
+			leftDuringCommit(t, l, fl, args(waiter, "orders", core.Correctness, acquireOpts{forever: true}), then)
+			eventually(t, "the place is cancelled", func() bool {
+				return len(fl.waiters("orders")) == 0 && fl.proposals(core.OpCancelWait) == 1
+			})
+			if err := l.Release(t.Context(), holder, "orders", g.Token); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			if h, _ := fl.holder("orders"); !h.IsZero() {
+				t.Fatalf("after the holder's release, %s holds the lock: the place of a caller who left was granted", h)
+			}
+		})
+	}
+}
+
+// An acquire that finds the grant made by an earlier attempt (Result.Again) leaves it:
+// the attempt that made it answered its caller.
+func TestAcquireThatFoundAnEarlierGrantUndoesNothing(t *testing.T) {
+	l, fl := newLeader(t, leader.Config{})
+	promote(t, l)
+	lease := grant(t, l, time.Minute)
+	g := acquire(t, l, lease, "orders", core.Correctness, acquireOpts{})
+	leftDuringCommit(t, l, fl, args(lease, "orders", core.Correctness, acquireOpts{}), false)
+	// Nothing to wait for: check that no undo comes.
+	time.Sleep(50 * time.Millisecond)
+	if h, tok := fl.holder("orders"); h != lease || tok != g.Token {
+		t.Fatalf("held by %s with token %d, want %s with %d", h, tok, lease, g.Token)
+	}
+	if n := fl.proposals(core.OpRelease) + fl.proposals(core.OpCancelWait); n != 0 {
+		t.Fatalf("%d releases or cancellations proposed, want none", n)
+	}
+}
+
+// Two attempts of one acquire wait for the same place (the client gave the first up and
+// retried): the first one's end, by its caller leaving or by its wait running out,
+// leaves the place to the second.
+func TestAcquireAttemptLeavesThePlaceToAnother(t *testing.T) {
+	for _, how := range []string{"caller left", "wait ran out"} {
+		t.Run(how, func(t *testing.T) {
+			l, fl := newLeader(t, leader.Config{})
+			promote(t, l)
+			holder, waiter := grant(t, l, time.Minute), grant(t, l, time.Minute)
+			g := acquire(t, l, holder, "orders", core.Correctness, acquireOpts{})
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			first := args(waiter, "orders", core.Correctness, acquireOpts{forever: true})
+			if how == "wait ran out" {
+				first = args(waiter, "orders", core.Correctness, acquireOpts{waitFor: 100 * time.Millisecond})
+			}
+			firstErr := make(chan error, 1)
+			go func() {
+				_, err := l.Acquire(ctx, first)
+				firstErr <- err
+			}()
+			eventually(t, "the first attempt is queued", func() bool { return len(fl.waiters("orders")) == 1 })
+			type answer struct {
+				g   leader.Grant
+				err error
+			}
+			second := make(chan answer, 1)
+			sctx, scancel := context.WithCancel(t.Context())
+			defer func() {
+				scancel()
+				<-second
+			}()
+			go func() {
+				g, err := l.Acquire(sctx, args(waiter, "orders", core.Correctness, acquireOpts{forever: true}))
+				second <- answer{g, err}
+			}()
+			eventually(t, "the second attempt is proposed", func() bool { return fl.proposals(core.OpAcquire) == 3 })
+			time.Sleep(10 * time.Millisecond) // its commit found the place (fake log: at once)
+			cancel()
+			if err := <-firstErr; err == nil {
+				t.Fatal("the first attempt was granted")
+			}
+			time.Sleep(50 * time.Millisecond)
+			if w := fl.waiters("orders"); len(w) != 1 || w[0] != waiter {
+				t.Fatalf("queue %v after the first attempt ended, want the second's place", w)
+			}
+			if err := l.Release(t.Context(), holder, "orders", g.Token); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			select {
+			case a := <-second:
+				second <- a // for the deferred drain
+				if a.err != nil {
+					t.Fatalf("second attempt: %v", a.err)
+				}
+				if h, tok := fl.holder("orders"); h != waiter || tok != a.g.Token {
+					t.Fatalf("held by %s with %d, the second attempt got %d", h, tok, a.g.Token)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the second attempt was never granted")
+			}
+		})
+	}
+}
+
+// While the grant of a caller who left is being released, the same lease's acquire of
+// the name is refused with ErrUndoing (the client retries after a pause) rather than
+// answered with the grant that is going away.
+func TestAcquireDuringAnUndoIsRefused(t *testing.T) {
+	l, fl := newLeader(t, leader.Config{})
+	promote(t, l)
+	lease := grant(t, l, time.Minute)
+	openRelease := fl.gate(core.OpRelease)
+	leftDuringCommit(t, l, fl, args(lease, "orders", core.Correctness, acquireOpts{}), false)
+	eventually(t, "the release is proposed", func() bool { return fl.proposals(core.OpRelease) == 1 })
+	if _, err := l.Acquire(t.Context(), args(lease, "orders", core.Correctness, acquireOpts{})); !errors.Is(err, leader.ErrUndoing) {
+		t.Fatalf("Acquire during the undo = %v, want ErrUndoing", err)
+	}
+	openRelease()
+	eventually(t, "the acquire is taken again after the undo", func() bool {
+		_, err := l.Acquire(t.Context(), args(lease, "orders", core.Correctness, acquireOpts{}))
+		return err == nil
+	})
+}
