@@ -71,8 +71,9 @@ func (l *Leader) acquireCorrectness(ctx context.Context, a AcquireArgs) (Grant, 
 		if !c.leave() {
 			return Grant{}, ctx.Err() // the callback undoes what the commit did
 		}
-		l.abandoned(a, ch, c.res, c.err)
-		return Grant{}, ctx.Err()
+		// The outcome came as the caller left: answer it as if it had come first. Were a
+		// grant taken back now, a retry of the same acquire, answered with that grant
+		// since the outcome came, would have lost it.
 	}
 	if g, err, done := l.endCorrectness(a, ch, c.res, c.err); done {
 		return g, err

@@ -196,6 +196,14 @@ func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queu
 		return g, held
 	case <-ctx.Done():
 		if a.Class == core.Correctness {
+			select {
+			case o := <-ch:
+				// The outcome came as the caller left: answered as if it had come first
+				// (see acquireCorrectness).
+				g.Token = o.token
+				return g, o.err
+			default:
+			}
 			// The caller is gone: leave the queue, and give back a grant that raced us —
 			// unless another attempt of this acquire waits for it.
 			l.undo(a, ch, 0)
