@@ -166,6 +166,12 @@ func checkGrants(h *History, r *Report) {
 		}
 	}
 
+	// No hold that nobody knows of: a lock still held at the end, after every lease
+	// could have ended, under a token no worker holds.
+	for _, u := range h.unknownHolds {
+		r.add("no hold nobody knows of (G2)", 0, "at the end, %s, a token no worker holds: an acquire that gave up left its grant to a live lease", u)
+	}
+
 	// G1 across the cluster: a grant whose Lock call began after another grant was
 	// acknowledged carries a larger token (one sequence per cluster). Chain is the call
 	// time of the first attempt of a retried Lock, which may have been granted then.

@@ -37,6 +37,7 @@ func TestInvariantChecks(t *testing.T) {
 		{"fenced write out of order", &History{ops: []porcupine.Operation{fput("k", 4, ms(0), ms(5), kvOutput{Version: 1}), fput("k", 3, ms(6), ms(9), kvOutput{Version: 2})}}, []string{"fenced writes ordered"}},
 		{"fenced writes concurrent", &History{ops: []porcupine.Operation{fput("k", 4, ms(0), ms(5), kvOutput{Version: 1}), fput("k", 3, ms(4), ms(9), kvOutput{Version: 2})}}, nil},
 		{"lease gone after TTL", &History{leases: map[string]*leaseObs{"x": {ttl: time.Second, lastAck: ms(100)}}, leaseGone: []leaseGoneObs{{lease: "x", at: ms(1101)}}}, nil},
+		{"hold nobody knows of", &History{unknownHolds: []string{"nemesis/lock/1 held under token 7"}}, []string{"no hold nobody knows of"}},
 		{"lease gone early", &History{leases: map[string]*leaseObs{"x": {ttl: time.Second, lastAck: ms(100)}}, leaseGone: []leaseGoneObs{{lease: "x", at: ms(900)}}}, []string{"no early expiry"}},
 	}
 	for _, c := range cases {

@@ -56,6 +56,9 @@ type History struct {
 	counts    map[string]int
 	events    []event
 	notes     []string
+	// unknownHolds are the locks held at the end under a token that no worker holds,
+	// still so after every worker's lease could have ended (Finish).
+	unknownHolds []string
 }
 
 func newHistory() *History {
@@ -526,6 +529,7 @@ func (w *Workload) Finish(ctx context.Context, addrs string) error {
 			time.Sleep(250 * time.Millisecond)
 		}
 	}
+	w.findUnknownHolds(ctx, c)
 	// Final linearizable reads of every key, as one more client.
 	reader := &worker{id: len(w.workers), w: w, c: c}
 	var keys []string
@@ -549,6 +553,40 @@ func (w *Workload) Finish(ctx context.Context, addrs string) error {
 	}
 	w.closeClients()
 	return nil
+}
+
+// findUnknownHolds records the locks held under a token that no worker holds at the end:
+// a grant (or a place in a queue, granted since) made for a Lock call that had given up
+// or failed, kept by a lease that lives on — nobody would ever release it, and the next
+// Lock of the name by that lease would be answered with the old token. A hold whose
+// release is still under way, or whose lease is ending (a grant lost on arrival), goes
+// within a lease's TTL; only what is still there after that counts.
+func (w *Workload) findUnknownHolds(ctx context.Context, c *client.Client) {
+	known := map[uint64]bool{}
+	for _, wk := range w.workers {
+		if wk.held != nil {
+			known[wk.heldG.Token] = true
+		}
+	}
+	deadline := time.Now().Add(3*time.Second + 3*time.Second) // the longest worker TTL, and some
+	for {
+		var unknown []string
+		for i := range w.cfg.Locks {
+			dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			d, err := c.Describe(dctx, lockName(i))
+			cancel()
+			if err == nil && d.GetHeld() && d.GetToken() != 0 && !known[d.GetToken()] {
+				unknown = append(unknown, fmt.Sprintf("%s held under token %d by %s", lockName(i), d.GetToken(), d.GetHolder()))
+			}
+		}
+		if len(unknown) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			w.h.mu.Lock()
+			w.h.unknownHolds = unknown
+			w.h.mu.Unlock()
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 }
 
 // bounded runs fn and waits at most d for it. On timeout it writes every goroutine's
