@@ -122,9 +122,9 @@ func (s *State) applyElection(c *Command) Result {
 		}
 		switch {
 		case e.Leader != nil && e.Leader.Lease == c.Lease:
-			return Result{Token: e.Leader.Epoch}
+			return Result{Token: e.Leader.Epoch, Again: true}
 		case e.waiting(c.Lease) >= 0:
-			return Result{Queued: true, HolderToken: e.Leader.Epoch, Holder: e.Leader.Holder}
+			return Result{Queued: true, Again: true, HolderToken: e.Leader.Epoch, Holder: e.Leader.Holder}
 		case e.Leader == nil:
 			epoch := s.Next()
 			e.Leader = &Candidate{Lease: c.Lease, Epoch: epoch, Value: c.Value, Holder: c.Holder}

@@ -259,9 +259,9 @@ type Result struct {
 	Token uint64
 	// Queued is true when OpAcquire queued the lease instead of granting.
 	Queued bool
-	// Again is true when OpAcquire found the lease already holding (Token) or waiting
-	// for (Queued) what it asked: an earlier acquire made that grant or place, not this
-	// one.
+	// Again is true when OpAcquire (OpCampaign) found the lease already holding or
+	// leading (Token) or waiting (Queued) as it asked: an earlier acquire (campaign)
+	// made that grant or place, not this one.
 	Again bool
 	// Released is the token of the hold that OpForceRelease took away (0 if none).
 	Released uint64

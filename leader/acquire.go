@@ -3,7 +3,6 @@ package leader
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/leasehold/leasehold/core"
@@ -59,7 +58,7 @@ func (l *Leader) acquireCorrectness(ctx context.Context, a AcquireArgs) (Grant, 
 	// command may still commit, and its outcome must still be seen — a place in a queue
 	// or a grant made for a caller who has left would otherwise stay, held by a live
 	// lease whose owner never heard of it.
-	c := &commitWait{done: make(chan struct{})}
+	c := newCommitWait()
 	l.log.ApplyThen(acquireCommand(a), func(res core.Result, err error) {
 		if c.arrived(res, err) {
 			l.abandoned(a, ch, res, err) // the caller had left
@@ -79,35 +78,6 @@ func (l *Leader) acquireCorrectness(ctx context.Context, a AcquireArgs) (Grant, 
 		return g, err
 	}
 	return l.await(ctx, a, ch, c.res)
-}
-
-// commitWait hands a commit's outcome to the goroutine waiting for it, unless that
-// goroutine left first (its caller's context ended): then whoever comes second — the
-// outcome or the leaving — knows it and must undo the outcome.
-type commitWait struct {
-	mu   sync.Mutex
-	res  core.Result
-	err  error
-	got  bool
-	left bool
-	done chan struct{}
-}
-
-// arrived records the outcome and reports whether the waiter had left.
-func (c *commitWait) arrived(res core.Result, err error) (left bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.res, c.err, c.got = res, err, true
-	close(c.done)
-	return c.left
-}
-
-// leave marks the waiter gone and reports whether the outcome had arrived.
-func (c *commitWait) leave() (got bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.left = true
-	return c.got
 }
 
 // AcquireThen is Acquire without waiting for a correctness lock's commit: it proposes
@@ -213,81 +183,25 @@ func (l *Leader) endCorrectness(a AcquireArgs, ch chan outcome, res core.Result,
 	return Grant{}, nil, false
 }
 
-// abandoned takes the commit's outcome of a correctness acquire whose caller has left:
-// a grant or a place in a queue that this very acquire made (not one it found made by
-// an earlier attempt, res.Again) is undone, unless another attempt of the same acquire
-// waits on this node and so owns it.
+// abandoned takes the commit's outcome of a correctness acquire whose caller has left
+// (see takeBack).
 func (l *Leader) abandoned(a AcquireArgs, ch chan outcome, res core.Result, err error) {
 	l.mu.Lock()
 	for _, name := range a.LockNames() {
 		l.names.settleLocked(name)
 	}
 	l.mu.Unlock()
-	if err != nil || res.Err != nil || res.Again {
-		l.waits.remove(a.Lease, a.Key(), ch)
-		return
-	}
-	if res.Queued {
-		l.undo(a, ch, 0)
-	} else {
-		l.undo(a, ch, res.Token)
-	}
+	l.abandonedCommit(acquireTakeBack(a), ch, res, err)
 }
 
-// undo takes back, for an acquire whose caller left, the grant of token (0: its place
-// in the queue, and a grant that raced the cancellation), unless another wait of the
-// same lease for the name is registered (claimUndo). Until the undo is committed, an
-// acquire of the name by the lease fails with ErrUndoing (retried by the client after a
-// pause), so that it cannot find, and be answered with, what is being taken back. An
-// undo that fails (this node stopped leading) leaves the grant or place to the lease's
-// end, as a new leader cannot tell it from any other.
-func (l *Leader) undo(a AcquireArgs, ch chan outcome, token uint64) {
+// acquireTakeBack says how to take back what acquire a did.
+func acquireTakeBack(a AcquireArgs) takeBack {
 	name := a.Key()
-	if !l.waits.claimUndo(a.Lease, name, ch) {
-		return
+	return takeBack{
+		lease: a.Lease, key: name, what: "lock", name: name,
+		leave: core.Command{Op: core.OpCancelWait, Lease: a.Lease, Name: name},
+		end:   func(token uint64) core.Command { return releaseCommand(a.Lease, name, token) },
 	}
-	l.obs.Undone()
-	finish := func(err error) {
-		l.waits.undone(a.Lease, name)
-		if err != nil {
-			l.lg.Warn("could not undo the acquire of a caller that left; its lease keeps it until it ends",
-				"lock", name, "err", err)
-		}
-	}
-	release := func(token uint64) {
-		l.log.ApplyThen(releaseCommand(a.Lease, name, token), func(res core.Result, err error) {
-			finish(errors.Join(err, ignoreNotHolder(res.Err)))
-		})
-	}
-	// On a goroutine of its own: this may run on the goroutine that hands out commit
-	// results, and proposing may wait for raft's queue.
-	go func() {
-		if token != 0 {
-			release(token)
-			return
-		}
-		l.log.ApplyThen(core.Command{Op: core.OpCancelWait, Lease: a.Lease, Name: name}, func(res core.Result, err error) {
-			if err == nil && res.Err == nil && res.Token != 0 {
-				release(res.Token) // the grant won the race with the cancellation
-				return
-			}
-			finish(errors.Join(err, ignoreNotWaiting(res.Err)))
-		})
-	}()
-}
-
-func ignoreNotHolder(err error) error {
-	if errors.Is(err, core.ErrNotHolder) || errors.Is(err, core.ErrLeaseNotFound) {
-		return nil
-	}
-	return err
-}
-
-func ignoreNotWaiting(err error) error {
-	if errors.Is(err, core.ErrNotWaiting) || errors.Is(err, core.ErrLeaseNotFound) {
-		return nil
-	}
-	return err
 }
 
 // acquireErr is the error of an acquire's result. It takes Leader.mu only for a lease

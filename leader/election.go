@@ -3,7 +3,6 @@ package leader
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/leasehold/leasehold/core"
 )
@@ -27,24 +26,53 @@ type Leadership struct {
 // Campaign makes lease a candidate for election name with value, and waits until it
 // leads; it returns the leadership's epoch, a token from the sequence that every later
 // leadership of the election exceeds. A Campaign by a lease that leads already returns
-// its epoch at once (a repeat is harmless). When ctx ends first, the lease leaves the
-// queue — and resigns, if the leadership raced the end — and Campaign returns ctx's
-// error.
+// its epoch at once (a repeat is harmless). When ctx ends first — even while the
+// campaign commits — the lease leaves the queue, and resigns if the leadership raced
+// the end, unless another Campaign of the same lease for the name waits (undo.go); it
+// returns ctx's error.
 //
 // Errors: *LeaseGoneError (the lease is unknown or ended, before or while waiting),
 // ErrNotLeader (this node does not lead, or stopped while the Campaign waited),
+// ErrUndoing (an earlier Campaign of the lease for the name is being taken back),
 // core.ErrTooManyWaiters, core.ErrInvalid, the log's errors (outcome unknown), ctx's.
 func (l *Leader) Campaign(ctx context.Context, lease core.LeaseID, name string, value []byte, holder core.Holder) (uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err // nothing proposed
+	}
 	key := electionKey(name)
 	l.mu.Lock()
 	if !l.active {
 		l.mu.Unlock()
 		return 0, ErrNotLeader
 	}
-	ch := l.waits.add(lease, key)
+	ch, ok := l.waits.addUnlessUndoing(lease, key)
 	l.mu.Unlock()
+	if !ok {
+		return 0, ErrUndoing
+	}
 	defer l.waits.remove(lease, key, ch)
-	res, err := l.log.Apply(ctx, core.Command{Op: core.OpCampaign, Lease: lease, Name: name, Value: value, Holder: holder, Wait: true})
+	tb := takeBack{
+		lease: lease, key: key, what: "election", name: name,
+		leave: core.Command{Op: core.OpWithdraw, Lease: lease, Name: name},
+		end: func(epoch uint64) core.Command {
+			return core.Command{Op: core.OpResign, Lease: lease, Name: name, Token: epoch}
+		},
+	}
+	// As acquireCorrectness: the outcome is seen even when ctx ends first.
+	c := newCommitWait()
+	l.log.ApplyThen(core.Command{Op: core.OpCampaign, Lease: lease, Name: name, Value: value, Holder: holder, Wait: true}, func(res core.Result, err error) {
+		if c.arrived(res, err) {
+			l.abandonedCommit(tb, ch, res, err)
+		}
+	})
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		if !c.leave() {
+			return 0, ctx.Err() // the callback takes back what the commit did
+		}
+	}
+	res, err := c.res, c.err
 	if err != nil {
 		return 0, err
 	}
@@ -55,12 +83,14 @@ func (l *Leader) Campaign(ctx context.Context, lease core.LeaseID, name string, 
 	case o := <-ch:
 		return o.token, o.err
 	case <-ctx.Done():
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		w, err := l.log.Apply(cctx, core.Command{Op: core.OpWithdraw, Lease: lease, Name: name})
-		if err == nil && w.Err == nil && w.Token != 0 {
-			_ = l.Resign(cctx, lease, name, w.Token) // elected as the caller gave up
+		select {
+		case o := <-ch:
+			return o.token, o.err // came as the caller left: answered (see commitWait.leave)
+		default:
 		}
+		// The caller is gone: leave the queue — and resign, if the leadership raced the
+		// end — unless another attempt of this campaign waits.
+		l.undo(tb, ch, 0)
 		return 0, ctx.Err()
 	}
 }

@@ -14,7 +14,7 @@
 // applied commands), leases.go (Grant, KeepAlive and its leadership confirmation,
 // Revoke), countdown.go (lease countdowns, the expiry loop), acquire.go, class.go (the
 // one place that decides a name's class), efficiency.go (the in-memory table),
-// tokens.go (its token blocks), ledger.go (its ledger), waits.go (queued acquires), release.go (Release,
+// tokens.go (its token blocks), ledger.go (its ledger), waits.go (queued acquires), undo.go (what a caller that left is owed back), release.go (Release,
 // ForceRelease), delay.go (lock-delays), groups.go (partition drains), views.go (Describe, List, CheckToken, Stats),
 // observe.go (what it measures for metrics: waits, holds, expiry lateness).
 //

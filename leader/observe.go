@@ -47,8 +47,8 @@ type Observer interface {
 	// Promoted is called each time this node starts serving as leader.
 	Promoted()
 	// Undone is called when this leader starts taking back what a correctness acquire
-	// did for a caller that had left before its answer (a place in a queue, or a
-	// grant): see Leader.Acquire.
+	// or a campaign did for a caller that had left before its answer (a place in a
+	// queue, or a grant or leadership): see undo.go.
 	Undone()
 }
 

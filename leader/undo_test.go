@@ -29,36 +29,43 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// leftDuringCommit starts an Acquire of a with a context that ends while the commit is
-// held back, and returns once Acquire has returned ctx's error; the commit is then let
-// through.
-func leftDuringCommit(t *testing.T, l *leader.Leader, fl *fakeLog, a leader.AcquireArgs, then bool) {
+// leftDuring starts a request (start, which proposes op) with a context that ends
+// while its commit is held back, and returns once the request has answered ctx's error;
+// the commit is let through before that answer when answerAfterCommit (AcquireThen
+// answers only then), after it otherwise.
+func leftDuring(t *testing.T, fl *fakeLog, op core.Op, answerAfterCommit bool, start func(ctx context.Context, errc chan<- error)) {
 	t.Helper()
-	before := fl.proposals(core.OpAcquire)
-	open := fl.gate(core.OpAcquire)
+	before := fl.proposals(op)
+	open := fl.gate(op)
 	ctx, cancel := context.WithCancel(t.Context())
 	errc := make(chan error, 1)
-	if then {
-		l.AcquireThen(ctx, a, func(_ leader.Grant, err error) { errc <- err })
-	} else {
+	start(ctx, errc)
+	eventually(t, "the request is proposed", func() bool { return fl.proposals(op) > before })
+	cancel()
+	if answerAfterCommit {
+		open()
+	}
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("answer to a caller who left = %v, want context.Canceled", err)
+	}
+	if !answerAfterCommit {
+		open()
+	}
+}
+
+// leftDuringCommit runs an Acquire (AcquireThen when then) of a through leftDuring.
+func leftDuringCommit(t *testing.T, l *leader.Leader, fl *fakeLog, a leader.AcquireArgs, then bool) {
+	t.Helper()
+	leftDuring(t, fl, core.OpAcquire, then, func(ctx context.Context, errc chan<- error) {
+		if then {
+			l.AcquireThen(ctx, a, func(_ leader.Grant, err error) { errc <- err })
+			return
+		}
 		go func() {
 			_, err := l.Acquire(ctx, a)
 			errc <- err
 		}()
-	}
-	eventually(t, "the acquire is proposed", func() bool { return fl.proposals(core.OpAcquire) > before })
-	cancel()
-	if !then {
-		if err := <-errc; !errors.Is(err, context.Canceled) {
-			t.Fatalf("Acquire after its caller left = %v, want context.Canceled", err)
-		}
-	}
-	open()
-	if then {
-		if err := <-errc; !errors.Is(err, context.Canceled) {
-			t.Fatalf("AcquireThen after its caller left = %v, want context.Canceled", err)
-		}
-	}
+	})
 }
 
 func TestAcquireGrantForACallerWhoLeftIsReleased(t *testing.T) {
@@ -202,5 +209,48 @@ func TestAcquireDuringAnUndoIsRefused(t *testing.T) {
 	eventually(t, "the acquire is taken again after the undo", func() bool {
 		_, err := l.Acquire(t.Context(), args(lease, "orders", core.Correctness, acquireOpts{}))
 		return err == nil
+	})
+}
+
+// leftDuringCampaign runs a Campaign of lease for name through leftDuring.
+func leftDuringCampaign(t *testing.T, l *leader.Leader, fl *fakeLog, lease core.LeaseID, name string) {
+	t.Helper()
+	leftDuring(t, fl, core.OpCampaign, false, func(ctx context.Context, errc chan<- error) {
+		go func() {
+			_, err := l.Campaign(ctx, lease, name, []byte("v"), core.Holder{Host: "h"})
+			errc <- err
+		}()
+	})
+}
+
+// A Campaign whose caller left while it committed does not leave its lease leading, or
+// queued to lead, an election nobody runs for it.
+func TestCampaignForACallerWhoLeftIsTakenBack(t *testing.T) {
+	t.Run("elected", func(t *testing.T) {
+		l, fl := newLeader(t, leader.Config{})
+		promote(t, l)
+		lease := grant(t, l, time.Minute)
+		leftDuringCampaign(t, l, fl, lease, "writer")
+		eventually(t, "the leadership is resigned", func() bool {
+			_, leads := l.LeaderOf("writer")
+			return !leads && fl.proposals(core.OpResign) == 1
+		})
+	})
+	t.Run("queued", func(t *testing.T) {
+		l, fl := newLeader(t, leader.Config{})
+		promote(t, l)
+		first, second := grant(t, l, time.Minute), grant(t, l, time.Minute)
+		epoch, err := l.Campaign(t.Context(), first, "writer", []byte("v"), core.Holder{Host: "h"})
+		if err != nil {
+			t.Fatalf("Campaign: %v", err)
+		}
+		leftDuringCampaign(t, l, fl, second, "writer")
+		eventually(t, "the candidacy is withdrawn", func() bool { return fl.proposals(core.OpWithdraw) == 1 })
+		if err := l.Resign(t.Context(), first, "writer", epoch); err != nil {
+			t.Fatalf("Resign: %v", err)
+		}
+		if ld, leads := l.LeaderOf("writer"); leads {
+			t.Fatalf("after the leader resigned, %s leads: the candidacy of a caller who left was seated", ld.Lease)
+		}
 	})
 }

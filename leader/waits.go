@@ -206,7 +206,7 @@ func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queu
 			}
 			// The caller is gone: leave the queue, and give back a grant that raced us —
 			// unless another attempt of this acquire waits for it.
-			l.undo(a, ch, 0)
+			l.undo(acquireTakeBack(a), ch, 0)
 			return g, ctx.Err()
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

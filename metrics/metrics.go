@@ -92,7 +92,7 @@ func New() *Metrics {
 	})
 	undone := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "leasehold_acquires_undone_total",
-		Help: "Correctness acquires whose caller left before the answer (its deadline passed, its connection closed) and whose place in a queue or grant this leader took back.",
+		Help: "Correctness acquires and campaigns whose caller left before the answer (its deadline passed, its connection closed) and whose place in a queue, grant or leadership this leader took back.",
 	})
 	commit := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "leasehold_raft_commit_seconds",
