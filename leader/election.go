@@ -90,7 +90,7 @@ func (l *Leader) Campaign(ctx context.Context, lease core.LeaseID, name string, 
 		}
 		// The caller is gone: leave the queue — and resign, if the leadership raced the
 		// end — unless another attempt of this campaign waits.
-		l.undo(tb, ch, 0)
+		l.undo(tb, ch, 0, true)
 		return 0, ctx.Err()
 	}
 }

@@ -17,7 +17,7 @@ import (
 // back what that very request made (not a grant or place an earlier attempt made:
 // Result.Again), through the log. Another attempt of the same request by the same lease
 // (the client's retry, registered in waits) owns what is there, and then nothing is
-// taken back. While the take-back commits, the same request is refused with ErrUndoing
+// taken back; once waiting, only a later attempt does (waits.newer). While the take-back commits, the same request is refused with ErrUndoing
 // rather than answered with what is going away.
 //
 // Left open: an answer sent to a caller that is still there but never arrives (the
@@ -75,20 +75,20 @@ func (l *Leader) abandonedCommit(tb takeBack, ch chan outcome, res core.Result, 
 		return
 	}
 	if res.Queued {
-		l.undo(tb, ch, 0)
+		l.undo(tb, ch, 0, false)
 	} else {
-		l.undo(tb, ch, res.Token)
+		l.undo(tb, ch, res.Token, false)
 	}
 }
 
 // undo takes back the grant of token (0: the place in the queue, and a grant that
-// raced the leaving), unless another wait of the same lease and key is registered
-// (claimUndo). Until the undo is committed, the same request fails with ErrUndoing
+// raced the leaving), unless another wait of the same lease and key owns it (claimUndo;
+// newerOnly for an attempt whose wait ended). Until the undo is committed, the same request fails with ErrUndoing
 // (retried by the client after a pause). An undo that fails (this node stopped leading)
 // leaves the grant or place to the lease's end, as a new leader cannot tell it from any
 // other.
-func (l *Leader) undo(tb takeBack, ch chan outcome, token uint64) {
-	if !l.waits.claimUndo(tb.lease, tb.key, ch) {
+func (l *Leader) undo(tb takeBack, ch chan outcome, token uint64, newerOnly bool) {
+	if !l.waits.claimUndo(tb.lease, tb.key, ch, newerOnly) {
 		return
 	}
 	l.obs.Undone()

@@ -91,10 +91,7 @@ func TestAcquireGrantForACallerWhoLeftIsReleased(t *testing.T) {
 func TestAcquirePlaceForACallerWhoLeftIsCancelled(t *testing.T) {
 	for _, then := range []bool{false, true} {
 		t.Run(map[bool]string{false: "Acquire", true: "AcquireThen"}[then], func(t *testing.T) {
-			l, fl := newLeader(t, leader.Config{})
-			promote(t, l)
-			holder, waiter := grant(t, l, time.Minute), grant(t, l, time.Minute)
-			g := acquire(t, l, holder, "orders", core.Correctness, acquireOpts{})
+			l, fl, holder, waiter, g := heldWithWaiter(t)
 			leftDuringCommit(t, l, fl, args(waiter, "orders", core.Correctness, acquireOpts{forever: true}), then)
 			eventually(t, "the place is cancelled", func() bool {
 				return len(fl.waiters("orders")) == 0 && fl.proposals(core.OpCancelWait) == 1
@@ -127,27 +124,46 @@ func TestAcquireThatFoundAnEarlierGrantUndoesNothing(t *testing.T) {
 	}
 }
 
+// attempt runs an Acquire of a with ctx on a goroutine of its own; its answer comes on
+// the channel.
+func attempt(l *leader.Leader, ctx context.Context, a leader.AcquireArgs) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(ctx, a)
+		errc <- err
+	}()
+	return errc
+}
+
+// ending is the acquire of "orders" by lease for an attempt whose wait ends as how says:
+// "wait ran out" waits for wait, "caller left" for ever (the test ends its context).
+func ending(how string, lease core.LeaseID, wait time.Duration) leader.AcquireArgs {
+	if how == "wait ran out" {
+		return args(lease, "orders", core.Correctness, acquireOpts{waitFor: wait})
+	}
+	return args(lease, "orders", core.Correctness, acquireOpts{forever: true})
+}
+
+// heldWithWaiter returns a leader on which one lease holds "orders" (g) and another,
+// waiter, has yet to ask for it.
+func heldWithWaiter(t *testing.T) (l *leader.Leader, fl *fakeLog, holder, waiter core.LeaseID, g leader.Grant) {
+	t.Helper()
+	l, fl = newLeader(t, leader.Config{})
+	promote(t, l)
+	holder, waiter = grant(t, l, time.Minute), grant(t, l, time.Minute)
+	return l, fl, holder, waiter, acquire(t, l, holder, "orders", core.Correctness, acquireOpts{})
+}
+
 // Two attempts of one acquire wait for the same place (the client gave the first up and
 // retried): the first one's end, by its caller leaving or by its wait running out,
 // leaves the place to the second.
 func TestAcquireAttemptLeavesThePlaceToAnother(t *testing.T) {
 	for _, how := range []string{"caller left", "wait ran out"} {
 		t.Run(how, func(t *testing.T) {
-			l, fl := newLeader(t, leader.Config{})
-			promote(t, l)
-			holder, waiter := grant(t, l, time.Minute), grant(t, l, time.Minute)
-			g := acquire(t, l, holder, "orders", core.Correctness, acquireOpts{})
+			l, fl, holder, waiter, g := heldWithWaiter(t)
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			first := args(waiter, "orders", core.Correctness, acquireOpts{forever: true})
-			if how == "wait ran out" {
-				first = args(waiter, "orders", core.Correctness, acquireOpts{waitFor: 100 * time.Millisecond})
-			}
-			firstErr := make(chan error, 1)
-			go func() {
-				_, err := l.Acquire(ctx, first)
-				firstErr <- err
-			}()
+			firstErr := attempt(l, ctx, ending(how, waiter, 100*time.Millisecond))
 			eventually(t, "the first attempt is queued", func() bool { return len(fl.waiters("orders")) == 1 })
 			type answer struct {
 				g   leader.Grant
@@ -253,4 +269,43 @@ func TestCampaignForACallerWhoLeftIsTakenBack(t *testing.T) {
 			t.Fatalf("after the leader resigned, %s leads: the candidacy of a caller who left was seated", ld.Lease)
 		}
 	})
+}
+
+// The other way round: a later attempt whose wait ends (its caller left, or its wait ran
+// out) does not leave the place to an earlier attempt that still waits. The client gave
+// that one up before it retried; it may be waiting on a connection whose loss the node
+// has not seen yet, and a grant to it would be answered to nobody.
+func TestAcquireAttemptDoesNotLeaveThePlaceToAnEarlierOne(t *testing.T) {
+	for _, how := range []string{"caller left", "wait ran out"} {
+		t.Run(how, func(t *testing.T) {
+			l, fl, holder, waiter, g := heldWithWaiter(t)
+			zctx, zcancel := context.WithCancel(t.Context())
+			zombie := attempt(l, zctx, args(waiter, "orders", core.Correctness, acquireOpts{forever: true}))
+			defer func() {
+				zcancel()
+				if err := <-zombie; err == nil {
+					t.Error("the earlier attempt was granted")
+				}
+			}()
+			eventually(t, "the earlier attempt is queued", func() bool { return len(fl.waiters("orders")) == 1 })
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			laterErr := attempt(l, ctx, ending(how, waiter, 50*time.Millisecond))
+			eventually(t, "the later attempt is proposed", func() bool { return fl.proposals(core.OpAcquire) == 3 })
+			time.Sleep(10 * time.Millisecond)
+			if how == "caller left" {
+				cancel()
+			}
+			if err := <-laterErr; err == nil {
+				t.Fatal("the later attempt was granted")
+			}
+			eventually(t, "the place is cancelled", func() bool { return len(fl.waiters("orders")) == 0 })
+			if err := l.Release(t.Context(), holder, "orders", g.Token); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			if h, _ := fl.holder("orders"); !h.IsZero() {
+				t.Fatalf("after the holder's release, %s holds the lock: granted to an attempt the client had given up", h)
+			}
+		})
+	}
 }

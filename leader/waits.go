@@ -63,27 +63,43 @@ func (w *waits) addUnlessUndoing(lease core.LeaseID, name string) (chan outcome,
 	return w.addLocked(lease, name), true
 }
 
-// others reports whether a wait of lease for name other than ch is registered: another
-// attempt of the same acquire (a client's retry, the same request forwarded late).
-func (w *waits) others(lease core.LeaseID, name string, ch chan outcome) bool {
+// newer reports whether a wait of lease for name registered after ch is: a later
+// attempt of the same acquire (the client's retry, made after it gave the attempt of ch
+// up). An earlier attempt does not count: the client has given it up, and it may be
+// waiting on a connection whose loss this node has not yet seen (a cut path shows only
+// when TCP's keepalives fail); were it to keep the place, it could be granted with its
+// answer going nowhere.
+func (w *waits) newer(lease core.LeaseID, name string, ch chan outcome) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, c := range w.m[lease][name] {
-		if c != ch {
-			return true
-		}
-	}
-	return false
+	return w.newerLocked(lease, name, ch)
 }
 
-// claimUndo unregisters ch and, unless another wait of lease for name is registered
-// (then that attempt owns the place or grant, and it reports false), marks an undo of
-// the acquire as under way until undone is called.
-func (w *waits) claimUndo(lease core.LeaseID, name string, ch chan outcome) bool {
+func (w *waits) newerLocked(lease core.LeaseID, name string, ch chan outcome) bool {
+	chans := w.m[lease][name]
+	for i, c := range chans {
+		if c == ch {
+			return i < len(chans)-1
+		}
+	}
+	return len(chans) > 0 // ch is not registered (any more): every wait is newer
+}
+
+// claimUndo unregisters ch and marks an undo of lease's acquire of name as under way
+// (until undone is called), and reports true; unless another wait of lease for name
+// owns the place or grant — then it only unregisters ch and reports false. The owner
+// is, with newerOnly, a wait registered after ch (see newer: an attempt whose wait
+// ended); otherwise any other wait (for a commit whose caller left: an earlier attempt
+// still committing may be answered with the very grant, and must not lose it).
+func (w *waits) claimUndo(lease core.LeaseID, name string, ch chan outcome, newerOnly bool) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	owned := len(w.m[lease][name]) > 1 || (len(w.m[lease][name]) == 1 && w.m[lease][name][0] != ch)
+	if newerOnly {
+		owned = w.newerLocked(lease, name, ch)
+	}
 	w.removeLocked(lease, name, ch)
-	if len(w.m[lease][name]) > 0 {
+	if owned {
 		return false
 	}
 	if w.undoing == nil {
@@ -183,8 +199,8 @@ func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queu
 	case <-timeout:
 		why := l.explain(a, heldName(a, queued)) // while the caller still has its place
 		held := &LockHeldError{Name: heldName(a, queued), HolderToken: queued.HolderToken, Holder: queued.Holder, Waited: true, Explain: why}
-		if a.Class == core.Correctness && l.waits.others(a.Lease, a.Key(), ch) {
-			// Another attempt of this acquire (the client's retry, after it gave this one
+		if a.Class == core.Correctness && l.waits.newer(a.Lease, a.Key(), ch) {
+			// A later attempt of this acquire (the client's retry, after it gave this one
 			// up) waits for the same place: it is that attempt's now, to keep or cancel.
 			return g, held
 		}
@@ -206,7 +222,7 @@ func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queu
 			}
 			// The caller is gone: leave the queue, and give back a grant that raced us —
 			// unless another attempt of this acquire waits for it.
-			l.undo(acquireTakeBack(a), ch, 0)
+			l.undo(acquireTakeBack(a), ch, 0, true)
 			return g, ctx.Err()
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
