@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/fastlane"
+	"github.com/leasehold/leasehold/internal/loopback"
 )
 
 const (
@@ -18,33 +19,7 @@ const (
 
 // tcpPair returns the two ends of a loopback TCP connection (a net.Pipe has no buffer,
 // and a peer that reads less than was written would block the writer).
-func tcpPair(t *testing.T) (client, server net.Conn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(accepted)
-			return
-		}
-		accepted <- c
-	}()
-	client, err = net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	server = <-accepted
-	if server == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { _ = client.Close(); _ = server.Close() })
-	return client, server
-}
+func tcpPair(t *testing.T) (client, server net.Conn) { return loopback.Pair(t) }
 
 // TestHelloClusterID: the version-2 handshake carries the cluster ID both ways; a client
 // learns the server's, and a server of another cluster (or of none) than the client

@@ -316,3 +316,102 @@ func TestSendWaitsBehindAStuckWrite(t *testing.T) {
 		t.Fatal("a Send waiting behind the write did not return when it failed")
 	}
 }
+
+// tryWriter is a TryWriter whose TryWrite takes at most room bytes (0: nothing, as a
+// full socket buffer) and whose Write waits for gate, when set, before taking all.
+type tryWriter struct {
+	mu     sync.Mutex
+	out    []byte
+	room   int
+	tries  int
+	cannot bool
+	fail   error
+	gate   chan struct{}
+}
+
+func (w *tryWriter) TryWrite(p []byte) (int, bool, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cannot {
+		return 0, false, nil
+	}
+	w.tries++
+	if w.fail != nil {
+		return 0, true, w.fail
+	}
+	n := min(len(p), w.room)
+	w.out = append(w.out, p[:n]...)
+	return n, true, nil
+}
+
+func (w *tryWriter) Write(p []byte) (int, error) {
+	if w.gate != nil {
+		<-w.gate
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.out = append(w.out, p...)
+	return len(p), nil
+}
+
+func (w *tryWriter) written() []byte {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return bytes.Clone(w.out)
+}
+
+// TestOfferAlone: a lone answer is written at once by the caller when the connection
+// takes it; what it does not take goes after, before anything offered later, by a
+// goroutine of Offer's; with a write in progress it is only queued; a writer that
+// cannot try gets Offer's path; a failed try fails the Writer.
+func TestOfferAlone(t *testing.T) {
+	waitFor := func(t *testing.T, w *tryWriter, want []byte) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !bytes.Equal(w.written(), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("written %q, want %q", w.written(), want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	t.Run("taken at once", func(t *testing.T) {
+		tw := &tryWriter{room: 1 << 20}
+		w := fastlane.NewWriter(tw)
+		if !w.OfferAlone([]byte("first")) {
+			t.Fatal("OfferAlone failed")
+		}
+		if got := tw.written(); string(got) != "first" {
+			t.Fatalf("written %q on return, want all of it", got)
+		}
+	})
+	t.Run("partly taken, the rest first", func(t *testing.T) {
+		gate := make(chan struct{})
+		tw := &tryWriter{room: 3, gate: gate}
+		w := fastlane.NewWriter(tw)
+		w.OfferAlone([]byte("abcdef"))
+		w.OfferAlone([]byte("ghi")) // a write is in progress: queued, not tried
+		w.Offer([]byte("jkl"))
+		if tw.tries != 1 {
+			t.Fatalf("%d tries, want 1 (none while a write is in progress)", tw.tries)
+		}
+		close(gate)
+		waitFor(t, tw, []byte("abcdefghijkl"))
+	})
+	t.Run("cannot try", func(t *testing.T) {
+		tw := &tryWriter{cannot: true}
+		w := fastlane.NewWriter(tw)
+		w.OfferAlone([]byte("abc"))
+		waitFor(t, tw, []byte("abc"))
+	})
+	t.Run("failed", func(t *testing.T) {
+		tw := &tryWriter{fail: errors.New("broken")}
+		w := fastlane.NewWriter(tw)
+		if w.OfferAlone([]byte("abc")) {
+			t.Fatal("OfferAlone succeeded on a failed write")
+		}
+		if w.Offer([]byte("def")) {
+			t.Fatal("Offer succeeded after a failed write")
+		}
+	})
+}

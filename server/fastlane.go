@@ -396,7 +396,11 @@ func (c *fastConn) out(frame []byte, how sendMode, others bool) {
 	case sendQueued:
 		c.w.Queue(frame)
 	case sendOffered:
-		c.w.Offer(frame)
+		if others {
+			c.w.Offer(frame)
+		} else {
+			c.w.OfferAlone(frame) // nothing would join its write
+		}
 	default:
 		c.w.Send(frame, others)
 	}
