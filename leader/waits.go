@@ -24,9 +24,9 @@ type outcome struct {
 type waits struct {
 	mu sync.Mutex
 	m  map[core.LeaseID]map[string][]chan outcome
-	// undoing holds the acquires (lease, name) whose place or grant is being undone
-	// because their caller left (see Leader.undo); nil until the first.
-	undoing map[waitKey]struct{}
+	// undoing counts, per acquire (lease, name), the undos of its place or grant under
+	// way because a caller left (see Leader.undo); nil until the first.
+	undoing map[waitKey]int
 }
 
 type waitKey struct {
@@ -57,7 +57,7 @@ func (w *waits) addLocked(lease core.LeaseID, name string) chan outcome {
 func (w *waits) addUnlessUndoing(lease core.LeaseID, name string) (chan outcome, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, undoing := w.undoing[waitKey{lease, name}]; undoing {
+	if w.undoing[waitKey{lease, name}] > 0 {
 		return nil, false
 	}
 	return w.addLocked(lease, name), true
@@ -103,17 +103,20 @@ func (w *waits) claimUndo(lease core.LeaseID, name string, ch chan outcome, newe
 		return false
 	}
 	if w.undoing == nil {
-		w.undoing = make(map[waitKey]struct{})
+		w.undoing = make(map[waitKey]int)
 	}
-	w.undoing[waitKey{lease, name}] = struct{}{}
+	w.undoing[waitKey{lease, name}]++ // two attempts' undos may overlap: the last one ends it
 	return true
 }
 
-// undone ends the undo claimUndo marked.
+// undone ends an undo claimUndo marked.
 func (w *waits) undone(lease core.LeaseID, name string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	delete(w.undoing, waitKey{lease, name})
+	k := waitKey{lease, name}
+	if w.undoing[k]--; w.undoing[k] <= 0 {
+		delete(w.undoing, k)
+	}
 }
 
 // remove unregisters the wait whose channel is ch.
