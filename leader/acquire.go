@@ -54,30 +54,19 @@ func (l *Leader) acquireCorrectness(ctx context.Context, a AcquireArgs) (Grant, 
 	if err != nil {
 		return Grant{}, err
 	}
-	// The commit is waited for with ApplyThen, not Apply: when ctx ends first, the
-	// command may still commit, and its outcome must still be seen — a place in a queue
-	// or a grant made for a caller who has left would otherwise stay, held by a live
-	// lease whose owner never heard of it.
-	c := newCommitWait()
-	l.log.ApplyThen(acquireCommand(a), func(res core.Result, err error) {
-		if c.arrived(res, err) {
-			l.abandoned(a, ch, res, err) // the caller had left
-		}
+	// Not Apply(ctx): when ctx ends first the command may still commit, and a place in
+	// a queue or a grant made for a caller who has left would stay, held by a live lease
+	// whose owner never heard of it. abandoned takes it back.
+	res, err, left := l.applyUnlessLeft(ctx, acquireCommand(a), func(res core.Result, err error) {
+		l.abandoned(a, ch, res, err)
 	})
-	select {
-	case <-c.done:
-	case <-ctx.Done():
-		if !c.leave() {
-			return Grant{}, ctx.Err() // the callback undoes what the commit did
-		}
-		// The outcome came as the caller left: answer it as if it had come first. Were a
-		// grant taken back now, a retry of the same acquire, answered with that grant
-		// since the outcome came, would have lost it.
+	if left {
+		return Grant{}, err
 	}
-	if g, err, done := l.endCorrectness(a, ch, c.res, c.err); done {
+	if g, err, done := l.endCorrectness(a, ch, res, err); done {
 		return g, err
 	}
-	return l.await(ctx, a, ch, c.res)
+	return l.await(ctx, a, ch, res)
 }
 
 // AcquireThen is Acquire without waiting for a correctness lock's commit: it proposes
@@ -168,11 +157,7 @@ func acquireCommand(a AcquireArgs) core.Command {
 // with the grant or error unless the acquire was queued, which then awaits its grant on
 // ch.
 func (l *Leader) endCorrectness(a AcquireArgs, ch chan outcome, res core.Result, err error) (Grant, error, bool) {
-	l.mu.Lock()
-	for _, name := range a.LockNames() {
-		l.names.settleLocked(name)
-	}
-	l.mu.Unlock()
+	l.settleNames(a)
 	if err == nil {
 		err = l.acquireErr(a, res)
 	}
@@ -186,12 +171,18 @@ func (l *Leader) endCorrectness(a AcquireArgs, ch chan outcome, res core.Result,
 // abandoned takes the commit's outcome of a correctness acquire whose caller has left
 // (see takeBack).
 func (l *Leader) abandoned(a AcquireArgs, ch chan outcome, res core.Result, err error) {
+	l.settleNames(a)
+	l.abandonedCommit(acquireTakeBack(a), ch, res, err)
+}
+
+// settleNames gives back the claims beginCorrectness made on a's names, its commit's
+// outcome being in.
+func (l *Leader) settleNames(a AcquireArgs) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	for _, name := range a.LockNames() {
 		l.names.settleLocked(name)
 	}
-	l.mu.Unlock()
-	l.abandonedCommit(acquireTakeBack(a), ch, res, err)
 }
 
 // acquireTakeBack says how to take back what acquire a did.

@@ -59,20 +59,13 @@ func (l *Leader) Campaign(ctx context.Context, lease core.LeaseID, name string, 
 		},
 	}
 	// As acquireCorrectness: the outcome is seen even when ctx ends first.
-	c := newCommitWait()
-	l.log.ApplyThen(core.Command{Op: core.OpCampaign, Lease: lease, Name: name, Value: value, Holder: holder, Wait: true}, func(res core.Result, err error) {
-		if c.arrived(res, err) {
-			l.abandonedCommit(tb, ch, res, err)
-		}
+	cmd := core.Command{Op: core.OpCampaign, Lease: lease, Name: name, Value: value, Holder: holder, Wait: true}
+	res, err, left := l.applyUnlessLeft(ctx, cmd, func(res core.Result, err error) {
+		l.abandonedCommit(tb, ch, res, err)
 	})
-	select {
-	case <-c.done:
-	case <-ctx.Done():
-		if !c.leave() {
-			return 0, ctx.Err() // the callback takes back what the commit did
-		}
+	if left {
+		return 0, err
 	}
-	res, err := c.res, c.err
 	if err != nil {
 		return 0, err
 	}

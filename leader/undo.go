@@ -1,6 +1,7 @@
 package leader
 
 import (
+	"context"
 	"errors"
 	"sync"
 
@@ -17,8 +18,9 @@ import (
 // back what that very request made (not a grant or place an earlier attempt made:
 // Result.Again), through the log. Another attempt of the same request by the same lease
 // (the client's retry, registered in waits) owns what is there, and then nothing is
-// taken back; once waiting, only a later attempt does (waits.newer). While the take-back commits, the same request is refused with ErrUndoing
-// rather than answered with what is going away.
+// taken back; once waiting, only a later attempt does (waits.newer). While the
+// take-back commits, the same request is refused with ErrUndoing rather than answered
+// with what is going away.
 //
 // Left open: an answer sent to a caller that is still there but never arrives (the
 // connection broke after the server wrote it). The client's retry is answered the same;
@@ -67,6 +69,27 @@ func (c *commitWait) leave() (got bool) {
 	return c.got
 }
 
+// applyUnlessLeft proposes cmd and waits for its outcome or the end of ctx. Left (ctx
+// ended first) it reports left and hands the outcome, when it comes, to abandoned, on
+// the goroutine that hands out commit results: the command may commit all the same.
+// An outcome that came as ctx ended is returned as if it had come first.
+func (l *Leader) applyUnlessLeft(ctx context.Context, cmd core.Command, abandoned func(core.Result, error)) (res core.Result, err error, left bool) {
+	c := newCommitWait()
+	l.log.ApplyThen(cmd, func(res core.Result, err error) {
+		if c.arrived(res, err) {
+			abandoned(res, err)
+		}
+	})
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		if !c.leave() {
+			return core.Result{}, ctx.Err(), true
+		}
+	}
+	return c.res, c.err, false
+}
+
 // abandonedCommit takes the outcome of a request whose caller left: a grant or place it
 // made itself is taken back (undo); anything else only unregisters ch.
 func (l *Leader) abandonedCommit(tb takeBack, ch chan outcome, res core.Result, err error) {
@@ -83,8 +106,8 @@ func (l *Leader) abandonedCommit(tb takeBack, ch chan outcome, res core.Result, 
 
 // undo takes back the grant of token (0: the place in the queue, and a grant that
 // raced the leaving), unless another wait of the same lease and key owns it (claimUndo;
-// newerOnly for an attempt whose wait ended). Until the undo is committed, the same request fails with ErrUndoing
-// (retried by the client after a pause). An undo that fails (this node stopped leading)
+// newerOnly for an attempt whose wait ended). Until the undo is committed, the same
+// request fails with ErrUndoing (retried by the client after a pause). An undo that fails (this node stopped leading)
 // leaves the grant or place to the lease's end, as a new leader cannot tell it from any
 // other.
 func (l *Leader) undo(tb takeBack, ch chan outcome, token uint64, newerOnly bool) {

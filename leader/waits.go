@@ -3,6 +3,7 @@ package leader
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -94,7 +95,7 @@ func (w *waits) newerLocked(lease core.LeaseID, name string, ch chan outcome) bo
 func (w *waits) claimUndo(lease core.LeaseID, name string, ch chan outcome, newerOnly bool) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	owned := len(w.m[lease][name]) > 1 || (len(w.m[lease][name]) == 1 && w.m[lease][name][0] != ch)
+	owned := slices.ContainsFunc(w.m[lease][name], func(c chan outcome) bool { return c != ch })
 	if newerOnly {
 		owned = w.newerLocked(lease, name, ch)
 	}
