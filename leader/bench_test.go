@@ -13,6 +13,7 @@ import (
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/leader"
 	"github.com/leasehold/leasehold/metrics"
+	"github.com/leasehold/leasehold/watch"
 )
 
 // The cost of one acquire+release pair in the leader, on the fake log (which applies at
@@ -25,7 +26,7 @@ func benchLeader(b *testing.B, obs leader.Observer) (*leader.Leader, core.LeaseI
 	b.Helper()
 	fl := newFakeLog(core.Limits{})
 	fl.forgetful = true
-	l := newLeaderOn(b, fl, leader.Config{Observer: obs})
+	l := newLeaderOn(b, fl, leader.Config{Observer: obs, Events: watch.NewHub(0)}) // as a node has
 	if err := l.Promote(context.Background()); err != nil {
 		b.Fatal(err)
 	}

@@ -83,7 +83,10 @@ type Hub struct {
 	known bool
 	// restored: the state was restored from a snapshot (Reset); history begins after it.
 	restored bool
-	wake     chan struct{} // closed and replaced by every publish
+	// wake is closed by the next publish (or Reset) and set to nil: made only when a
+	// reader that found nothing new takes it (waitLocked), so a publish nobody waits for
+	// allocates nothing.
+	wake chan struct{}
 }
 
 // NewHub returns a hub that keeps the last retention events (DefaultRetention when
@@ -92,7 +95,7 @@ func NewHub(retention int) *Hub {
 	if retention <= 0 {
 		retention = DefaultRetention
 	}
-	return &Hub{ring: make([]Event, retention), wake: make(chan struct{})}
+	return &Hub{ring: make([]Event, retention)}
 }
 
 // Retention returns how many events h keeps.
@@ -153,8 +156,18 @@ func (h *Hub) appendLocked(e Event) {
 }
 
 func (h *Hub) wakeLocked() {
-	close(h.wake)
-	h.wake = make(chan struct{})
+	if h.wake != nil {
+		close(h.wake)
+		h.wake = nil
+	}
+}
+
+// waitLocked returns the channel the next publish closes.
+func (h *Hub) waitLocked() <-chan struct{} {
+	if h.wake == nil {
+		h.wake = make(chan struct{})
+	}
+	return h.wake
 }
 
 // Cursor is one watcher's place in the history. The zero Cursor starts at the next
@@ -180,7 +193,7 @@ func (h *Hub) Read(c *Cursor, prefix string, buf []Event) ([]Event, <-chan struc
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.known {
-		return buf, h.wake, nil
+		return buf, h.waitLocked(), nil
 	}
 	if !c.set {
 		c.rev, c.set = h.cur, true
@@ -206,7 +219,7 @@ func (h *Hub) Read(c *Cursor, prefix string, buf []Event) ([]Event, <-chan struc
 		if c.rev.Less(h.cur) {
 			c.rev = h.cur // nothing lies between (a cursor ahead of cur waits for it)
 		}
-		return buf, h.wake, nil
+		return buf, h.waitLocked(), nil
 	}
 	return buf, nil, nil
 }
