@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/cputime"
 	"github.com/leasehold/leasehold/internal/testnode"
 )
 
@@ -36,7 +37,7 @@ func BenchmarkOnce(b *testing.B) {
 			done := make(chan struct{})
 			b.ResetTimer()
 			start := time.Now()
-			cpu0 := cpuTime()
+			cpu0 := cputime.Process()
 			for _, s := range sessions {
 				go func() {
 					defer func() { done <- struct{}{} }()
@@ -56,7 +57,7 @@ func BenchmarkOnce(b *testing.B) {
 				<-done
 			}
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "pairs/s")
-			b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/pair")
+			b.ReportMetric(float64((cputime.Process()-cpu0).Microseconds())/float64(b.N), "cpu-µs/pair")
 		})
 	}
 }

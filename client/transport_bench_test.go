@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/cputime"
 	"github.com/leasehold/leasehold/internal/testnode"
 )
 
@@ -55,7 +55,7 @@ func runPairs(b *testing.B, addr string, opts []client.Option, class client.Lock
 	var wg sync.WaitGroup
 	b.ResetTimer()
 	start := time.Now()
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	for w := range workers {
 		wg.Add(1)
 		go func() {
@@ -82,13 +82,5 @@ func runPairs(b *testing.B, addr string, opts []client.Option, class client.Lock
 	}
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "pairs/s")
-	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/pair")
-}
-
-// cpuTime is the CPU time (user and system) the process — clients and server — has
-// used so far: per-pair CPU is steadier than throughput on a machine doing other work.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	b.ReportMetric(float64((cputime.Process()-cpu0).Microseconds())/float64(b.N), "cpu-µs/pair")
 }

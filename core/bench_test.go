@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"io"
 	"runtime"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leasehold/leasehold/internal/cputime"
 )
 
 // BenchmarkAcquireRelease measures State.Apply of an uncontended acquire and its
@@ -19,7 +20,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	acquire := Command{Op: OpAcquire, Lease: leaseA, Name: "orders/42", Class: Correctness, Holder: Holder{Host: "web-1", PID: 42}}
 	release := Command{Op: OpRelease, Lease: leaseA, Name: "orders/42"}
 	b.ReportAllocs()
-	cpu := cpuTime()
+	cpu := cputime.Process()
 	for b.Loop() {
 		r := s.Apply(acquire)
 		if r.Err != nil || r.Queued {
@@ -30,16 +31,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			b.Fatal(r.Err)
 		}
 	}
-	b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
-}
-
-// cpuTime is the CPU time this process has used (user and system, all its threads):
-// steadier than ns/op on a machine others share, as it leaves out the time this
-// process waited for a CPU.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	b.ReportMetric(float64(cputime.Process()-cpu)/float64(b.N), "cpu-ns/op")
 }
 
 // BenchmarkLocksAcquireRelease is the same on the leader's bare efficiency table.
@@ -401,11 +393,11 @@ func BenchmarkLedgerNote(b *testing.B) {
 				pair()
 			}
 			b.ReportAllocs()
-			cpu := cpuTime()
+			cpu := cputime.Process()
 			for b.Loop() {
 				pair()
 			}
-			b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64(cputime.Process()-cpu)/float64(b.N), "cpu-ns/op")
 		})
 	}
 }

@@ -1,16 +1,14 @@
-//go:build unix
-
 package leader_test
 
 import (
 	"context"
 	"fmt"
 	"runtime"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/internal/cputime"
 	"github.com/leasehold/leasehold/leader"
 	"github.com/leasehold/leasehold/metrics"
 	"github.com/leasehold/leasehold/watch"
@@ -45,7 +43,7 @@ func benchPair(b *testing.B, class core.Class, now bool, obs leader.Observer) {
 		b.Fatal("the first pair failed", err) // it reserves the first block of efficiency tokens
 	}
 	b.ReportAllocs()
-	cpu := cpuTime()
+	cpu := cputime.Process()
 	for b.Loop() {
 		var g leader.Grant
 		var err error
@@ -63,14 +61,7 @@ func benchPair(b *testing.B, class core.Class, now bool, obs leader.Observer) {
 	}
 	// CPU time is steadier than ns/op on a machine others share: it leaves out the time
 	// this process waited for a CPU.
-	b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
-}
-
-// cpuTime is the CPU time this process has used (user and system, all its threads).
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	b.ReportMetric(float64(cputime.Process()-cpu)/float64(b.N), "cpu-ns/op")
 }
 
 // BenchmarkPair is one acquire and its release, per class and path (Acquire as Connect

@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/leasehold/leasehold/core"
+	"github.com/leasehold/leasehold/internal/cputime"
 	"github.com/leasehold/leasehold/replication"
 )
 
@@ -30,7 +29,7 @@ func BenchmarkApply(b *testing.B) {
 			left.Store(int64(b.N))
 			var wg sync.WaitGroup
 			b.ResetTimer()
-			cpu0 := cpuTime()
+			cpu0 := cputime.Process()
 			index0 := n.Status().AppliedIndex
 			for w := range workers {
 				wg.Add(1)
@@ -52,18 +51,10 @@ func BenchmarkApply(b *testing.B) {
 			}
 			wg.Wait()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "pairs/s")
-			b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/pair")
+			b.ReportMetric(float64((cputime.Process()-cpu0).Microseconds())/float64(b.N), "cpu-µs/pair")
 			if entries := n.Status().AppliedIndex - index0; entries > 0 {
 				b.ReportMetric(float64(2*b.N)/float64(entries), "cmds/entry")
 			}
 		})
 	}
-}
-
-// cpuTime is the CPU time (user and system) the process has used so far: per-operation
-// CPU is a steadier measure than throughput on a machine that is doing other work.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
