@@ -365,47 +365,6 @@ func (w *Writer) offerLocked(frame []byte) {
 	}
 }
 
-// TryWriter is an io.Writer that can also try a write that never waits: it writes what
-// the connection takes at once (perhaps nothing) and reports tried false, having written
-// nothing, when it cannot try (then Write must be used).
-type TryWriter interface {
-	TryWrite(p []byte) (n int, tried bool, err error)
-}
-
-// OfferAlone is Offer for a frame that is the only answer due on the connection (no
-// other request in flight, so nothing would join its write): with no write in progress
-// and nothing pending, and an underlying writer that is a TryWriter, it is written at
-// once on the caller's goroutine, without waiting; what the connection does not take
-// at once goes as Offer's frames do. It spares the goroutine Offer starts, and the wait
-// for that goroutine to be scheduled, for the answer of a connection with one request
-// at a time (a client per worker). It never blocks.
-func (w *Writer) OfferAlone(frame []byte) bool {
-	w.mu.Lock()
-	if w.err != nil {
-		w.mu.Unlock()
-		return false
-	}
-	if tw, ok := w.w.(TryWriter); ok && !w.flushing && len(w.pending) == 0 {
-		n, tried, err := tw.TryWrite(frame)
-		switch {
-		case !tried:
-		case err != nil:
-			w.err = err
-			w.drained.Broadcast()
-			w.mu.Unlock()
-			return false
-		case n == len(frame):
-			w.mu.Unlock()
-			return true
-		default:
-			frame = frame[n:] // the rest, before anything else is appended
-		}
-	}
-	w.offerLocked(frame)
-	w.mu.Unlock()
-	return true
-}
-
 // flushLocked writes until nothing is pending, then stops being the flusher and unlocks
 // w.mu (held on entry). It reports whether the connection is still usable.
 func (w *Writer) flushLocked() bool {

@@ -54,9 +54,7 @@ func (s *Server) serveFastConn(conn net.Conn, pool *workers) error {
 	defer conn.Close()
 	s.metrics.fastLaneConns.Inc()
 	defer s.metrics.fastLaneConns.Dec()
-	if tc, ok := conn.(*net.TCPConn); ok {
-		_ = tc.SetNoDelay(true)
-	}
+	// No SetNoDelay: Go's TCP connections have Nagle's algorithm off from the start.
 	ext, err := fastlane.ServerHello(conn, s.ClusterID())
 	if err != nil {
 		return err
@@ -396,11 +394,7 @@ func (c *fastConn) out(frame []byte, how sendMode, others bool) {
 	case sendQueued:
 		c.w.Queue(frame)
 	case sendOffered:
-		if others {
-			c.w.Offer(frame)
-		} else {
-			c.w.OfferAlone(frame) // nothing would join its write
-		}
+		c.w.Offer(frame)
 	default:
 		c.w.Send(frame, others)
 	}

@@ -5,7 +5,6 @@ import (
 	"net"
 	"os"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -28,21 +27,11 @@ type laneConn struct {
 	boundIdle atomic.Int64
 
 	readBy, writeBy time.Time // the deadlines last set (the reader's, the writer's)
-
-	// raw is the socket's, for TryWrite; nil when the connection has none (TLS).
-	raw syscall.RawConn
 }
 
 func newLaneConn(conn net.Conn, cfg Config) *laneConn {
-	c := &laneConn{Conn: conn, idle: cfg.IdleTimeout, write: cfg.WriteTimeout}
-	if sc, ok := conn.(syscall.Conn); ok {
-		c.raw, _ = sc.SyscallConn()
-	}
-	return c
+	return &laneConn{Conn: conn, idle: cfg.IdleTimeout, write: cfg.WriteTimeout}
 }
-
-// TryWrite implements fastlane.TryWriter: one write that never waits (trywrite_unix.go).
-func (c *laneConn) TryWrite(p []byte) (int, bool, error) { return c.tryWrite(p) }
 
 // watch starts the timeouts; busy reports whether requests are in flight.
 func (c *laneConn) watch(busy func() bool) { c.busy = busy }

@@ -1,9 +1,11 @@
 package service
 
 import (
+	"errors"
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 )
 
 // connLimit bounds the connections each client IP address holds open, over every
@@ -92,9 +94,26 @@ func (ln *limitedListener) Accept() (net.Conn, error) {
 	}
 }
 
+// limitedConn is an accepted connection counted against its address's bound until it
+// is closed. It passes the socket through (syscall.Conn) as the TCP connection it wraps
+// does: code that takes the socket for a system call of its own (a write that never
+// waits, a look at what the peer sent) must not find it gone because a bound is on, and
+// fall back without a word — session 12 found a fast-lane shortcut that had never run
+// for that reason.
 type limitedConn struct {
 	net.Conn
 	release func()
+}
+
+// errNoSocket: the wrapped connection has no socket to hand out.
+var errNoSocket = errors.New("service: connection has no socket")
+
+// SyscallConn returns the wrapped connection's raw socket.
+func (c *limitedConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errNoSocket
 }
 
 func (c *limitedConn) Close() error {
