@@ -13,9 +13,10 @@ import (
 // tcpAcked tells, from the kernel's TCP state of conn, whether data sent on it waits to
 // be acknowledged by the peer's TCP (unacked) and how long ago the last acknowledgement
 // arrived (sinceAck). A peer whose TCP acknowledges is reachable, however busy (or
-// stopped) its application. ok is false when the kernel cannot tell.
+// stopped) its application. ok is false when the kernel cannot tell. A TLS connection
+// is looked through to its TCP connection.
 func tcpAcked(conn net.Conn) (unacked bool, sinceAck time.Duration, ok bool) {
-	sc, isSys := conn.(syscall.Conn)
+	sc, isSys := rawConn(conn).(syscall.Conn)
 	if !isSys {
 		return false, 0, false
 	}
