@@ -272,9 +272,10 @@ func decodeCommandV2(b []byte) (Command, error) {
 		case fLimit:
 			c.Limit = d.uint32("limit")
 		case fNames:
-			// Each name takes at least two bytes, which bounds the count by the input.
+			// Each name takes at least one byte (its length; an empty name is nothing
+			// else), which bounds the count by the input.
 			n := d.uvarint("names count")
-			if n > uint64(len(d.b))/2 {
+			if n > uint64(len(d.b)) {
 				d.fail("names truncated")
 			}
 			d.nonZero("names", n != 0)
@@ -282,7 +283,9 @@ func decodeCommandV2(b []byte) (Command, error) {
 				if d.err != nil {
 					break
 				}
-				c.Names = append(c.Names, d.str("names"))
+				// Not d.str: an empty element is written as it is (the encoder keeps
+				// every element, so that Names round-trips), and Apply refuses it.
+				c.Names = append(c.Names, string(d.bytes("names", d.length("names"))))
 			}
 		case fWallMillis:
 			c.WallMillis = d.varint("wall")
