@@ -16,15 +16,17 @@ import (
 )
 
 // The client-failover tests (issue #17): one client given every node's address, holding
-// locks on 6 s leases and working in a loop, while nodes restart or are cut off. They
+// locks on 8 s leases and working in a loop, while nodes restart or are cut off. They
 // measure what a user of the client sees: failed calls, lost locks, and how long calls
 // stall.
 
 // failoverTTL is the lease TTL the tests hold locks with: OPERATIONS.md promises it
-// rides through a failover on a loaded machine. (5 s does on a quiet one, but left a
-// clean-clone CI run, the whole suite under the race detector, 0.3 s short: one lock
-// lost.)
-const failoverTTL = 6 * time.Second
+// rides through a failover on a loaded machine. 5 s and then 6 s each lost locks in a
+// clean-clone CI run (the whole suite under the race detector on two cores): a renewal
+// sent just before the leader is cut must be answered within TTL − margin − TTL/3
+// (2.3 s at 5 s, 2.8 s at 6 s) and the first success came 2.0 s after the cut. At 8 s
+// the budget is 3.7 s.
+const failoverTTL = 8 * time.Second
 
 // traffic is one client's load: Sessions that each hold one lock for the whole run (kept
 // alive in the background), and workers that lock a name of their own, write under the
@@ -273,7 +275,7 @@ func TestClientThroughFollowerRestart(t *testing.T) {
 	}
 }
 
-// TestPartitionsKeepLocks: with a TTL of 6 s, no lock is lost while one node at a time is
+// TestPartitionsKeepLocks: with a TTL of 8 s (failoverTTL), no lock is lost while one node at a time is
 // cut off the network (every packet to and from it dropped) for longer than the TTL —
 // the client's own node and the leader included, both at once in the first round — and
 // the first call to succeed after the leader is cut comes within the election time plus
@@ -292,7 +294,7 @@ func TestPartitionsKeepLocks(t *testing.T) {
 	c := NewCluster(t, true)
 	cl, tr := startTraffic(t, c.Addrs())
 	defer func() { _ = cl.Close(context.Background()) }()
-	const cutFor = 8 * time.Second // longer than the TTL: without failover, the locks go
+	const cutFor = failoverTTL + 2*time.Second // longer than the TTL: without failover, the locks go
 	var slow, leaderRounds []string
 	var overSum time.Duration
 	for round := range 4 {
