@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/internal/loopback"
 	"github.com/leasehold/leasehold/internal/tlsconf/tlstest"
 )
 
@@ -18,25 +19,19 @@ import (
 func TestTCPAckedThroughTLS(t *testing.T) {
 	ca := tlstest.NewCA(t, "test-ca")
 	cert := ca.Issue(t, "server")
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert.TLS}, MinVersion: tls.VersionTLS12})
-	if err != nil {
+	peer, server := loopback.Pair(t)
+	srv := tls.Server(server, &tls.Config{Certificates: []tls.Certificate{cert.TLS}, MinVersion: tls.VersionTLS12})
+	cfg := ca.ClientConfig()
+	cfg.ServerName = "127.0.0.1"
+	conn := tls.Client(peer, cfg)
+	done := make(chan error, 1)
+	go func() { done <- srv.Handshake() }()
+	if err := conn.Handshake(); err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			_ = c.(*tls.Conn).Handshake()
-			accepted <- c
-		}
-	}()
-	conn, err := tls.Dial("tcp", ln.Addr().String(), ca.ClientConfig())
-	if err != nil {
+	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	defer func() { (<-accepted).Close() }()
 	for name, c := range map[string]net.Conn{"tls": conn, "plain": conn.NetConn()} {
 		// The handshake's last flight may wait for a delayed acknowledgement (up to
 		// 40 ms on Linux) before the connection is idle.
