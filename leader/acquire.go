@@ -162,7 +162,10 @@ func (l *Leader) endCorrectness(a AcquireArgs, ch chan outcome, res core.Result,
 		err = l.acquireErr(a, res)
 	}
 	if err != nil || !res.Queued {
-		l.waits.remove(a.Lease, a.Key(), ch)
+		if !l.waits.answer(a.Lease, a.Key(), ch, err == nil && res.Token != 0) && err == nil {
+			// Another attempt's undo is taking back the grant this result reports.
+			return Grant{}, ErrUndoing, true
+		}
 		return Grant{Token: res.Token, Class: core.Correctness}, err, true
 	}
 	return Grant{}, nil, false

@@ -28,12 +28,12 @@ type Leadership struct {
 // leadership of the election exceeds. A Campaign by a lease that leads already returns
 // its epoch at once (a repeat is harmless). When ctx ends first — even while the
 // campaign commits — the lease leaves the queue, and resigns if the leadership raced
-// the end, unless another Campaign of the same lease for the name waits (undo.go); it
-// returns ctx's error.
+// the end, unless another Campaign of the same lease for the name owns them (undo.go);
+// it returns ctx's error.
 //
 // Errors: *LeaseGoneError (the lease is unknown or ended, before or while waiting),
 // ErrNotLeader (this node does not lead, or stopped while the Campaign waited),
-// ErrUndoing (an earlier Campaign of the lease for the name is being taken back),
+// ErrUndoing (another Campaign of the lease for the name is being taken back: retry),
 // core.ErrTooManyWaiters, core.ErrInvalid, the log's errors (outcome unknown), ctx's.
 func (l *Leader) Campaign(ctx context.Context, lease core.LeaseID, name string, value []byte, holder core.Holder) (uint64, error) {
 	if err := ctx.Err(); err != nil {
@@ -70,6 +70,9 @@ func (l *Leader) Campaign(ctx context.Context, lease core.LeaseID, name string, 
 		return 0, err
 	}
 	if err := l.electionErr(lease, res.Err); err != nil || !res.Queued {
+		if err == nil && !l.waits.answer(lease, key, ch, res.Token != 0) {
+			return 0, ErrUndoing // another attempt's undo is taking this leadership back
+		}
 		return res.Token, err
 	}
 	select {

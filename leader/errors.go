@@ -18,11 +18,12 @@ var (
 	// ErrWaitTimeout is returned by Acquire when the lock stayed held for the whole wait.
 	// The lease is no longer queued.
 	ErrWaitTimeout = errors.New("leader: lock stayed held for the whole wait")
-	// ErrUndoing is returned by a correctness Acquire while an earlier attempt of the
-	// same acquire by the same lease, whose caller left, is being taken back (its place
-	// in the queue cancelled, or its grant released). Nothing was done; retry after a
-	// pause.
-	ErrUndoing = errors.New("leader: an earlier attempt of this acquire is being taken back; retry after a pause")
+	// ErrUndoing is returned by an Acquire or a Campaign while another attempt of the
+	// same request by the same lease, whose caller left, is being taken back (its place
+	// in the queue cancelled, or its grant released): the attempt is refused, or its
+	// wait ended, since the place or grant it would have had is the one going away.
+	// Nothing is held for it; retry after a pause (the client does), which waits anew.
+	ErrUndoing = errors.New("leader: another attempt of this request is being taken back; retry after a pause")
 	// ErrEpochLost is returned to an Acquire waiting in an efficiency lock's queue when
 	// this node stops being leader: the in-memory table that queued it is gone, and with
 	// it the place in the queue. Retry on the new leader (a new epoch).

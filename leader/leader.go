@@ -157,7 +157,7 @@ func New(log Log, cfg Config) *Leader {
 		lg:     cfg.Logger,
 		obs:    obs,
 		base:   time.Now(),
-		waits:  waits{m: make(map[core.LeaseID]map[string][]chan outcome)},
+		waits:  waits{m: make(map[core.LeaseID]map[string]*waitList)},
 		leases: make(map[core.LeaseID]countdown),
 		delays: make(map[string]*delay),
 		drains: make(map[drainKey]*time.Timer),

@@ -16,11 +16,19 @@ import (
 // client's next acquire of the name would even be answered with the old grant, an old
 // token. So the leader waits for the outcome anyway and, when the caller is gone, takes
 // back what that very request made (not a grant or place an earlier attempt made:
-// Result.Again), through the log. Another attempt of the same request by the same lease
-// (the client's retry, registered in waits) owns what is there, and then nothing is
-// taken back; once waiting, only a later attempt does (waits.newer). While the
-// take-back commits, the same request is refused with ErrUndoing rather than answered
-// with what is going away.
+// Result.Again), through the log.
+//
+// A lease has one place, or one grant, per name: every attempt of the request (the
+// client's retries, each registered in waits) shares it, so taking it back takes it
+// from all. Attempts can reach the leader in any order (a first attempt forwarded by a
+// slow follower registers after the retry the client sent to the leader itself), so
+// their order of arrival does not say which one the client still waits on. The rules
+// (waits.claimUndo): nothing is taken back once a grant was handed to any attempt — its
+// caller may hold it; a commit whose caller left leaves what it made to any other
+// attempt; a wait whose caller left leaves it to a later-registered attempt, and
+// otherwise takes it back and ends the earlier-registered attempts with ErrUndoing,
+// which a client still there sends again. While the take-back commits, the same request
+// is refused with ErrUndoing rather than answered with what is going away.
 //
 // Left open: an answer sent to a caller that is still there but never arrives (the
 // connection broke after the server wrote it). The client's retry is answered the same;
@@ -106,12 +114,12 @@ func (l *Leader) abandonedCommit(tb takeBack, ch chan outcome, res core.Result, 
 
 // undo takes back the grant of token (0: the place in the queue, and a grant that
 // raced the leaving), unless another wait of the same lease and key owns it (claimUndo;
-// newerOnly for an attempt whose wait ended). Until the undo is committed, the same
+// leaving for an attempt whose wait ended, false for a commit whose caller left). Until the undo is committed, the same
 // request fails with ErrUndoing (retried by the client after a pause). An undo that fails (this node stopped leading)
 // leaves the grant or place to the lease's end, as a new leader cannot tell it from any
 // other.
-func (l *Leader) undo(tb takeBack, ch chan outcome, token uint64, newerOnly bool) {
-	if !l.waits.claimUndo(tb.lease, tb.key, ch, newerOnly) {
+func (l *Leader) undo(tb takeBack, ch chan outcome, token uint64, leaving bool) {
+	if !l.waits.claimUndo(tb.lease, tb.key, ch, leaving) {
 		return
 	}
 	l.obs.Undone()

@@ -24,7 +24,7 @@ type outcome struct {
 // held, and nothing is taken under it.
 type waits struct {
 	mu sync.Mutex
-	m  map[core.LeaseID]map[string][]chan outcome
+	m  map[core.LeaseID]map[string]*waitList
 	// undoing counts, per acquire (lease, name), the undos of its place or grant under
 	// way because a caller left (see Leader.undo); nil until the first.
 	undoing map[waitKey]int
@@ -33,6 +33,15 @@ type waits struct {
 type waitKey struct {
 	lease core.LeaseID
 	name  string
+}
+
+// waitList is the waits of one lease for one name, oldest first: the attempts of one
+// acquire (or campaign), since a lease has one place, or one grant, per name.
+type waitList struct {
+	chans []chan outcome
+	// granted: since the first of these waits registered, a grant was handed to one of
+	// them (notify, or answered), and it may have reached a caller who still holds it.
+	granted bool
 }
 
 // add registers a wait of lease for name and returns the channel its outcome comes on.
@@ -46,12 +55,20 @@ func (w *waits) addLocked(lease core.LeaseID, name string) chan outcome {
 	ch := make(chan outcome, 1)
 	m := w.m[lease]
 	if m == nil {
-		m = make(map[string][]chan outcome)
+		m = make(map[string]*waitList)
 		w.m[lease] = m
 	}
-	m[name] = append(m[name], ch)
+	wl := m[name]
+	if wl == nil {
+		wl = &waitList{}
+		m[name] = wl
+	}
+	wl.chans = append(wl.chans, ch)
 	return ch
 }
+
+// list returns lease's waits for name; nil when there are none.
+func (w *waits) list(lease core.LeaseID, name string) *waitList { return w.m[lease][name] }
 
 // addUnlessUndoing is add, unless an undo of lease's acquire of name is under way:
 // then it registers nothing and reports false.
@@ -64,49 +81,86 @@ func (w *waits) addUnlessUndoing(lease core.LeaseID, name string) (chan outcome,
 	return w.addLocked(lease, name), true
 }
 
-// newer reports whether a wait of lease for name registered after ch is: a later
+// newerLocked reports whether a wait of lease for name registered after ch is: a later
 // attempt of the same acquire (the client's retry, made after it gave the attempt of ch
-// up). An earlier attempt does not count: the client has given it up, and it may be
-// waiting on a connection whose loss this node has not yet seen (a cut path shows only
-// when TCP's keepalives fail); were it to keep the place, it could be granted with its
-// answer going nowhere.
-func (w *waits) newer(lease core.LeaseID, name string, ch chan outcome) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.newerLocked(lease, name, ch)
-}
-
+// up). w.mu is held.
 func (w *waits) newerLocked(lease core.LeaseID, name string, ch chan outcome) bool {
-	chans := w.m[lease][name]
-	for i, c := range chans {
+	wl := w.list(lease, name)
+	if wl == nil {
+		return false
+	}
+	for i, c := range wl.chans {
 		if c == ch {
-			return i < len(chans)-1
+			return i < len(wl.chans)-1
 		}
 	}
-	return len(chans) > 0 // ch is not registered (any more): every wait is newer
+	return len(wl.chans) > 0 // ch is not registered (any more): every wait is newer
 }
 
 // claimUndo unregisters ch and marks an undo of lease's acquire of name as under way
 // (until undone is called), and reports true; unless another wait of lease for name
-// owns the place or grant — then it only unregisters ch and reports false. The owner
-// is, with newerOnly, a wait registered after ch (see newer: an attempt whose wait
-// ended); otherwise any other wait (for a commit whose caller left: an earlier attempt
-// still committing may be answered with the very grant, and must not lose it).
-func (w *waits) claimUndo(lease core.LeaseID, name string, ch chan outcome, newerOnly bool) bool {
+// owns the place or grant — then it only unregisters ch and reports false.
+//
+// A lease has one place, or one grant, per name, shared by every attempt of the
+// acquire: taking it back takes it from all of them. So nothing is taken back once a
+// grant was handed to one of the waits (waitList.granted: it may be held by a caller
+// who is still there, with its token), and:
+//
+//   - for a commit whose caller left (leaving false), every other wait owns what it
+//     made: an attempt still committing or waiting will be answered with it;
+//   - for a wait whose caller left or whose wait ran out (leaving true), a wait
+//     registered after ch owns it (the client's retry, after it gave ch's attempt up:
+//     newer). Attempts registered before ch are not left waiting for a place that is
+//     going away, nor answered with a grant about to be released: they are ended with
+//     ErrUndoing, which their client, if it is still there, sends again after a pause
+//     (and then waits anew, at the back of the queue). An attempt the client gave up —
+//     one that may be waiting on a connection whose loss this node has not seen yet —
+//     so no longer keeps the place for an answer that would go nowhere.
+func (w *waits) claimUndo(lease core.LeaseID, name string, ch chan outcome, leaving bool) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	owned := slices.ContainsFunc(w.m[lease][name], func(c chan outcome) bool { return c != ch })
-	if newerOnly {
-		owned = w.newerLocked(lease, name, ch)
+	var owned bool
+	if wl := w.list(lease, name); wl != nil {
+		if leaving {
+			owned = wl.granted || w.newerLocked(lease, name, ch)
+		} else {
+			owned = wl.granted || slices.ContainsFunc(wl.chans, func(c chan outcome) bool { return c != ch })
+		}
 	}
 	w.removeLocked(lease, name, ch)
 	if owned {
 		return false
 	}
+	if leaving {
+		w.notifyLocked(lease, name, outcome{err: ErrUndoing}) // the earlier attempts
+	}
 	if w.undoing == nil {
 		w.undoing = make(map[waitKey]int)
 	}
 	w.undoing[waitKey{lease, name}]++ // two attempts' undos may overlap: the last one ends it
+	return true
+}
+
+// answer unregisters ch, whose caller its commit's result answers (granted: with a
+// grant, which none of the other waits of lease for name may then take back, see
+// claimUndo). It reports false, and the caller must answer ErrUndoing instead, when an
+// undo of another attempt ended ch's wait first (claimUndo): what the result says is
+// being taken back.
+func (w *waits) answer(lease core.LeaseID, name string, ch chan outcome, granted bool) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	select {
+	case o := <-ch:
+		if errors.Is(o.err, ErrUndoing) {
+			w.removeLocked(lease, name, ch)
+			return false
+		}
+	default:
+	}
+	if wl := w.list(lease, name); wl != nil && granted {
+		wl.granted = true
+	}
+	w.removeLocked(lease, name, ch)
 	return true
 }
 
@@ -129,17 +183,18 @@ func (w *waits) remove(lease core.LeaseID, name string, ch chan outcome) {
 
 func (w *waits) removeLocked(lease core.LeaseID, name string, ch chan outcome) {
 	m := w.m[lease]
-	chans := m[name]
-	for i, c := range chans {
+	wl := m[name]
+	if wl == nil {
+		return
+	}
+	for i, c := range wl.chans {
 		if c == ch {
-			chans = append(chans[:i], chans[i+1:]...)
+			wl.chans = append(wl.chans[:i], wl.chans[i+1:]...)
 			break
 		}
 	}
-	if len(chans) == 0 {
+	if len(wl.chans) == 0 {
 		delete(m, name)
-	} else {
-		m[name] = chans
 	}
 	if len(m) == 0 {
 		delete(w.m, lease)
@@ -155,7 +210,14 @@ func (w *waits) notify(lease core.LeaseID, name string, o outcome) {
 }
 
 func (w *waits) notifyLocked(lease core.LeaseID, name string, o outcome) {
-	for _, ch := range w.m[lease][name] {
+	wl := w.list(lease, name)
+	if wl == nil {
+		return
+	}
+	if o.err == nil && o.token != 0 {
+		wl.granted = true
+	}
+	for _, ch := range wl.chans {
 		select {
 		case ch <- o:
 		default:
@@ -203,12 +265,20 @@ func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queu
 	case <-timeout:
 		why := l.explain(a, heldName(a, queued)) // while the caller still has its place
 		held := &LockHeldError{Name: heldName(a, queued), HolderToken: queued.HolderToken, Holder: queued.Holder, Waited: true, Explain: why}
-		if a.Class == core.Correctness && l.waits.newer(a.Lease, a.Key(), ch) {
+		select {
+		case o := <-ch: // the outcome came with the end of the wait: answered
+			g.Token = o.token
+			return g, o.err
+		default:
+		}
+		if !l.waits.claimUndo(a.Lease, a.Key(), ch, true) {
 			// A later attempt of this acquire (the client's retry, after it gave this one
-			// up) waits for the same place: it is that attempt's now, to keep or cancel.
+			// up) waits for the same place, or another attempt was granted it: it is
+			// that attempt's now, to keep or cancel.
 			return g, held
 		}
 		tok, err := l.cancelWait(context.WithoutCancel(ctx), a, ch)
+		l.waits.undone(a.Lease, a.Key())
 		if err != nil || tok != 0 {
 			g.Token = tok
 			return g, err
@@ -229,9 +299,14 @@ func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queu
 			l.undo(acquireTakeBack(a), ch, 0, true)
 			return g, ctx.Err()
 		}
+		// The caller is gone: leave the queue, and give back a grant that raced us —
+		// unless another attempt of this acquire owns them (claimUndo).
+		if !l.waits.claimUndo(a.Lease, a.Key(), ch, true) {
+			return g, ctx.Err()
+		}
+		defer l.waits.undone(a.Lease, a.Key())
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		// The caller is gone: leave the queue, and give back a grant that raced us.
 		if tok, err := l.cancelWait(cctx, a, ch); err == nil && tok != 0 {
 			_ = l.Release(cctx, a.Lease, a.Key(), tok)
 		}

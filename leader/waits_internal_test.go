@@ -9,7 +9,7 @@ import (
 // TestUndosOverlap: while any of two overlapping undos of one acquire is under way, the
 // acquire is refused; once the last ends, it registers again.
 func TestUndosOverlap(t *testing.T) {
-	w := waits{m: make(map[core.LeaseID]map[string][]chan outcome)}
+	w := waits{m: make(map[core.LeaseID]map[string]*waitList)}
 	var lease core.LeaseID
 	lease[0] = 1
 	a, b := w.add(lease, "orders"), w.add(lease, "orders")
