@@ -106,6 +106,9 @@ type Client struct {
 	elect   leaseholdv1connect.ElectionServiceClient
 	fast    *fastLanes
 	id      *clusterID // the cluster every answer must come from (cluster.go)
+	// closeHTTP closes the connections of the HTTP client the Client made itself (none
+	// with WithHTTPClient: that one is the caller's to close).
+	closeHTTP func()
 
 	own leaseSet // the leases of locks taken with Client.Lock
 
@@ -140,8 +143,10 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		host, _ := os.Hostname()
 		o.holder = Holder{Host: host, PID: uint32(os.Getpid())}
 	}
+	closeHTTP := func() {}
 	if o.httpClient == nil {
-		o.httpClient = o.defaultHTTPClient()
+		h := o.defaultHTTPClient()
+		o.httpClient, closeHTTP = h, h.CloseIdleConnections
 	}
 	addrs := splitAddrs(addr)
 	if len(addrs) == 0 {
@@ -156,17 +161,18 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	base := o.scheme() + "://" + placeholderHost
 	copts := o.connectOptions()
 	c := &Client{
-		opts:     o,
-		nodes:    fo,
-		leases:   leaseholdv1connect.NewLeaseServiceClient(hc, base, copts...),
-		locks:    leaseholdv1connect.NewLockServiceClient(hc, base, copts...),
-		cluster:  leaseholdv1connect.NewClusterServiceClient(hc, base, copts...),
-		kv:       leaseholdv1connect.NewKVServiceClient(hc, base, copts...),
-		keys:     leaseholdv1connect.NewIdempotencyServiceClient(hc, base, copts...),
-		groups:   leaseholdv1connect.NewGroupServiceClient(hc, base, copts...),
-		elect:    leaseholdv1connect.NewElectionServiceClient(hc, base, copts...),
-		id:       id,
-		sessions: make(map[*Session]struct{}),
+		opts:      o,
+		nodes:     fo,
+		leases:    leaseholdv1connect.NewLeaseServiceClient(hc, base, copts...),
+		locks:     leaseholdv1connect.NewLockServiceClient(hc, base, copts...),
+		cluster:   leaseholdv1connect.NewClusterServiceClient(hc, base, copts...),
+		kv:        leaseholdv1connect.NewKVServiceClient(hc, base, copts...),
+		keys:      leaseholdv1connect.NewIdempotencyServiceClient(hc, base, copts...),
+		groups:    leaseholdv1connect.NewGroupServiceClient(hc, base, copts...),
+		elect:     leaseholdv1connect.NewElectionServiceClient(hc, base, copts...),
+		id:        id,
+		closeHTTP: closeHTTP,
+		sessions:  make(map[*Session]struct{}),
 	}
 	c.fast = &fastLanes{c: c, disabled: o.noFastLane}
 	if o.lazy {
@@ -174,6 +180,8 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	}
 	status := policy{repeatable: true, tries: len(addrs)}
 	if _, err := call(ctx, c, status, c.status); err != nil {
+		c.fast.close()
+		c.closeHTTP()
 		if refused(err) {
 			return nil, fmt.Errorf("client: %s: %w", addr, err)
 		}
@@ -248,6 +256,10 @@ func (c *Client) Close(ctx context.Context) error {
 		}
 	}
 	c.fast.close()
+	// Without this the HTTP/2 connection stays open for its idle timeout (90 s) after
+	// Close: a program that dials and closes clients in a loop would pile them up until
+	// the server's per-address bound (MaxConnsPerClient) refused the next.
+	c.closeHTTP()
 	return errors.Join(errs...)
 }
 
