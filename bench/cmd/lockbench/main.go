@@ -24,6 +24,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -67,6 +68,7 @@ type flags struct {
 	expiryProbe        time.Duration
 	profile            bool
 	clientProfile      bool
+	clientTrace        time.Duration
 	startTimeout       time.Duration
 	prefix             string
 }
@@ -105,6 +107,7 @@ func main() {
 	flag.DurationVar(&f.expiryProbe, "scale-expiry-probe", 10*time.Millisecond, "scale-expiry: how often each probe client (one per class) acquires and releases a lock")
 	flag.BoolVar(&f.profile, "profile", false, "run leasehold with --pprof and write its CPU profile over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND][-nNODE].cpu.pprof (every node's, in a cluster) and, for scale-leases, to OUT/NAME-scale-leases.cpu.pprof; with the server's heap profile after each scale run's window in OUT/NAME-scale-leases.heap.pprof and OUT/NAME-scale-locks-CLASS.heap.pprof")
 	flag.DurationVar(&f.startTimeout, "start-timeout", 90*time.Second, "how long a server may take to start")
+	flag.DurationVar(&f.clientTrace, "client-trace", 0, "write an execution trace of the benchmark process (where every system's clients run) over this long at the start of each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND].client.trace (read it with go tool trace)")
 	flag.BoolVar(&f.clientProfile, "client-profile", false, "write the benchmark process's CPU profile (where every system's clients run) over each measured window to OUT/NAME-SYSTEM-SCENARIO[-rROUND].client.cpu.pprof")
 	fromJSON := flag.String("from-json", "", "render the report of an earlier run from its JSON file, without running anything")
 	flag.Parse()
@@ -274,6 +277,13 @@ func mainErr(f flags) int {
 						during = append(during, func(ctx context.Context, d time.Duration) {
 							if err := profileSelf(ctx, d, base+".client.cpu.pprof"); err != nil {
 								fmt.Fprintf(logw, "   %s: no client profile: %v\n", sc.Name, err)
+							}
+						})
+					}
+					if f.clientTrace > 0 {
+						during = append(during, func(ctx context.Context, d time.Duration) {
+							if err := traceSelf(ctx, min(d, f.clientTrace), base+".client.trace"); err != nil {
+								fmt.Fprintf(logw, "   %s: no client trace: %v\n", sc.Name, err)
 							}
 						})
 					}
@@ -552,6 +562,16 @@ func split(s string) []string {
 
 // profileSelf writes this process's CPU profile over d (or until ctx ends) to path.
 func profileSelf(ctx context.Context, d time.Duration, path string) error {
+	return recordSelf(ctx, d, path, pprof.StartCPUProfile, pprof.StopCPUProfile)
+}
+
+// traceSelf writes this process's execution trace over d (or until ctx ends) to path.
+func traceSelf(ctx context.Context, d time.Duration, path string) error {
+	return recordSelf(ctx, d, path, trace.Start, trace.Stop)
+}
+
+// recordSelf runs start on a new file at path, waits d (or until ctx ends), then stop.
+func recordSelf(ctx context.Context, d time.Duration, path string, start func(io.Writer) error, stop func()) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
@@ -559,7 +579,7 @@ func profileSelf(ctx context.Context, d time.Duration, path string) error {
 	if err != nil {
 		return err
 	}
-	if err := pprof.StartCPUProfile(out); err != nil {
+	if err := start(out); err != nil {
 		_ = out.Close()
 		return err
 	}
@@ -567,7 +587,7 @@ func profileSelf(ctx context.Context, d time.Duration, path string) error {
 	case <-time.After(d):
 	case <-ctx.Done():
 	}
-	pprof.StopCPUProfile()
+	stop()
 	return out.Close()
 }
 
