@@ -84,8 +84,8 @@ func OnReady(f func()) FollowOption { return func(o *followOptions) { o.onReady 
 
 // Follow makes guard follow the lock service's Watch (G10) for the correctness locks
 // under prefix, so that a holder that lost its lock is fenced at once: when an exclusive
-// hold ends — released, its lease expired or was revoked (also on disconnect), or
-// force-released — Follow raises the floor of the resource named like the lock to the
+// hold ends — released, its lease expired or was revoked, its holder disconnected
+// (ReleaseOnDisconnect), or force-released — Follow raises the floor of the resource named like the lock to the
 // ended holder's token, and when an exclusive hold is granted, to just below the new
 // holder's token. A paused former holder's write is then rejected even if the next
 // holder has not written yet (G5). The next holder is never affected: its token is
@@ -288,7 +288,8 @@ func floorOf(e *leaseholdv1.WatchEvent) (resource string, ended uint64, ok bool)
 	}
 	switch e.GetKind() {
 	case leaseholdv1.EventKind_EVENT_KIND_RELEASED, leaseholdv1.EventKind_EVENT_KIND_EXPIRED,
-		leaseholdv1.EventKind_EVENT_KIND_REVOKED, leaseholdv1.EventKind_EVENT_KIND_FORCE_RELEASED:
+		leaseholdv1.EventKind_EVENT_KIND_REVOKED, leaseholdv1.EventKind_EVENT_KIND_FORCE_RELEASED,
+		leaseholdv1.EventKind_EVENT_KIND_DISCONNECTED:
 		return e.GetName(), e.GetToken(), true
 	case leaseholdv1.EventKind_EVENT_KIND_ACQUIRED:
 		return e.GetName(), e.GetToken() - 1, e.GetToken() > 1

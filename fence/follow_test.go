@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"iter"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -562,5 +564,110 @@ func TestFloorBatch(t *testing.T) {
 			floorAdmitted(t, g, "fb/a", 10)
 			floorAdmitted(t, g, "fb/b", 8)
 		})
+	}
+}
+
+// cutProxy forwards TCP connections to target until cut closes them all at once and
+// stops accepting: the path between a client and its node, cut.
+func cutProxy(t *testing.T, target string) (addr string, cut func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, u)
+			mu.Unlock()
+			go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
+			go func() { _, _ = io.Copy(c, u); _ = c.Close() }()
+		}
+	}()
+	cut = func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	t.Cleanup(cut)
+	return ln.Addr().String(), cut
+}
+
+// A ReleaseOnDisconnect hold ends with a DISCONNECTED event when its holder's connection
+// goes (G7); Follow floors it like any other end, so the cut-off holder — the client most
+// likely to be still writing — is rejected before anyone else writes.
+func TestFollowFloorsADisconnectedHold(t *testing.T) {
+	node, c, ctx := followNode(t)
+	for _, g := range []floorGuard{memoryFloorGuard(), sqlFloorGuard(t, openSQLite(t))} {
+		t.Run(g.name, func(t *testing.T) {
+			prefix := "fd-" + g.name + "/"
+			w := newFloorWaiter()
+			followed(t, c, prefix, g.floors, w.raised)
+			addr, cut := cutProxy(t, node.Addr())
+			holder, err := client.Dial(ctx, addr, client.WithoutFastLane(), client.WithTTL(30*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			bound, err := holder.Lock(ctx, prefix+"bound", client.Correctness, client.ReleaseOnDisconnect)
+			if err != nil {
+				t.Fatal(err)
+			}
+			floorAdmitted(t, g, bound.Name(), bound.Token())
+			cut()
+			if r := w.wait(t, bound.Name(), bound.Token()); r.Kind != leaseholdv1.EventKind_EVENT_KIND_DISCONNECTED {
+				t.Errorf("floor raised by %v, want DISCONNECTED", r.Kind)
+			}
+			floorStale(t, g, bound.Name(), bound.Token())
+		})
+	}
+}
+
+// Every event kind is either the end of a hold, which floors its token, or not; a kind
+// added to the API without a decision here fails this test.
+func TestFloorOfEveryEventKind(t *testing.T) {
+	ends := map[leaseholdv1.EventKind]bool{
+		leaseholdv1.EventKind_EVENT_KIND_RELEASED:       true,
+		leaseholdv1.EventKind_EVENT_KIND_EXPIRED:        true,
+		leaseholdv1.EventKind_EVENT_KIND_REVOKED:        true,
+		leaseholdv1.EventKind_EVENT_KIND_FORCE_RELEASED: true,
+		leaseholdv1.EventKind_EVENT_KIND_DISCONNECTED:   true,
+		leaseholdv1.EventKind_EVENT_KIND_ACQUIRED:       false, // floors the token below
+		leaseholdv1.EventKind_EVENT_KIND_QUEUED:         false,
+		leaseholdv1.EventKind_EVENT_KIND_WAIT_ENDED:     false,
+		leaseholdv1.EventKind_EVENT_KIND_EPOCH:          false,
+		leaseholdv1.EventKind_EVENT_KIND_UNSPECIFIED:    false,
+	}
+	for v := range leaseholdv1.EventKind_name {
+		k := leaseholdv1.EventKind(v)
+		end, known := ends[k]
+		if !known {
+			t.Errorf("%v: not classified as the end of a hold or not", k)
+			continue
+		}
+		e := &leaseholdv1.WatchEvent{Kind: k, Name: "x", Token: 7,
+			Mode: leaseholdv1.LockMode_LOCK_MODE_EXCLUSIVE, Class: leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS}
+		_, floor, ok := floorOf(e)
+		switch {
+		case end && (!ok || floor != 7):
+			t.Errorf("%v of an exclusive correctness hold: floor %d, %v; want 7", k, floor, ok)
+		case k == leaseholdv1.EventKind_EVENT_KIND_ACQUIRED && (!ok || floor != 6):
+			t.Errorf("%v: floor %d, %v; want 6", k, floor, ok)
+		case !end && k != leaseholdv1.EventKind_EVENT_KIND_ACQUIRED && ok:
+			t.Errorf("%v raised a floor (%d)", k, floor)
+		}
 	}
 }
