@@ -118,7 +118,7 @@ func (c *Client) JoinGroup(ctx context.Context, group, member string, handler fu
 		opt(&o)
 	}
 	m := &groupMember{c: c, group: group, name: member, weight: o.weight, handler: handler,
-		sess: c.NewSession(), owned: make(map[int]*owned), wake: make(chan struct{}, 1)}
+		sess: c.NewSession(), owned: make(map[int]*owned), stopping: make(map[int]*owned), wake: make(chan struct{}, 1)}
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.ttl)
 		_ = m.sess.Close(closeCtx)
@@ -137,7 +137,11 @@ type groupMember struct {
 	sess    *Session
 	wake    chan struct{} // a change is known: read the assignments now
 
-	owned    map[int]*owned // by partition number; only run's goroutine touches it
+	owned map[int]*owned // by partition number; only run's goroutine touches it
+	// stopping holds, by partition number, a handler stopped because its partition moved
+	// (or came back at a new epoch) until it has returned: the partition's next handler
+	// starts only then. Only run's goroutine touches it.
+	stopping map[int]*owned
 	handlers sync.WaitGroup
 }
 
@@ -297,6 +301,14 @@ func (m *groupMember) apply(s *lease, sent time.Time, drain time.Duration, resp 
 		case p == nil || p.GetEpoch() != o.p.Epoch:
 			o.stop(ErrPartitionMoved)
 			delete(m.owned, n)
+			m.stopping[n] = o
+			go func() {
+				<-o.done
+				select { // its partition may be waiting to start again here
+				case m.wake <- struct{}{}:
+				default:
+				}
+			}()
 		case p.GetDraining(), o.inner.Err() != nil:
 			// Draining; or stopped at its own deadline (no read confirmed it in time)
 			// yet still this member's: give it back once the handler has returned, so
@@ -311,6 +323,17 @@ func (m *groupMember) apply(s *lease, sent time.Time, drain time.Duration, resp 
 	for n, p := range mine {
 		if m.owned[n] != nil {
 			continue
+		}
+		if old := m.stopping[n]; old != nil {
+			select {
+			case <-old.done:
+				delete(m.stopping, n)
+			default:
+				// The partition came back (at a new epoch) while the handler of its old
+				// epoch is still winding down: never two handlers of one partition at
+				// once. It starts at the first read after that handler returns.
+				continue
+			}
 		}
 		part := Partition{Group: m.group, Number: n, Epoch: p.GetEpoch()}
 		if p.GetDraining() {
@@ -387,6 +410,7 @@ func (m *groupMember) stopAll(cause error) {
 		delete(m.owned, n)
 	}
 	m.handlers.Wait()
+	clear(m.stopping)
 }
 
 // leave leaves the group, once every handler has returned, so that the partitions move

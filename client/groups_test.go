@@ -187,3 +187,88 @@ func TestJoinGroupAcrossLeaderChange(t *testing.T) {
 	t.Logf("causes of stopped handlers: %v", log.causes)
 	log.mu.Unlock()
 }
+
+// A partition that comes back to a member at a new epoch while the member's handler of
+// its old epoch is still winding down (slower than the drain deadline) starts again only
+// once that handler has returned: JoinGroup never runs two handlers of one partition at
+// once. Here member b joins, the partitions drain away from a, and b leaves before the
+// deadline: they return to a at new epochs while a's old handlers still run.
+func TestJoinGroupWaitsForTheOldHandlerOfAPartition(t *testing.T) {
+	addr, c, ctx := startClient(t)
+	defer c.Close(ctx)
+	const parts = 8
+	const drain = 500 * time.Millisecond
+	if err := c.CreateGroup(ctx, "slow", parts, drain); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	running := map[int]int{}
+	overlaps, started, restarted := 0, 0, 0
+	handler := func(hctx context.Context, p client.Partition) {
+		mu.Lock()
+		started++
+		if started > parts {
+			restarted++
+		}
+		running[p.Number]++
+		if running[p.Number] > 1 {
+			overlaps++
+			t.Errorf("partition %d: a handler at epoch %d started while %d other(s) still run", p.Number, p.Epoch, running[p.Number]-1)
+		}
+		mu.Unlock()
+		<-hctx.Done()
+		time.Sleep(3 * drain) // winding down: longer than the drain deadline
+		mu.Lock()
+		running[p.Number]--
+		mu.Unlock()
+	}
+	actx, stopA := context.WithCancel(ctx)
+	aDone := make(chan error, 1)
+	go func() { aDone <- c.JoinGroup(actx, "slow", "a", handler) }()
+	defer func() {
+		stopA()
+		<-aDone
+	}()
+	waitUntil(t, "a runs every partition", 5*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return started == parts
+	})
+	c2, err := client.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close(ctx)
+	bctx, stopB := context.WithCancel(ctx)
+	bDone := make(chan error, 1)
+	go func() {
+		bDone <- c2.JoinGroup(bctx, "slow", "b", func(ctx context.Context, p client.Partition) { <-ctx.Done() }, client.WithWeight(1000))
+	}()
+	waitUntil(t, "some partitions drain", 2*time.Second, func() bool {
+		st, err := c.GroupStatus(ctx, "slow")
+		if err != nil {
+			return false
+		}
+		for _, p := range st.GetPartitions() {
+			if p.GetDraining() {
+				return true
+			}
+		}
+		return false
+	})
+	stopB() // b leaves before the drain deadline: the hash names a again
+	if err := <-bDone; err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "a runs its partitions again", 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return restarted > 0
+	})
+	time.Sleep(4 * drain) // the other partitions' returns
+	mu.Lock()
+	defer mu.Unlock()
+	if overlaps > 0 {
+		t.Errorf("%d times JoinGroup ran two handlers of one partition at once", overlaps)
+	}
+}
