@@ -135,8 +135,9 @@ func (c *Client) once(ctx context.Context, set *leaseSet, key string, fn func(co
 	if token, ok := set.claimKey(key); !ok {
 		return nil, &InProgressError{Key: key, Token: token, Holder: c.opts.holder}
 	}
-	defer set.releaseKey(key)
-	s, resp, err := c.begin(ctx, set, key)
+	claim := &keyClaim{set: set, key: key}
+	defer claim.release()
+	s, resp, err := c.begin(ctx, claim)
 	if err != nil {
 		return nil, err
 	}
@@ -162,12 +163,12 @@ func (c *Client) once(ctx context.Context, set *leaseSet, key string, fn func(co
 		h.lost(ErrUnlocked)
 	}()
 
-	result, err := c.run(h, fn)
+	result, err := c.run(claim, h, fn)
 	if err != nil {
-		c.giveBack(s, key, token)
+		c.giveBack(claim, s, token)
 		return nil, err
 	}
-	if err := c.complete(ctx, s, key, token, result); err != nil {
+	if err := c.complete(ctx, claim, s, token, result); err != nil {
 		return nil, err
 	}
 	return result, nil
@@ -175,11 +176,11 @@ func (c *Client) once(ctx context.Context, set *leaseSet, key string, fn func(co
 
 // run calls fn with the key's context and token; a panic in fn gives the key back
 // before it propagates.
-func (c *Client) run(h *Lock, fn func(context.Context, uint64) ([]byte, error)) ([]byte, error) {
+func (c *Client) run(claim *keyClaim, h *Lock, fn func(context.Context, uint64) ([]byte, error)) ([]byte, error) {
 	done := false
 	defer func() {
 		if !done {
-			c.giveBack(h.s, h.name, h.token)
+			c.giveBack(claim, h.s, h.token)
 		}
 	}()
 	result, err := fn(h.Context(), h.token)
@@ -190,7 +191,8 @@ func (c *Client) run(h *Lock, fn func(context.Context, uint64) ([]byte, error)) 
 // begin claims key for a lease of set, retrying while no node can answer; a Begin
 // repeated on the same lease returns the same claim. If it gives up after an attempt
 // whose outcome is unknown, it gives the key back in the background.
-func (c *Client) begin(ctx context.Context, set *leaseSet, key string) (*lease, *leaseholdv1.BeginResponse, error) {
+func (c *Client) begin(ctx context.Context, claim *keyClaim) (*lease, *leaseholdv1.BeginResponse, error) {
+	set, key := claim.set, claim.key
 	h := c.opts.holder
 	b := newBackoff()
 	for gone := 0; ; gone++ {
@@ -211,7 +213,7 @@ func (c *Client) begin(ctx context.Context, set *leaseSet, key string) (*lease, 
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				go c.abandonKey(s, key) // the lease may have claimed it
+				claim.abandonInBackground(c, s) // the lease may have claimed it
 			}
 			return nil, nil, err
 		}
@@ -222,7 +224,8 @@ func (c *Client) begin(ctx context.Context, set *leaseSet, key string) (*lease, 
 // complete stores result for key under token, retrying while no node can answer, for
 // up to the lease's TTL even when ctx has ended (the work is done: its result should
 // be kept). Repeating a Complete that took effect succeeds again.
-func (c *Client) complete(ctx context.Context, s *lease, key string, token uint64, result []byte) error {
+func (c *Client) complete(ctx context.Context, claim *keyClaim, s *lease, token uint64, result []byte) error {
+	key := claim.key
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.ttl)
 	defer cancel()
 	_, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.CompleteResponse, error) {
@@ -236,7 +239,7 @@ func (c *Client) complete(ctx context.Context, s *lease, key string, token uint6
 	case code == connect.CodeFailedPrecondition && d.GetReason() == reason.StaleToken:
 		return fmt.Errorf("%w: %q (token %d): %w", ErrKeyLost, key, token, err)
 	case code == connect.CodeInvalidArgument:
-		c.giveBack(s, key, token)
+		c.giveBack(claim, s, token)
 		return err
 	case errors.Is(err, ErrUnavailable):
 		return fmt.Errorf("recording the result of %q: %w", key, err)
@@ -247,15 +250,46 @@ func (c *Client) complete(ctx context.Context, s *lease, key string, token uint6
 // giveBack abandons key under token, now or, if no node answers within a second, in
 // the background, so that a failed run does not keep the key from the next one for as
 // long as the Client's lease lives.
-func (c *Client) giveBack(s *lease, key string, token uint64) {
+func (c *Client) giveBack(claim *keyClaim, s *lease, token uint64) {
+	key := claim.key
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	_, err := call(ctx, c, repeatable, func(ctx context.Context) (*leaseholdv1.AbandonResponse, error) {
 		return rpc(ctx, c, c.keys.Abandon, &leaseholdv1.AbandonRequest{Key: key, Token: token})
 	})
 	cancel()
 	if errors.Is(err, ErrUnavailable) {
-		go c.abandonKey(s, key)
+		claim.abandonInBackground(c, s)
 	}
+}
+
+// keyClaim is one Once's turn at a key among the Once calls of its holder (claimKey):
+// released when the Once returns, unless a background abandon (abandonKey) took it
+// over — then when that ends. A Begin by the holder's lease answers the lease's own
+// claim, so a later Once of the key let in while the abandon still ran would get that
+// claim back, run fn under it, and have the abandon give it away beneath it.
+type keyClaim struct {
+	set    *leaseSet
+	key    string
+	handed bool // a background abandon holds the turn
+}
+
+func (k *keyClaim) release() {
+	if !k.handed {
+		k.set.releaseKey(k.key)
+	}
+}
+
+// abandonInBackground runs abandonKey for lease s on a goroutine that holds the turn
+// until it ends. Once per claim.
+func (k *keyClaim) abandonInBackground(c *Client, s *lease) {
+	if k.handed {
+		return
+	}
+	k.handed = true
+	go func() {
+		defer k.set.releaseKey(k.key)
+		c.abandonKey(s, k.key)
+	}()
 }
 
 // abandonKey gives back the key lease s may have claimed by a Begin whose outcome was

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/testnode"
 )
 
 // TestOnceRunsAtMostOnce (G9): eight Clients, four Sessions each, race Once on a few
@@ -187,5 +190,97 @@ func TestOnceContextEndsWithLease(t *testing.T) {
 	res, err := c.Once(ctx, "lease-ends", func(context.Context, uint64) ([]byte, error) { return []byte("second"), nil })
 	if err != nil || string(res) != "second" {
 		t.Fatalf("the next Once: %q %v", res, err)
+	}
+}
+
+// onceGate is an HTTP transport that can hold back one request of a given path: block
+// keeps it unsent until its context ends, hold lets it through once release is closed.
+type onceGate struct {
+	base    http.RoundTripper
+	block   atomic.Pointer[string]
+	hold    atomic.Pointer[string]
+	arrived chan struct{}
+	release chan struct{}
+}
+
+func newOnceGate() *onceGate {
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	return &onceGate{base: tr, arrived: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (g *onceGate) RoundTrip(r *http.Request) (*http.Response, error) {
+	if p := g.block.Load(); p != nil && *p == r.URL.Path && g.block.CompareAndSwap(p, nil) {
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}
+	if p := g.hold.Load(); p != nil && *p == r.URL.Path && g.hold.CompareAndSwap(p, nil) {
+		close(g.arrived)
+		<-g.release
+	}
+	return g.base.RoundTrip(r)
+}
+
+// A Once whose Begin's outcome is unknown gives the key back in the background; until
+// that is done, another Once of the key by the same holder is refused (ErrInProgress).
+// Let in, it would get the lease's claim back from the service, run fn under it, and
+// have the background abandon give the claim away beneath it — and another client run
+// fn too while the first still ran.
+func TestOnceWaitsForTheBackgroundAbandonOfItsKey(t *testing.T) {
+	node := testnode.Start(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	g := newOnceGate()
+	c, err := client.Dial(ctx, node.Addr(), client.WithoutFastLane(), client.WithHTTPClient(&http.Client{Transport: g}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	other, err := client.Dial(ctx, node.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	var runs atomic.Int32
+	fn := func(context.Context, uint64) ([]byte, error) { runs.Add(1); return []byte("done"), nil }
+	if _, err := c.Once(ctx, "onceabandon/warm", fn); err != nil { // the lease exists
+		t.Fatal(err)
+	}
+	runs.Store(0)
+	begin, abandon := leaseholdv1connect.IdempotencyServiceBeginProcedure, leaseholdv1connect.IdempotencyServiceAbandonProcedure
+	g.block.Store(&begin)
+	g.hold.Store(&abandon)
+	short, cancelShort := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancelShort()
+	if _, err := c.Once(short, "onceabandon/k", fn); err == nil {
+		t.Fatal("the Once whose Begin never went out succeeded")
+	}
+	select {
+	case <-g.arrived: // the background abandon claimed the key and is giving it back
+	case <-time.After(5 * time.Second):
+		t.Fatal("no background Abandon")
+	}
+	if _, err := c.Once(ctx, "onceabandon/k", fn); !errors.Is(err, client.ErrInProgress) {
+		t.Fatalf("a Once of the key during its background abandon = %v, want ErrInProgress", err)
+	}
+	close(g.release)
+	for {
+		res, err := c.Once(ctx, "onceabandon/k", fn)
+		if err == nil {
+			if string(res) != "done" {
+				t.Fatalf("result %q", res)
+			}
+			break
+		}
+		if !errors.Is(err, client.ErrInProgress) || ctx.Err() != nil {
+			t.Fatalf("Once after the abandon: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if res, err := other.Once(ctx, "onceabandon/k", fn); err != nil || string(res) != "done" {
+		t.Fatalf("another client's Once = %q, %v; want the stored result", res, err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("fn ran %d times for one key", n)
 	}
 }
