@@ -145,8 +145,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	}
 	closeHTTP := func() {}
 	if o.httpClient == nil {
-		h := o.defaultHTTPClient()
-		o.httpClient, closeHTTP = h, h.CloseIdleConnections
+		o.httpClient, closeHTTP = o.defaultHTTPClient()
 	}
 	addrs := splitAddrs(addr)
 	if len(addrs) == 0 {
@@ -259,7 +258,9 @@ func (c *Client) Close(ctx context.Context) error {
 	// Without this the HTTP/2 connection stays open for its idle timeout (90 s) after
 	// Close: a program that dials and closes clients in a loop would pile them up until
 	// the server's per-address bound (MaxConnsPerClient) refused the next.
-	c.closeHTTP()
+	if c.closeHTTP != nil {
+		c.closeHTTP()
+	}
 	return errors.Join(errs...)
 }
 

@@ -124,6 +124,33 @@ func (s *lease) remove(l *Lock) {
 	delete(s.locks, l)
 }
 
+// removeGrant unregisters every Lock on s of the grant of name under token — the Lock
+// calls of one holder for one name share one grant (Session) — and returns them.
+func (s *lease) removeGrant(name string, token uint64) []*Lock {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*Lock
+	for l := range s.locks {
+		if l.token == token && l.holds(name) {
+			out = append(out, l)
+			delete(s.locks, l)
+		}
+	}
+	return out
+}
+
+// holding reports whether a Lock on s still holds the grant of name under token.
+func (s *lease) holding(name string, token uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for l := range s.locks {
+		if l.token == token && l.holds(name) {
+			return true
+		}
+	}
+	return false
+}
+
 func (s *lease) remaining() time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()

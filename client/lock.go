@@ -370,10 +370,22 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		// An earlier attempt, whose answer was lost, released it.
 		err = nil
 	}
+	// Every Lock of this grant (two Lock calls for one name by one holder share it) ends
+	// with it: none may go on believing it holds what was released.
+	others := l.s.removeGrant(l.name, l.token)
+	end := func(rel *release, cause error) {
+		for _, o := range append(others, l) {
+			if rel != nil {
+				o.mu.Lock()
+				o.rel = rel
+				o.mu.Unlock()
+			}
+			o.lost(cause)
+		}
+	}
 	switch {
 	case err == nil:
-		l.s.remove(l)
-		l.lost(ErrUnlocked)
+		end(nil, ErrUnlocked)
 		return nil
 	case errors.Is(err, ErrUnavailable) || ctx.Err() != nil:
 		if !errors.Is(err, ErrUnavailable) {
@@ -382,16 +394,11 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		r := l.s.background(l.Names(), func(ctx context.Context) error {
 			return l.c.releaseGrant(ctx, l.s, l.name, l.token)
 		})
-		l.mu.Lock()
-		l.rel = r
-		l.mu.Unlock()
-		l.s.remove(l)
-		l.lost(fmt.Errorf("%w: %w", ErrUnlockUnconfirmed, err))
+		end(r, fmt.Errorf("%w: %w", ErrUnlockUnconfirmed, err))
 		return fmt.Errorf("%w (releasing in the background until confirmed or the lease ends)", err)
 	}
-	l.s.remove(l)
 	err = fmt.Errorf("%w (found by Unlock): %w", ErrLockLost, err)
-	l.lost(err)
+	end(nil, err)
 	return err
 }
 
@@ -425,6 +432,11 @@ func (c *Client) abandon(ctx context.Context, s *lease, req *leaseholdv1.Acquire
 	})
 	if err != nil {
 		//nolint:nilerr // not granted (held by another: the wait is cancelled), or the lease ended: nothing to release
+		return nil
+	}
+	if s.holding(name, resp.GetToken()) {
+		// The grant is the one another Lock of the name by this holder was given (the
+		// same request, as the service sees it): it holds it, and Unlocks it.
 		return nil
 	}
 	return c.releaseGrant(ctx, s, name, resp.GetToken())

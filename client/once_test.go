@@ -193,9 +193,9 @@ func TestOnceContextEndsWithLease(t *testing.T) {
 	}
 }
 
-// onceGate is an HTTP transport that can hold back one request of a given path: block
-// keeps it unsent until its context ends, hold lets it through once release is closed.
-type onceGate struct {
+// heldTransport is an HTTP transport that can hold back one request of a given path:
+// block keeps it unsent until its context ends, hold lets it through once release is closed.
+type heldTransport struct {
 	base    http.RoundTripper
 	block   atomic.Pointer[string]
 	hold    atomic.Pointer[string]
@@ -203,13 +203,13 @@ type onceGate struct {
 	release chan struct{}
 }
 
-func newOnceGate() *onceGate {
+func newHeldTransport() *heldTransport {
 	tr := &http.Transport{Protocols: new(http.Protocols)}
 	tr.Protocols.SetUnencryptedHTTP2(true)
-	return &onceGate{base: tr, arrived: make(chan struct{}), release: make(chan struct{})}
+	return &heldTransport{base: tr, arrived: make(chan struct{}), release: make(chan struct{})}
 }
 
-func (g *onceGate) RoundTrip(r *http.Request) (*http.Response, error) {
+func (g *heldTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if p := g.block.Load(); p != nil && *p == r.URL.Path && g.block.CompareAndSwap(p, nil) {
 		<-r.Context().Done()
 		return nil, r.Context().Err()
@@ -230,7 +230,7 @@ func TestOnceWaitsForTheBackgroundAbandonOfItsKey(t *testing.T) {
 	node := testnode.Start(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	g := newOnceGate()
+	g := newHeldTransport()
 	c, err := client.Dial(ctx, node.Addr(), client.WithoutFastLane(), client.WithHTTPClient(&http.Client{Transport: g}))
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -44,9 +45,16 @@ func (o *options) scheme() string {
 // silence (an Acquire waiting for ever, a Put). Not sooner: a node too busy to answer a
 // ping in time would lose every call at once. Dialling a node that does not answer gives
 // up after 1 s (nothing was sent, the call goes to the next node).
-func (o *options) defaultHTTPClient() *http.Client {
+//
+// closeAll closes every connection the client opened, idle or not: for Client.Close,
+// after which nothing of the Client's may keep a connection open (an idle one would stay
+// for IdleConnTimeout, one with a request still in flight until that ends and then as
+// long again).
+func (o *options) defaultHTTPClient() (h *http.Client, closeAll func()) {
+	conns := &dialedConns{open: make(map[*trackedConn]struct{})}
+	d := &net.Dialer{Timeout: time.Second, KeepAlive: 15 * time.Second}
 	tr := &http.Transport{
-		DialContext:     (&net.Dialer{Timeout: time.Second, KeepAlive: 15 * time.Second}).DialContext,
+		DialContext:     conns.dial(d.DialContext),
 		Protocols:       new(http.Protocols),
 		IdleConnTimeout: 90 * time.Second,
 	}
@@ -59,7 +67,64 @@ func (o *options) defaultHTTPClient() *http.Client {
 		tr.Protocols.SetUnencryptedHTTP2(true)
 	}
 	tr.HTTP2 = &http.HTTP2Config{PingTimeout: 2 * time.Second, SendPingTimeout: 5 * time.Second}
-	return &http.Client{Transport: tr}
+	return &http.Client{Transport: tr}, func() {
+		tr.CloseIdleConnections()
+		conns.closeAll()
+	}
+}
+
+// dialedConns keeps the connections a transport dialled until they close.
+type dialedConns struct {
+	mu     sync.Mutex
+	open   map[*trackedConn]struct{}
+	closed bool // closeAll was called: a connection dialled since is closed at once
+}
+
+// dial wraps a DialContext so that every connection it makes is kept in c.
+func (c *dialedConns) dial(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		t := &trackedConn{Conn: conn, in: c}
+		c.mu.Lock()
+		closed := c.closed
+		if !closed {
+			c.open[t] = struct{}{}
+		}
+		c.mu.Unlock()
+		if closed {
+			_ = conn.Close()
+			return nil, net.ErrClosed
+		}
+		return t, nil
+	}
+}
+
+// closeAll closes every connection kept, and any dialled from now on.
+func (c *dialedConns) closeAll() {
+	c.mu.Lock()
+	c.closed = true
+	open := c.open
+	c.open = nil
+	c.mu.Unlock()
+	for t := range open {
+		_ = t.Conn.Close()
+	}
+}
+
+// trackedConn is a connection kept in dialedConns until it closes.
+type trackedConn struct {
+	net.Conn
+	in *dialedConns
+}
+
+func (t *trackedConn) Close() error {
+	t.in.mu.Lock()
+	delete(t.in.open, t)
+	t.in.mu.Unlock()
+	return t.Conn.Close()
 }
 
 // connectOptions are the options of the client's Connect clients: the bearer token on

@@ -6,8 +6,9 @@ import "context"
 // takes hang on its own leases, never on the Client's or another Session's. Two Sessions
 // contend for a lock as two separate clients would (one waits in the server's queue
 // while the other holds it), and each gets its own fencing token; two Lock calls for one
-// name through the same Session get the same grant, as through one Client. It is to a
-// Client what etcd's concurrency.Session is to a clientv3.Client.
+// name through the same Session get the same grant, as through one Client — one token,
+// and an Unlock of either ends both. It is to a Client what etcd's concurrency.Session
+// is to a clientv3.Client.
 //
 // Use a Session per independent worker of one process (a pool of goroutines each of
 // which must be fenced on its own) instead of a Client per worker: Sessions multiplex

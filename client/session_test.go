@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/client"
 	"github.com/leasehold/leasehold/fastlane"
 	"github.com/leasehold/leasehold/internal/testnode"
@@ -192,5 +194,80 @@ func TestSessionsBeyondInFlightLimit(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatalf("a waiting Session: %v", err)
 		}
+	}
+}
+
+// Two Lock calls for one name by one holder get one grant (one token); when either is
+// unlocked, both Locks end — neither goes on believing it holds what was released.
+func TestLocksOfOneGrantEndTogether(t *testing.T) {
+	_, c, ctx := startClient(t)
+	defer c.Close(ctx)
+	a, err := c.Lock(ctx, "alias/one", client.Correctness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Lock(ctx, "alias/one", client.Correctness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Token() != b.Token() {
+		t.Fatalf("tokens %d and %d: not one grant", a.Token(), b.Token())
+	}
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.Context().Done():
+	case <-time.After(time.Second):
+		t.Fatal("the other Lock of the released grant is still live")
+	}
+	if cause := context.Cause(b.Context()); !errors.Is(cause, client.ErrUnlocked) {
+		t.Fatalf("cause %v, want ErrUnlocked", cause)
+	}
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock of the other Lock = %v, want nil (released)", err)
+	}
+}
+
+// A Lock of a name that gives up (its context ended with the outcome unknown) takes back
+// in the background what its acquire may have got — but not the grant another Lock of
+// the name by the same holder holds, which is the same grant as the service sees it.
+func TestAbandonedLockKeepsTheGrantOfAnother(t *testing.T) {
+	addr, _, ctx := startClient(t)
+	g := newHeldTransport()
+	c, err := client.Dial(ctx, addr, client.WithoutFastLane(), client.WithHTTPClient(&http.Client{Transport: g}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	other, err := client.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	held, err := c.Lock(ctx, "alias/abandon", client.Correctness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquire := leaseholdv1connect.LockServiceAcquireProcedure
+	g.block.Store(&acquire) // the second Lock's acquire never goes out
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, err := c.Lock(short, "alias/abandon", client.Correctness); err == nil {
+		t.Fatal("the Lock whose acquire never went out succeeded")
+	}
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if l, err := other.Lock(ctx, "alias/abandon", client.Correctness, client.TryOnce); err == nil {
+			t.Fatalf("another client was granted token %d while the first still holds %d (live: %v)", l.Token(), held.Token(), held.Context().Err() == nil)
+		}
+	}
+	if err := held.Context().Err(); err != nil {
+		t.Fatalf("the held Lock ended: %v", context.Cause(held.Context()))
+	}
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Lock(ctx, "alias/abandon", client.Correctness, client.WaitFor(5*time.Second)); err != nil {
+		t.Fatalf("after the Unlock: %v", err)
 	}
 }
