@@ -69,9 +69,14 @@ func (s *Server) Resign(ctx context.Context, req *leaseholdv1.ResignRequest) (*l
 }
 
 // Leader serves ElectionService.Leader from the leader's replicated state (the request
-// goes to the leader, as a Describe does).
-func (s *Server) Leader(_ context.Context, req *leaseholdv1.LeaderRequest) (*leaseholdv1.LeaderResponse, error) {
+// goes to the leader, as a Describe does), linearizably: after a read barrier.
+func (s *Server) Leader(ctx context.Context, req *leaseholdv1.LeaderRequest) (*leaseholdv1.LeaderResponse, error) {
 	if err := core.ValidateName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	// Linearizable: a leader deposed without knowing it must not answer from its
+	// stale state (TestElectionLeaderIsNotReadFromADeposedLeader).
+	if err := s.readBarrier(ctx, false); err != nil {
 		return nil, err
 	}
 	ld, ok := s.leader.LeaderOf(req.GetName())

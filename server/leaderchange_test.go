@@ -364,3 +364,48 @@ func TestTokensRiseAcrossLeaderChanges(t *testing.T) {
 		}
 	}
 }
+
+// ElectionService.Leader is linearizable, as the client documents: a deposed leader
+// (clustertest.Depose: it still believes it leads) does not answer from its stale state
+// who leads an election that the newer leader has changed meanwhile.
+func TestElectionLeaderIsNotReadFromADeposedLeader(t *testing.T) {
+	c := clustertest.MakeCluster(t, 3, clustertest.Options{})
+	campaign := func(o on, lease, value string) uint64 {
+		t.Helper()
+		var epoch uint64
+		if n, err := o.call(func(n *clustertest.Node) error {
+			ctx, cancel := o.ctx(10 * time.Second)
+			defer cancel()
+			resp, err := n.Server().Campaign(ctx, &leaseholdv1.CampaignRequest{Name: "writer", LeaseId: lease, Value: []byte(value)})
+			epoch = resp.GetEpoch()
+			return err
+		}); err != nil {
+			t.Fatalf("campaign through %s: %v", n.ID, err)
+		}
+		return epoch
+	}
+	a := following(t, c).grant(time.Minute)
+	first := campaign(following(t, c), a, "a")
+	L := c.Leader()
+	c.Depose(L)
+	rest := following(t, c, c.Others(L)...)
+	if n, err := rest.call(func(n *clustertest.Node) error {
+		ctx, cancel := rest.ctx(10 * time.Second)
+		defer cancel()
+		_, err := n.Server().Resign(ctx, &leaseholdv1.ResignRequest{Name: "writer", LeaseId: a, Epoch: first})
+		return err
+	}); err != nil {
+		t.Fatalf("resign through %s: %v", n.ID, err)
+	}
+	second := campaign(rest, rest.grant(time.Minute), "b")
+	if !L.Leader().Active() {
+		t.Fatalf("the deposed %s stopped serving as leader: the case is not exercised", L.ID)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	resp, err := L.Server().Leader(ctx, &leaseholdv1.LeaderRequest{Name: "writer"})
+	if err == nil && resp.GetEpoch() != second {
+		t.Fatalf("the deposed %s answered that %q leads under epoch %d (has leader %v); the cluster's leader is b, epoch %d",
+			L.ID, resp.GetValue(), resp.GetEpoch(), resp.GetHasLeader(), second)
+	}
+}
