@@ -227,7 +227,9 @@ func TestJoinGroupWaitsForTheOldHandlerOfAPartition(t *testing.T) {
 	go func() { aDone <- c.JoinGroup(actx, "slow", "a", handler) }()
 	defer func() {
 		stopA()
-		<-aDone
+		if err := <-aDone; err != nil {
+			t.Errorf("JoinGroup of a: %v", err)
+		}
 	}()
 	waitUntil(t, "a runs every partition", 5*time.Second, func() bool {
 		mu.Lock()
