@@ -91,6 +91,11 @@ func (s *State) ListKV(prefix string, limit int) ([]*Entry, bool) {
 func (s *State) applyWrite(c Command) Result {
 	e := s.kv.entries[c.Key]
 	if c.Token != 0 {
+		if c.Token > s.seq {
+			// A token the cluster never issued (a typo, another cluster's): accepted, it
+			// would raise the key's fence above every real holder's for good.
+			return Result{Err: Invalid("fence.token", "%d was never issued (the last token is %d)", c.Token, s.seq)}
+		}
 		if e != nil && c.Token < e.FenceToken {
 			return Result{Err: &StaleTokenError{Key: c.Key, Token: c.Token, Highest: e.FenceToken}}
 		}

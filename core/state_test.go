@@ -1106,3 +1106,21 @@ func TestDisconnectEndsLease(t *testing.T) {
 		t.Fatalf("restore of a disconnected tenure: %v", err)
 	}
 }
+
+// A fenced write carrying a token the cluster never issued is refused: accepted, it
+// would raise the key's fence above every real holder's token for good (a Delete keeps
+// the fence, and nothing lowers it).
+func TestFencedWriteRefusesATokenNeverIssued(t *testing.T) {
+	h := newHarness(t, Limits{}, leaseA)
+	g := h.ok(Command{Op: OpAcquire, Lease: leaseA, Name: "orders/42", Class: Correctness})
+	for _, op := range []Op{OpPut, OpDelete} {
+		r := h.s.Apply(Command{Op: op, Key: "k", Name: "orders/42", Token: 1 << 62, Value: []byte("x")})
+		var fe *FieldError
+		if !errors.As(r.Err, &fe) || fe.Field != "fence.token" {
+			t.Fatalf("%v with token 2^62 (last token %d) = %v, want an invalid fence.token", op, h.s.LastToken(), r.Err)
+		}
+	}
+	if r := h.s.Apply(Command{Op: OpPut, Key: "k", Name: "orders/42", Token: g.Token, Value: []byte("v")}); r.Err != nil {
+		t.Fatalf("the holder's own write: %v", r.Err)
+	}
+}
