@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -24,6 +25,7 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
+	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/fastlane"
 	"github.com/leasehold/leasehold/internal/auth"
 	"github.com/leasehold/leasehold/internal/testnode"
@@ -553,5 +555,42 @@ func TestACLLockSet(t *testing.T) {
 		if !matches(code, c.want) {
 			t.Errorf("lock set %v over the fast lane: %v %q, want %v", c.names, code, l.lastError.GetMessage(), describe(c.want))
 		}
+	}
+}
+
+// The locks quota counts every name of a lock set: a set of 64 names is 64 locks, not
+// one (three sets once went through a quota of 3, for 192 locks held).
+func TestLockQuotaCountsEveryNameOfASet(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "auth.json")
+	if err := os.WriteFile(file, []byte(`{"tokens":[{"name":"q","sha256":"`+hex.EncodeToString(sha256Sum("q"))+
+		`","rules":[{"prefix":"","allow":["lock","read"]}],"quota":{"locks":5}}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := auth.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := testnode.StartWith(t, func(c *service.Config) { c.Server.Auth = a })
+	l := dialLaneWith(t, n.FastLaneAddr(), fastlane.Extensions{Token: "q"})
+	lease := l.lease()
+	set := func(prefix string, size int) fastlane.Kind {
+		names := make([]string, size)
+		for i := range names {
+			names[i] = fmt.Sprintf("%s/%d", prefix, i)
+		}
+		return l.roundTrip(methodAcquire, &leaseholdv1.AcquireRequest{Names: names, Class: corr, LeaseId: lease}, &leaseholdv1.AcquireResponse{})
+	}
+	if kind := set("q/a", 3); kind != fastlane.KindResponse {
+		t.Fatalf("a set of 3 under a quota of 5: %q", l.lastError.GetMessage())
+	}
+	if kind := set("q/b", 3); kind != fastlane.KindError || connect.Code(l.lastError.GetCode()) != connect.CodeResourceExhausted {
+		t.Fatalf("a second set of 3 (6 locks under a quota of 5): kind %d %q, want ResourceExhausted", kind, l.lastError.GetMessage())
+	}
+	if kind := set("q/c", 2); kind != fastlane.KindResponse {
+		t.Fatalf("a set of 2 (5 locks): %q", l.lastError.GetMessage())
+	}
+	id, _ := core.ParseLeaseID(lease)
+	if held := n.Leader.LeaseLocks(id); held != 5 {
+		t.Fatalf("%d locks held under a quota of 5", held)
 	}
 }

@@ -34,8 +34,9 @@ type quotas struct {
 type usage struct {
 	leases   map[core.LeaseID]struct{}
 	granting int // Grants in flight, counted against the lease quota
-	locks    int // locks held: exact after a recount, then up by one per Acquire
+	locks    int // locks held: exact after a recount, then up by each Acquire's names
 	acquires int // Acquires in flight
+	asking   int // the names those Acquires ask for (a lock set's every one)
 }
 
 // charge checks that c may start req under its quotas and counts it; settle must be
@@ -45,11 +46,11 @@ func (s *Server) charge(c *principal, req proto.Message) (settle func(proto.Mess
 	if !s.authOn() || c == nil || c.who == nil || c.who.Kind == auth.KindPeer {
 		return nil, nil
 	}
-	switch req.(type) {
+	switch r := req.(type) {
 	case *leaseholdv1.GrantRequest:
 		return s.chargeGrant(c.who)
 	case *leaseholdv1.AcquireRequest:
-		return s.chargeAcquire(c.who)
+		return s.chargeAcquire(c.who, max(1, len(r.GetNames())))
 	}
 	return nil, nil
 }
@@ -98,10 +99,11 @@ func (s *Server) chargeGrant(who *auth.Identity) (func(proto.Message, error), er
 	}, nil
 }
 
-// chargeAcquire admits an Acquire while the identity's acquires in flight are below its
-// waiter quota and its leases' locks below its lock quota (recounted from the lock
-// tables when the running count reaches it).
-func (s *Server) chargeAcquire(who *auth.Identity) (func(proto.Message, error), error) {
+// chargeAcquire admits an Acquire of names locks (a lock set's every name counts) while
+// the identity's acquires in flight are below its waiter quota and its leases' locks,
+// with the names asked for in flight, stay within its lock quota (recounted from the
+// lock tables when the running count would pass it).
+func (s *Server) chargeAcquire(who *auth.Identity, names int) (func(proto.Message, error), error) {
 	q := &s.quotas
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -109,23 +111,24 @@ func (s *Server) chargeAcquire(who *auth.Identity) (func(proto.Message, error), 
 	if u.acquires >= who.Quota.Waiters {
 		return nil, &auth.QuotaError{Who: who.String(), Quota: "waiters", Limit: who.Quota.Waiters}
 	}
-	if u.locks+u.acquires >= who.Quota.Locks {
+	if u.locks+u.asking+names > who.Quota.Locks {
 		u.locks = 0
 		for id := range u.leases {
 			u.locks += s.leader.LeaseLocks(id)
 		}
-		if u.locks+u.acquires >= who.Quota.Locks {
+		if u.locks+u.asking+names > who.Quota.Locks {
 			return nil, &auth.QuotaError{Who: who.String(), Quota: "locks", Limit: who.Quota.Locks}
 		}
 	}
 	u.acquires++
+	u.asking += names
 	return func(_ proto.Message, err error) {
 		q.mu.Lock()
 		defer q.mu.Unlock()
 		u.acquires--
-
+		u.asking -= names
 		if err == nil {
-			u.locks++
+			u.locks += names
 		}
 	}, nil
 }
