@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -29,14 +30,25 @@ func (s *Server) ServeFastLane(ln net.Listener, log *slog.Logger) error {
 	defer pool.close()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	var backoff time.Duration
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			return err
+			if !acceptRetryable(err) {
+				return err
+			}
+			// Out of descriptors or memory for a moment: go on accepting once some are
+			// back, as net/http's Serve does, rather than leave a fast lane advertised
+			// that nothing serves until the node restarts.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			log.Warn("fast lane: accept failed; retrying", "err", err, "in", backoff)
+			time.Sleep(backoff)
+			continue
 		}
+		backoff = 0
 		conn = newLaneConn(conn, s.cfg) // idle and write timeouts (G6)
 		wg.Add(1)
 		pool.Go(func() {
@@ -46,6 +58,17 @@ func (s *Server) ServeFastLane(ln net.Listener, log *slog.Logger) error {
 			}
 		})
 	}
+}
+
+// acceptRetryable reports whether an Accept error passes with time: the process or the
+// machine out of descriptors or buffers, or a connection aborted before it was taken.
+func acceptRetryable(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // serveFastConn serves one connection until it fails or closes. Closing the connection

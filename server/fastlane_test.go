@@ -5,7 +5,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -397,4 +400,44 @@ func (l *lane) lease() string {
 		l.t.Fatalf("grant: answer kind %d", kind)
 	}
 	return g.GetLeaseId()
+}
+
+// failingOnce is a listener whose first Accept fails as a process out of descriptors
+// does (EMFILE).
+type failingOnce struct {
+	net.Listener
+	failed bool
+}
+
+func (f *failingOnce) Accept() (net.Conn, error) {
+	if !f.failed {
+		f.failed = true
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return f.Listener.Accept()
+}
+
+// A transient Accept error (out of descriptors for a moment) does not stop the fast
+// lane: it goes on accepting, as net/http's Serve does, instead of leaving a fast lane
+// advertised that nothing serves until the node restarts.
+func TestFastLaneSurvivesATransientAcceptError(t *testing.T) {
+	n := testnode.Start(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- n.Server.ServeFastLane(&failingOnce{Listener: ln}, slog.New(slog.DiscardHandler)) }()
+	lane := dialLane(t, ln.Addr().String()) // the hello is answered
+	_ = lane.lease()
+	select {
+	case err := <-done:
+		t.Fatalf("ServeFastLane returned: %v", err)
+	default:
+	}
+	_ = lane.conn.Close()
+	_ = ln.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("ServeFastLane after its listener closed: %v", err)
+	}
 }
