@@ -28,6 +28,7 @@ import (
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/fastlane"
 	"github.com/leasehold/leasehold/internal/auth"
+	"github.com/leasehold/leasehold/internal/clustertest"
 	"github.com/leasehold/leasehold/internal/testnode"
 	"github.com/leasehold/leasehold/server"
 	"github.com/leasehold/leasehold/service"
@@ -593,4 +594,41 @@ func TestLockQuotaCountsEveryNameOfASet(t *testing.T) {
 	if held := n.Leader.LeaseLocks(id); held != 5 {
 		t.Fatalf("%d locks held under a quota of 5", held)
 	}
+}
+
+// With auth on, a release-on-disconnect lease bound to a fast-lane connection that a
+// follower holds is revoked when that connection ends (G7): the follower forwards the
+// revoke with the connection's own credential, since the leader takes no other.
+func TestReleaseOnDisconnectThroughAFollowerWithAuth(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "auth.json")
+	if err := os.WriteFile(file, []byte(`{"tokens":[{"name":"root","sha256":"`+hex.EncodeToString(sha256Sum("root"))+
+		`","rules":[{"prefix":"","allow":["admin"]}]}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := auth.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := clustertest.MakeCluster(t, 3, clustertest.Options{Server: server.Config{Auth: a}})
+	ld := c.Leader()
+	f := c.Others(ld)[0]
+	clustertest.WaitFor(t, func() bool { return f.Server().ClusterID() != "" }, "the follower knows the cluster")
+	l := dialLaneWith(t, f.FastLaneAddr(), fastlane.Extensions{Token: "root"})
+	var g leaseholdv1.GrantResponse
+	if kind := l.roundTrip(methodGrant, &leaseholdv1.GrantRequest{TtlMs: 60_000, ReleaseOnDisconnect: true}, &g); kind != fastlane.KindResponse {
+		t.Fatalf("grant through the follower: %q", l.lastError.GetMessage())
+	}
+	id, err := core.ParseLeaseID(g.GetLeaseId())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.conn.Close()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		gone := false
+		ld.Raft().Read(func(st *core.State) { gone = st.Lease(id) == nil })
+		if gone {
+			return
+		}
+	}
+	t.Fatalf("lease %s alive 5 s after its fast-lane connection to the follower closed (TTL 60 s)", g.GetLeaseId())
 }

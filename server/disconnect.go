@@ -51,14 +51,16 @@ func (c *fastConn) revokeBound() {
 	c.bound = nil
 	c.mu.Unlock()
 	for id, ttl := range bound {
-		go c.s.revokeDisconnected(id, ttl)
+		go c.s.revokeDisconnected(c.principal, id, ttl)
 	}
 }
 
 // revokeDisconnected revokes lease id, whose connection ended, retrying while no
-// leader takes it, for at most its TTL: after that it has expired anyway.
-func (s *Server) revokeDisconnected(id string, ttl time.Duration) {
-	ctx, cancel := context.WithTimeout(context.Background(), ttl)
+// leader takes it, for at most its TTL: after that it has expired anyway. The revoke
+// goes as who, the connection's caller: forwarded from a follower, it carries that
+// caller's credential, as the leader takes no other (never the forwarding node's).
+func (s *Server) revokeDisconnected(who *principal, id string, ttl time.Duration) {
+	ctx, cancel := context.WithTimeout(withPrincipal(context.Background(), who), ttl)
 	defer cancel()
 	m := s.methods.byProcedure[leaseholdv1connect.LeaseServiceRevokeProcedure]
 	req := &leaseholdv1.RevokeRequest{LeaseId: id, Disconnected: true}
@@ -103,7 +105,7 @@ func (s *Server) Bind(ctx context.Context, req *leaseholdv1.BindRequest, send fu
 	defer t.Stop()
 	for {
 		if err := send(resp); err != nil {
-			go s.revokeDisconnected(req.GetLeaseId(), ka.TTL)
+			go s.revokeDisconnected(principalOf(ctx), req.GetLeaseId(), ka.TTL)
 			return err
 		}
 		select {
@@ -111,7 +113,7 @@ func (s *Server) Bind(ctx context.Context, req *leaseholdv1.BindRequest, send fu
 			if errors.Is(context.Cause(ctx), ErrShuttingDown) {
 				return ctx.Err() // this node goes away, not the client: it binds again elsewhere
 			}
-			go s.revokeDisconnected(req.GetLeaseId(), ka.TTL)
+			go s.revokeDisconnected(principalOf(ctx), req.GetLeaseId(), ka.TTL)
 			return ctx.Err()
 		case <-t.C:
 		}
