@@ -93,6 +93,19 @@ func (s *State) Next() uint64 {
 // LastToken returns the last token issued or reserved.
 func (s *State) LastToken() uint64 { return s.seq }
 
+// SkipKVVersions makes the next KV version gap above the last one given: a restore
+// from a backup (replication.RestoreDataDir) does it, as it does for tokens, so that a
+// version the old cluster gave out after the backup is never given to another value —
+// a CAS made with such a version (IfVersion) then fails instead of applying over a value
+// its caller never read. It is not a command: only a state not yet serving may skip.
+func (s *State) SkipKVVersions(gap uint64) error {
+	if s.kv.rev > ^uint64(0)-gap {
+		return Invalid("gap", "the KV versions would overflow")
+	}
+	s.kv.rev += gap
+	return nil
+}
+
 // Lease returns the lease with id, or nil. The Lease is a copy: changing it changes
 // nothing.
 func (s *State) Lease(id LeaseID) *Lease {

@@ -107,10 +107,12 @@ func TestRestoreDataDir(t *testing.T) {
 	lease := core.LeaseID{3}
 	apply(t, n, core.Command{Op: core.OpGrant, Lease: lease, TTLMillis: 10000})
 	tok := apply(t, n, core.Command{Op: core.OpAcquire, Lease: lease, Name: "x", Class: core.Correctness}).Token
+	apply(t, n, core.Command{Op: core.OpPut, Key: "acct", Value: []byte("100")})
 	snap, err := n.SnapshotState()
 	if err != nil {
 		t.Fatal(err)
 	}
+	seen := apply(t, n, core.Command{Op: core.OpPut, Key: "acct", Value: []byte("90")}).Token // after the backup
 	_ = n.Close()
 
 	dir := filepath.Join(t.TempDir(), "restored")
@@ -140,6 +142,14 @@ func TestRestoreDataDir(t *testing.T) {
 	next := apply(t, r, core.Command{Op: core.OpAcquire, Lease: lease, Name: "y", Class: core.Correctness}).Token
 	if next <= tok+gap {
 		t.Fatalf("first token after restore %d is not above %d + gap %d", next, tok, gap)
+	}
+	// A version the old cluster gave out after the backup names no value here: a CAS
+	// made with it fails rather than applying over a value its caller never read.
+	if v := apply(t, r, core.Command{Op: core.OpPut, Key: "acct", Value: []byte("5000")}).Token; v <= seen {
+		t.Fatalf("the restored cluster gave version %d, not above %d the old one gave after the backup", v, seen)
+	}
+	if res, err := r.Apply(context.Background(), core.Command{Op: core.OpPut, Key: "acct", Value: []byte("80"), CheckVersion: true, Version: seen}); err != nil || res.Err == nil {
+		t.Fatalf("a CAS with the old cluster's version %d applied over a value its caller never read", seen)
 	}
 	if err := replication.RestoreDataDir(t.TempDir(), "node1", "127.0.0.1:0", []byte("not a snapshot"), core.Limits{}, gap); err == nil {
 		t.Fatal("a corrupt snapshot was restored")

@@ -16,7 +16,7 @@ import (
 // their countdowns at full TTL, locks are held by the same leases with the same tokens,
 // and the token sequence continues tokenGap above the last token in the snapshot — so
 // that tokens the old cluster issued after the backup (fewer than tokenGap) are never
-// issued again. Other nodes join it as usual. dir must not exist or be empty.
+// issued again — and so do KV versions, so that no version names two values. Other nodes join it as usual. dir must not exist or be empty.
 func RestoreDataDir(dir, nodeID, raftAddr string, state []byte, limits core.Limits, tokenGap uint64) error {
 	st, err := core.RestoreState(state, limits)
 	if err != nil {
@@ -25,6 +25,9 @@ func RestoreDataDir(dir, nodeID, raftAddr string, state []byte, limits core.Limi
 	if tokenGap > 0 {
 		if res := st.Apply(core.Command{Op: core.OpReserve, Count: tokenGap}); res.Err != nil {
 			return fmt.Errorf("replication: advance the token sequence: %w", res.Err)
+		}
+		if err := st.SkipKVVersions(tokenGap); err != nil {
+			return fmt.Errorf("replication: advance the KV versions: %w", err)
 		}
 		if state, err = st.MarshalSnapshot(); err != nil {
 			return err
