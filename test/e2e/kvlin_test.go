@@ -26,6 +26,19 @@ func TestKVLinearizableAcrossKill9(t *testing.T) {
 		t.Skip("kills and restarts a server")
 	}
 	srv := StartServer(t)
+	// The writers' fence tokens are made up here (handed out "a while ago"); the store
+	// refuses a token the cluster never issued, so one efficiency grant first reserves a
+	// block of tokens (the leader's ReserveBlock, 2^20) above every one they use.
+	{
+		c := srv.Client(t)
+		l, err := c.Lock(context.Background(), "kv/reserve", client.Efficiency, client.TryOnce)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
 	const (
 		workers = 6
 		runFor  = 4 * time.Second
