@@ -416,10 +416,19 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 		case "kvRev":
 			err = dec.Decode(&s.kv.rev)
 		case "kv":
+			versions := make(map[uint64]bool) // a version names one value
 			err = eachElement(dec, func(e *Entry) error {
 				if e == nil || ValidateName("key", e.Key) != nil || s.kv.entries[e.Key] != nil || e.Version > s.kv.rev || len(e.Value) > MaxValueLen {
 					return fmt.Errorf("%w: bad KV entry in snapshot", ErrCorrupt)
 				}
+				// Only what writes make: a live key has a version of its own (a version 0
+				// would let IfVersion(0), "only if absent", overwrite it); a deleted key is
+				// kept only for its fence, with no value and no version.
+				if e.Deleted && (e.Version != 0 || len(e.Value) != 0 || e.FenceToken == 0) ||
+					!e.Deleted && (e.Version == 0 || versions[e.Version]) {
+					return fmt.Errorf("%w: KV entry %q in snapshot is not one writes make", ErrCorrupt, e.Key)
+				}
+				versions[e.Version] = !e.Deleted
 				s.kv.entries[e.Key] = e
 				return nil
 			})

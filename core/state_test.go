@@ -1124,3 +1124,37 @@ func TestFencedWriteRefusesATokenNeverIssued(t *testing.T) {
 		t.Fatalf("the holder's own write: %v", r.Err)
 	}
 }
+
+// A snapshot's KV entries are only what writes make: restore refuses a live key at
+// version 0 (IfVersion(0), "only if absent", would then overwrite it), a deleted key
+// with a value, a version or no fence (commands never keep one), and two keys with
+// one version; what commands made restores as it was.
+func TestRestoreRefusesKVEntriesNoWriteMakes(t *testing.T) {
+	pre := `{"seq":9,"leases":[],"locks":[],"tombstones":null,"kvRev":5,"kv":[`
+	for name, kv := range map[string]string{
+		"live at version 0":     `{"key":"k","value":"b2xk"}`,
+		"deleted with a value":  `{"key":"k","value":"eA==","deleted":true,"fenceToken":3,"fenceLock":"l"}`,
+		"deleted with version":  `{"key":"k","version":3,"deleted":true,"fenceToken":3,"fenceLock":"l"}`,
+		"deleted without fence": `{"key":"k","deleted":true}`,
+		"one version, two keys": `{"key":"a","version":3},{"key":"b","version":3}`,
+	} {
+		if _, err := RestoreState(snapJSONVersion(snapshotV2, pre+kv+`]}`), Limits{}); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: restore = %v, want ErrCorrupt", name, err)
+		}
+	}
+	h := newHarness(t, Limits{}, leaseA)
+	g := h.ok(Command{Op: OpAcquire, Lease: leaseA, Name: "l", Class: Correctness})
+	h.ok(Command{Op: OpPut, Key: "a", Value: []byte("1")})
+	h.ok(Command{Op: OpPut, Key: "b", Value: nil})
+	h.ok(Command{Op: OpPut, Key: "c", Value: []byte("3"), Name: "l", Token: g.Token})
+	h.ok(Command{Op: OpDelete, Key: "c", Name: "l", Token: g.Token})
+	h.ok(Command{Op: OpDelete, Key: "d", Name: "l", Token: g.Token})
+	h.ok(Command{Op: OpDelete, Key: "a"})
+	snap, err := h.s.MarshalSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := RestoreState(snap, Limits{}); err != nil {
+		t.Fatalf("a snapshot of what commands made: %v", err)
+	}
+}
