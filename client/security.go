@@ -87,17 +87,14 @@ func (c *dialedConns) dial(dial func(ctx context.Context, network, addr string) 
 		if err != nil {
 			return nil, err
 		}
-		t := &trackedConn{Conn: conn, in: c}
 		c.mu.Lock()
-		closed := c.closed
-		if !closed {
-			c.open[t] = struct{}{}
-		}
-		c.mu.Unlock()
-		if closed {
+		defer c.mu.Unlock()
+		if c.closed {
 			_ = conn.Close()
 			return nil, net.ErrClosed
 		}
+		t := &trackedConn{Conn: conn, in: c}
+		c.open[t] = struct{}{}
 		return t, nil
 	}
 }

@@ -79,10 +79,8 @@ func (l *Leader) Campaign(ctx context.Context, lease core.LeaseID, name string, 
 	case o := <-ch:
 		return o.token, o.err
 	case <-ctx.Done():
-		select {
-		case o := <-ch:
+		if o, ok := arrived(ch); ok {
 			return o.token, o.err // came as the caller left: answered (see commitWait.leave)
-		default:
 		}
 		// The caller is gone: leave the queue — and resign, if the leadership raced the
 		// end — unless another attempt of this campaign waits.

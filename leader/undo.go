@@ -114,10 +114,10 @@ func (l *Leader) abandonedCommit(tb takeBack, ch chan outcome, res core.Result, 
 
 // undo takes back the grant of token (0: the place in the queue, and a grant that
 // raced the leaving), unless another wait of the same lease and key owns it (claimUndo;
-// leaving for an attempt whose wait ended, false for a commit whose caller left). Until the undo is committed, the same
-// request fails with ErrUndoing (retried by the client after a pause). An undo that fails (this node stopped leading)
-// leaves the grant or place to the lease's end, as a new leader cannot tell it from any
-// other.
+// leaving for an attempt whose wait ended, false for a commit whose caller left). Until
+// the undo is committed, the same request fails with ErrUndoing (retried by the client
+// after a pause). An undo that fails (this node stopped leading) leaves the grant or
+// place to the lease's end, as a new leader cannot tell it from any other.
 func (l *Leader) undo(tb takeBack, ch chan outcome, token uint64, leaving bool) {
 	if !l.waits.claimUndo(tb.lease, tb.key, ch, leaving) {
 		return

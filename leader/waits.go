@@ -149,19 +149,24 @@ func (w *waits) claimUndo(lease core.LeaseID, name string, ch chan outcome, leav
 func (w *waits) answer(lease core.LeaseID, name string, ch chan outcome, granted bool) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	select {
-	case o := <-ch:
-		if errors.Is(o.err, ErrUndoing) {
-			w.removeLocked(lease, name, ch)
-			return false
-		}
-	default:
+	defer w.removeLocked(lease, name, ch)
+	if o, ok := arrived(ch); ok && errors.Is(o.err, ErrUndoing) {
+		return false
 	}
 	if wl := w.list(lease, name); wl != nil && granted {
 		wl.granted = true
 	}
-	w.removeLocked(lease, name, ch)
 	return true
+}
+
+// arrived returns the outcome already waiting on ch, if there is one.
+func arrived(ch chan outcome) (outcome, bool) {
+	select {
+	case o := <-ch:
+		return o, true
+	default:
+		return outcome{}, false
+	}
 }
 
 // undone ends an undo claimUndo marked.
@@ -265,11 +270,9 @@ func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queu
 	case <-timeout:
 		why := l.explain(a, heldName(a, queued)) // while the caller still has its place
 		held := &LockHeldError{Name: heldName(a, queued), HolderToken: queued.HolderToken, Holder: queued.Holder, Waited: true, Explain: why}
-		select {
-		case o := <-ch: // the outcome came with the end of the wait: answered
+		if o, ok := arrived(ch); ok { // the outcome came with the end of the wait: answered
 			g.Token = o.token
 			return g, o.err
-		default:
 		}
 		if !l.waits.claimUndo(a.Lease, a.Key(), ch, true) {
 			// A later attempt of this acquire (the client's retry, after it gave this one
@@ -286,13 +289,11 @@ func (l *Leader) await(ctx context.Context, a AcquireArgs, ch chan outcome, queu
 		return g, held
 	case <-ctx.Done():
 		if a.Class == core.Correctness {
-			select {
-			case o := <-ch:
+			if o, ok := arrived(ch); ok {
 				// The outcome came as the caller left: answered as if it had come first
 				// (see acquireCorrectness).
 				g.Token = o.token
 				return g, o.err
-			default:
 			}
 			// The caller is gone: leave the queue, and give back a grant that raced us —
 			// unless another attempt of this acquire waits for it.
@@ -337,10 +338,8 @@ func (l *Leader) cancelWait(ctx context.Context, a AcquireArgs, ch chan outcome)
 		}
 	}
 	if res.Err != nil {
-		select {
-		case o := <-ch: // the outcome arrived meanwhile
+		if o, ok := arrived(ch); ok { // the outcome arrived meanwhile
 			return o.token, o.err
-		default:
 		}
 		if errors.Is(res.Err, core.ErrLeaseNotFound) {
 			return 0, l.gone(a.Lease)
