@@ -51,8 +51,12 @@ const (
 // totals dropped) and "electionHistory" (the changes held, oldest first:
 // ElectionChange), each when not zero or empty, after "elections". Snapshots written
 // before have none: the history starts empty, at revision 0.
+//
+// A backup (SnapshotView.AtLogIndex) ends with "logIndex": the index of the last log
+// entry applied to the state it copies. Raft's own snapshots carry none (their index is
+// in raft's metadata), so a node that does not know the field still reads them.
 var snapshotFields = []string{"seq", "leases", "locks", "tombstones", "kvRev", "kv", "members", "clusterId", "idempotency", "lost", "groups", "ledger", "elections",
-	"electionRev", "electionFloor", "electionHistory"}
+	"electionRev", "electionFloor", "electionHistory", "logIndex"}
 
 type tombstone struct {
 	ID     LeaseID   `json:"id"`
@@ -93,7 +97,19 @@ type SnapshotView struct {
 	// The election history: its revision and floor, the changes held (copies).
 	electionRev, electionFloor uint64
 	history                    []ElectionChange
+	logIndex                   uint64 // AtLogIndex; 0: not written
 }
+
+// AtLogIndex records in v that it copies the state after the log entry at index was
+// applied: a backup carries it so that a restore can place the restored log above every
+// position the old cluster's log reached (replication.RestoreDataDir), and a Watch
+// revision of the old cluster is never taken for one of the new.
+func (v *SnapshotView) AtLogIndex(index uint64) { v.logIndex = index }
+
+// SnapshotLogIndex returns the log index a backup read by ReadSnapshot was taken at
+// (SnapshotView.AtLogIndex), or 0 when the snapshot names none (raft's snapshots, and
+// backups written before the field).
+func (s *State) SnapshotLogIndex() uint64 { return s.logIndex }
 
 // SnapshotView copies what a snapshot of s needs. It is meant to run where applies must
 // wait (it takes time linear in the size of the state, but copies fixed-size records
@@ -213,6 +229,10 @@ func (v *SnapshotView) WriteTo(w io.Writer) (int64, error) {
 	if len(v.history) > 0 {
 		e.raw(`,"electionHistory":`)
 		writeArray(e, v.history)
+	}
+	if v.logIndex != 0 {
+		e.raw(`,"logIndex":`)
+		e.uint(v.logIndex)
 	}
 	e.raw("}\n")
 	err := e.flush()
@@ -463,6 +483,8 @@ func readSnapshotJSON(dec *json.Decoder, fields []string, limits Limits) (*State
 			}
 		case "electionHistory":
 			err = eachElement(dec, s.restoreChange)
+		case "logIndex":
+			err = dec.Decode(&s.logIndex)
 		}
 		if err != nil {
 			return nil, err

@@ -217,6 +217,33 @@ func TestReadSnapshotFieldOrder(t *testing.T) {
 	}
 }
 
+// TestSnapshotLogIndex: a backup's log position (AtLogIndex) comes back from
+// ReadSnapshot; a snapshot without one (raft's, and old backups) reads as 0 and encodes
+// with no "logIndex" field, as before the field existed.
+func TestSnapshotLogIndex(t *testing.T) {
+	s := populatedState(t)
+	plain := mustSnapshot(t, s)
+	if bytes.Contains(plain, []byte(`"logIndex"`)) {
+		t.Fatal("a snapshot with no log position wrote one")
+	}
+	v := s.SnapshotView()
+	v.AtLogIndex(1 << 40)
+	b, err := v.Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := RestoreState(b, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.SnapshotLogIndex(); got != 1<<40 {
+		t.Fatalf("SnapshotLogIndex = %d, want %d", got, uint64(1<<40))
+	}
+	if p, err := RestoreState(plain, Limits{}); err != nil || p.SnapshotLogIndex() != 0 {
+		t.Fatalf("a snapshot with no log position: %v, index %d", err, p.SnapshotLogIndex())
+	}
+}
+
 // TestLockRecordSize guards the per-lock memory: a held lock's record is 64 bytes on
 // 64-bit platforms (BenchmarkHeldLocksMemory measures the whole cost per lock).
 func TestLockRecordSize(t *testing.T) {

@@ -37,6 +37,8 @@ type State struct {
 	groups     groupStore             // groups and partitions (groups.go)
 	ledger     Ledger                 // recent tenures (ledger.go)
 	history    history                // recent election changes (electionhistory.go)
+	// logIndex is the "logIndex" of the backup this state was read from (SnapshotLogIndex).
+	logIndex uint64
 	// now is the command being applied's WallMillis (the ledger's times); rec is
 	// Record's fn.
 	now int64

@@ -514,12 +514,14 @@ func (n *Node) WaitLeader(ctx context.Context) error {
 
 // Status is a node's view of the cluster.
 type Status struct {
-	NodeID       string
-	Role         string
-	LeaderID     string
-	LeaderAddr   string
-	Term         uint64
-	CommitIndex  uint64
+	NodeID      string
+	Role        string
+	LeaderID    string
+	LeaderAddr  string
+	Term        uint64
+	CommitIndex uint64
+	// AppliedIndex is the index up to which every entry's effects are visible to readers
+	// of this node's state (visibleIndex).
 	AppliedIndex uint64
 	// RaftAddr is this node's raft address as other nodes dial it.
 	RaftAddr string
@@ -529,9 +531,10 @@ type Status struct {
 func (n *Node) Status() Status {
 	addr, id := n.raft.LeaderWithID()
 	st := n.raft.Stats()
-	var term, commit uint64
+	var term, commit, snapped uint64
 	_, _ = fmt.Sscan(st["term"], &term)
 	_, _ = fmt.Sscan(st["commit_index"], &commit)
+	_, _ = fmt.Sscan(st["last_snapshot_index"], &snapped)
 	return Status{
 		NodeID:       n.cfg.NodeID,
 		Role:         map[raft.RaftState]string{raft.Leader: "leader", raft.Follower: "follower", raft.Candidate: "candidate", raft.Shutdown: "shutdown"}[n.raft.State()],
@@ -539,9 +542,35 @@ func (n *Node) Status() Status {
 		LeaderAddr:   string(addr),
 		Term:         term,
 		CommitIndex:  commit,
-		AppliedIndex: n.raft.AppliedIndex(),
+		AppliedIndex: n.visibleIndex(snapped),
 		RaftAddr:     n.RaftAddr(),
 	}
+}
+
+// visibleIndex returns the index up to which every entry's effects are visible to
+// readers of the state, given the index of the node's last snapshot. raft.AppliedIndex
+// counts the entries raft has handed to the FSM's goroutine, which may still be
+// applying them; an entry the FSM never sees (the no-op that starts a term, a barrier,
+// a configuration) has no effect on the state, and entries up to the last snapshot are
+// in the state (it was taken of the state, or restored into it). So the answer is
+// raft's applied index unless a command above those is still on its way to the FSM:
+// then the index before that command. A reader that starts from it (fence.Follow reads
+// the lock state, then watches from the index it was given) misses no change.
+func (n *Node) visibleIndex(snapped uint64) uint64 {
+	handed := n.raft.AppliedIndex()
+	n.fsm.mu.RLock()
+	done := max(n.fsm.applied, snapped)
+	n.fsm.mu.RUnlock()
+	if done >= handed {
+		return handed
+	}
+	for i := done + 1; i <= handed; i++ {
+		var l raft.Log
+		if i > done+64 || n.logs.GetLog(i, &l) != nil || l.Type == raft.LogCommand {
+			return i - 1 // entries done+1 .. i-1 have no effect on the state
+		}
+	}
+	return handed
 }
 
 // NodeID returns this node's id.

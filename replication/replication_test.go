@@ -2,15 +2,19 @@ package replication_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/replication"
+	"github.com/leasehold/leasehold/watch"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -153,6 +157,149 @@ func TestRestoreDataDir(t *testing.T) {
 	}
 	if err := replication.RestoreDataDir(t.TempDir(), "node1", "127.0.0.1:0", []byte("not a snapshot"), core.Limits{}, gap); err == nil {
 		t.Fatal("a corrupt snapshot was restored")
+	}
+}
+
+// TestRestoreMovesWatchRevisionsOn (G10 across a restore): lock Watch revisions are log
+// positions, so a restored cluster's log continues above the backup's position plus the
+// gap. A watcher resuming with a revision the old cluster gave — before the backup or
+// after it — is told "compacted", never shown the restored cluster's events as if they
+// followed the ones it saw.
+func TestRestoreMovesWatchRevisionsOn(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	oldHub := watch.NewHub(0)
+	n, err := replication.Open(replication.Config{DataDir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true, Events: oldHub, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for !n.IsLeader() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	lease := core.LeaseID{4}
+	apply(t, n, core.Command{Op: core.OpGrant, Lease: lease, TTLMillis: 10000})
+	for i := range 50 {
+		name := fmt.Sprintf("w/%d", i)
+		tok := apply(t, n, core.Command{Op: core.OpAcquire, Lease: lease, Name: name, Class: core.Correctness}).Token
+		apply(t, n, core.Command{Op: core.OpRelease, Lease: lease, Name: name, Token: tok})
+	}
+	snap, err := n.SnapshotState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 { // after the backup
+		apply(t, n, core.Command{Op: core.OpAcquire, Lease: lease, Name: fmt.Sprintf("after/%d", i), Class: core.Correctness})
+	}
+	var seen []watch.Revision // every revision the old cluster gave
+	for c := watch.At(watch.Revision{}); ; {
+		evs, _, err := oldHub.Read(&c, "", make([]watch.Event, 0, 256))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(evs) == 0 {
+			break
+		}
+		for _, e := range evs {
+			seen = append(seen, e.Rev)
+		}
+	}
+	_ = n.Close()
+	if len(seen) < 120 {
+		t.Fatalf("the old cluster published %d events, want at least 120", len(seen))
+	}
+
+	dir := filepath.Join(t.TempDir(), "restored")
+	const gap = 1 << 20
+	if err := replication.RestoreDataDir(dir, "node1", "127.0.0.1:0", snap, core.Limits{}, gap); err != nil {
+		t.Fatal(err)
+	}
+	hub := watch.NewHub(0)
+	r, err := replication.Open(replication.Config{DataDir: dir, RaftAddr: "127.0.0.1:0", Events: hub, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for !r.IsLeader() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := r.Barrier(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 { // the restored cluster's own events, more than the old one gave
+		apply(t, r, core.Command{Op: core.OpAcquire, Lease: lease, Name: fmt.Sprintf("new/%d", i), Class: core.Correctness})
+	}
+	last := seen[len(seen)-1]
+	if got := r.Status().AppliedIndex; got <= last.Index+gap {
+		t.Fatalf("the restored log is at %d, not above the old cluster's last revision %s plus the gap %d", got, last, gap)
+	}
+	for _, rev := range []watch.Revision{seen[0], seen[len(seen)/2], last, last.Next()} {
+		c := watch.At(rev)
+		evs, _, err := hub.Read(&c, "", make([]watch.Event, 0, 16))
+		if !errors.Is(err, watch.ErrCompacted) {
+			t.Fatalf("resuming at the old cluster's revision %s: %d events (first %v), err %v; want compacted", rev, len(evs), evs, err)
+		}
+	}
+}
+
+// TestStatusAppliedIndexIsVisible: Status().AppliedIndex never counts an entry whose
+// effects readers cannot see yet. raft's own applied index counts entries handed to the
+// FSM's goroutine; a reader that read the state and then watched from that index
+// (fence.Follow) would miss the change of an entry still on its way.
+func TestStatusAppliedIndexIsVisible(t *testing.T) {
+	var gate atomic.Bool
+	release := make(chan struct{})
+	n, err := replication.Open(replication.Config{DataDir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true, Logger: quiet(),
+		ObserveHoldEnds: func([]core.EndedHold) {
+			if gate.CompareAndSwap(true, false) {
+				<-release // a slow apply goroutine: the entry after this one waits behind it
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	for !n.IsLeader() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.Barrier(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := core.LeaseID{5}
+	apply(t, n, core.Command{Op: core.OpGrant, Lease: lease, TTLMillis: 10000})
+	tok := apply(t, n, core.Command{Op: core.OpAcquire, Lease: lease, Name: "a", Class: core.Correctness}).Token
+	gate.Store(true)
+	first := make(chan error, 1)
+	go func() {
+		_, err := n.Apply(ctx, core.Command{Op: core.OpRelease, Lease: lease, Name: "a", Token: tok})
+		first <- err
+	}()
+	for gate.Load() { // until the apply goroutine is held handing on the release's end of hold
+		if ctx.Err() != nil {
+			t.Fatal("the release's end of hold was never handed on")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	second := make(chan error, 1)
+	go func() {
+		_, err := n.Apply(ctx, core.Command{Op: core.OpAcquire, Lease: lease, Name: "b", Class: core.Correctness})
+		second <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // b's entry is committed and handed on meanwhile
+	during := n.Status().AppliedIndex
+	var bHeld bool
+	n.Read(func(s *core.State) { bHeld = s.Locks().Get("b") != nil })
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	after := n.Status().AppliedIndex
+	if !bHeld && during >= after {
+		t.Fatalf("Status said applied %d while b's acquire (applied at %d) was not visible", during, after)
 	}
 }
 
