@@ -74,6 +74,24 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// TestNegativeFlagValues: a negative --ttl, --limit or --lock-delay is a bad value:
+// exit 64 with the flag named, before any server is dialled.
+func TestNegativeFlagValues(t *testing.T) {
+	for _, args := range [][]string{
+		{"lock", "x", "--ttl", "-1s", "--", "true"},
+		{"lock", "x", "--limit", "-1", "--", "true"},
+		{"lock", "x", "--lock-delay", "-5s", "--", "true"},
+		{"once", "k", "--ttl", "-1s", "--", "true"},
+		{"elect", "e", "--ttl", "-1s", "--", "true"},
+	} {
+		flagName := args[2]
+		code, _, stderr := cli(t, append([]string{args[0], args[1], "--addr", "127.0.0.1:1"}, args[2:]...)...)
+		if code != exitUsage || !strings.Contains(stderr, flagName) {
+			t.Errorf("leasehold %s: exit %d, stderr %q; want exit %d naming %s", strings.Join(args, " "), code, stderr, exitUsage, flagName)
+		}
+	}
+}
+
 // TestLockHelpListsEveryFlag: `leasehold lock -h` shows every flag of lock, whatever
 // else is on the line, and exits 0.
 func TestLockHelpListsEveryFlag(t *testing.T) {

@@ -50,6 +50,9 @@ is cut off is replaced at once, not after the TTL.`,
 			if len(names) != 1 {
 				return errors.New("give one election NAME before --: " + cmd.UseLine())
 			}
+			if err := notNegative("--ttl", *f.ttl); err != nil {
+				return err
+			}
 			opts := []client.ElectOption{client.ElectTTL(*f.ttl), client.ElectNote(*f.note)}
 			if *f.rod {
 				opts = append(opts, client.ElectReleaseOnDisconnect)

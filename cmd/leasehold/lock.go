@@ -60,6 +60,12 @@ Exit 75: the lock was held for the whole --wait.`,
 			if err != nil {
 				return err
 			}
+			if err := notNegative("--ttl", *f.ttl); err != nil {
+				return err
+			}
+			if err := notNegative("--lock-delay", *f.delay); err != nil {
+				return err
+			}
 			opts, err := lockOptions(*f.class, *f.wait, *f.shared, *f.limit)
 			if err != nil {
 				return err
@@ -93,6 +99,8 @@ func lockOptions(class, wait string, shared bool, limit int) ([]client.LockOptio
 	switch {
 	case shared && limit != 0:
 		return nil, errors.New("--shared and --limit exclude each other")
+	case limit < 0:
+		return nil, fmt.Errorf("--limit must be 1 to 10000, not %d", limit)
 	case shared:
 		opts = append(opts, client.Shared)
 	case limit != 0:
@@ -118,6 +126,14 @@ func lockOptions(class, wait string, shared bool, limit int) ([]client.LockOptio
 		opts = append(opts, client.WaitFor(d))
 	}
 	return opts, nil
+}
+
+// notNegative is the usage error of a negative duration flag.
+func notNegative(flag string, d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("%s must not be negative, not %v", flag, d)
+	}
+	return nil
 }
 
 // lockAndRun takes the lock (or lock set) names and runs argv while it is held; it

@@ -74,6 +74,9 @@ elsewhere, a call exits 75. Flags may come before or after KEY.`,
 			if len(keys) != 1 {
 				return fmt.Errorf("give exactly one KEY before --, not %d", len(keys))
 			}
+			if err := notNegative("--ttl", *ttl); err != nil {
+				return err
+			}
 			return exitWith(runOnce(addr, *ttl, *note, keys[0], argv))
 		},
 	}
