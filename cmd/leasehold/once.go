@@ -162,11 +162,20 @@ func runCapturing(kctx context.Context, argv, env []string) (r groupRun, stdout 
 	if err != nil {
 		return groupRun{startErr: err}, nil, false
 	}
+	// A standard output closed under CMD (`| head -1`) must not kill leasehold with
+	// SIGPIPE: CMD would run on with no claim, and the key be free for another run.
+	// With SIGPIPE handled, the broken pipe is a write error: the copy ends and closes
+	// the pipe, so CMD meets the broken pipe itself, as under `leasehold lock`, and its
+	// outcome is stored.
+	pipes := make(chan os.Signal, 1)
+	signal.Notify(pipes, syscall.SIGPIPE)
+	defer signal.Stop(pipes)
 	keep := &prefixWriter{limit: maxStoredStdout}
 	copied := make(chan struct{})
 	go func() {
 		defer close(copied)
-		_, _ = io.Copy(io.MultiWriter(os.Stdout, keep), pr)
+		_, _ = io.Copy(io.MultiWriter(keep, os.Stdout), pr)
+		_ = pr.Close()
 	}()
 	r = runGroup(kctx, argv, env, pw)
 	_ = pw.Close() // the group is gone: the copy ends at the pipe's end

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/internal/testnode"
+)
+
+// asCLIEnv makes this test binary run as the leasehold CLI (TestRunAsLeasehold).
+const asCLIEnv = "LEASEHOLD_TEST_RUN_AS_CLI"
+
+// TestRunAsLeasehold is not a test: leaseholdProcess runs this test binary with it to
+// get a real `leasehold` process, whose arguments follow the --.
+func TestRunAsLeasehold(t *testing.T) {
+	if os.Getenv(asCLIEnv) == "" {
+		t.Skip("only run by leaseholdProcess")
+	}
+	os.Exit(run(flag.Args()))
+}
+
+// leaseholdProcess returns the command running the CLI on args as its own process.
+func leaseholdProcess(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestRunAsLeasehold$", "--"}, args...)...)
+	cmd.Env = append(os.Environ(), asCLIEnv+"=1")
+	return cmd
+}
+
+// readPids waits up to 10 s for file to hold n numbers and returns them.
+func readPids(t *testing.T, file string, n int) []int {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		b, err := os.ReadFile(file)
+		f := strings.Fields(string(b))
+		if err != nil || len(f) < n {
+			continue
+		}
+		pids := make([]int, n)
+		for i := range pids {
+			_, _ = fmt.Sscan(f[i], &pids[i])
+		}
+		return pids
+	}
+	t.Fatalf("CMD did not write %d pids to %s within 10s", n, file)
+	return nil
+}
+
+// alive reports whether pid runs (a zombie does not).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// TestOnceStdoutClosedStoresOutcome: `leasehold once KEY -- CMD | head -1`. The reader
+// of leasehold's standard output goes away while CMD writes. leasehold must not die of
+// SIGPIPE — that leaves CMD running with no claim, the key in progress until its TTL
+// and then free, so the work runs again — but pass the broken pipe on to CMD, as
+// `leasehold lock` does (CMD writes to the pipe itself there), and store the outcome.
+func TestOnceStdoutClosedStoresOutcome(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a node")
+	}
+	addr := testnode.Start(t).Addr()
+	pidfile := filepath.Join(t.TempDir(), "pid")
+	cmd := leaseholdProcess(t, "once", "t/once/pipe", "--addr", addr, "--ttl", "2s", "--",
+		"sh", "-c", `echo $$ > `+pidfile+`; seq 1 1000000; exit 5`)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "1\n" {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	_ = out.Close() // like head -1
+	sh := readPids(t, pidfile, 1)[0]
+	t.Cleanup(func() { _ = syscall.Kill(-sh, syscall.SIGKILL) })
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("leasehold once did not exit within 20s of its stdout closing; stderr %q", stderr.String())
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws := ee.Sys().(syscall.WaitStatus); ws.Signaled() {
+			t.Errorf("leasehold once died of %v when its stdout closed; stderr %q", ws.Signal(), stderr.String())
+		}
+	}
+	if !eventuallyTrue(2*time.Second, func() bool { return !alive(sh) }) {
+		t.Errorf("CMD (pid %d) still runs after leasehold once exited", sh)
+	}
+	// The outcome was stored: a later call does not run CMD again.
+	code, stdout, stderr2 := cli(t, "once", "t/once/pipe", "--addr", addr, "--", "sh", "-c", "echo again; exit 3")
+	if code == exitNotAcquired || code == 3 || strings.Contains(stdout, "again") {
+		t.Errorf("the next once of the key: exit %d, stdout %.40q, stderr %q; want the first run's stored outcome", code, stdout, stderr2)
+	}
+}
+
+// eventuallyTrue polls cond every 20 ms for up to d.
+func eventuallyTrue(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
