@@ -23,7 +23,7 @@ import (
 // token, or none. --shared takes the lock(s) shared, --limit N as a semaphore of N.
 //
 // CMD runs in its own process group with LEASEHOLD_LOCK (the name; for a lock set the
-// names, sorted, separated by commas) and LEASEHOLD_TOKEN in its environment. Signals leasehold receives (INT, TERM, HUP, QUIT, USR1, USR2) are
+// names, sorted, separated by commas) and LEASEHOLD_TOKEN in its environment. Signals leasehold receives (INT, TERM, HUP, QUIT, USR1, USR2, TSTP, CONT) are
 // forwarded to that group. If the lock is lost while CMD runs — the lease expired or was
 // revoked, an operator force-released it, or keepalives went unanswered until the
 // cautious local deadline, which comes before the server can expire the lease — the
@@ -220,7 +220,9 @@ type groupRun struct {
 
 // runGroup runs argv in its own process group, with env added to leasehold's, stdin
 // and stderr leasehold's and stdout the given file, while held lasts. Signals leasehold
-// receives (INT, TERM, HUP, QUIT, USR1, USR2) are forwarded to the group. When held
+// receives (INT, TERM, HUP, QUIT, USR1, USR2, TSTP, CONT) are forwarded to the group;
+// after forwarding TSTP (Ctrl-Z) leasehold stops itself, so that CMD never runs on while
+// leasehold, stopped, cannot keep the lease alive or kill CMD when it ends. When held
 // ends first, the whole group is killed with SIGKILL at once (lost); when CMD exits,
 // the rest of its group is killed too: nothing may outlive the claim it ran under.
 func runGroup(held context.Context, argv, env []string, stdout *os.File) groupRun {
@@ -230,7 +232,7 @@ func runGroup(held context.Context, argv, env []string, stdout *os.File) groupRu
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 
 	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGTSTP, syscall.SIGCONT)
 	defer signal.Stop(sigs)
 
 	if err := cmd.Start(); err != nil {
@@ -243,6 +245,9 @@ func runGroup(held context.Context, argv, env []string, stdout *os.File) groupRu
 		select {
 		case s := <-sigs:
 			_ = syscall.Kill(-r.pgid, s.(syscall.Signal))
+			if s == syscall.SIGTSTP {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) // until SIGCONT, forwarded too
+			}
 		case <-held.Done():
 			_ = syscall.Kill(-r.pgid, syscall.SIGKILL)
 			r.waitErr, r.lost = <-done, true

@@ -119,6 +119,56 @@ func TestOnceStdoutClosedStoresOutcome(t *testing.T) {
 	}
 }
 
+// TestLockStoppedStopsCMD: `leasehold lock` stopped by SIGTSTP (Ctrl-Z at a terminal
+// sends it to leasehold's process group, not to CMD's) must stop CMD too: a stopped
+// leasehold sends no keepalives, the lease lapses and another holder gets the lock, so
+// a CMD running on would run beside it. On SIGCONT both go on, and leasehold, finding
+// the lock lost, kills CMD and exits 76.
+func TestLockStoppedStopsCMD(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a node")
+	}
+	addr := testnode.Start(t).Addr()
+	pidfile := filepath.Join(t.TempDir(), "pid")
+	cmd := leaseholdProcess(t, "lock", "t/lock/tstp", "--addr", addr, "--ttl", "1s", "--",
+		"sh", "-c", `echo $$ > `+pidfile+`; while :; do sleep 0.05; done`)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sh := readPids(t, pidfile, 1)[0]
+	t.Cleanup(func() { _ = syscall.Kill(-sh, syscall.SIGKILL); _ = cmd.Process.Kill() })
+	_ = cmd.Process.Signal(syscall.SIGTSTP)
+	if !eventuallyTrue(2*time.Second, func() bool { return procState(sh) == 'T' }) {
+		t.Errorf("CMD (state %c) runs on while leasehold is stopped by SIGTSTP", procState(sh))
+	}
+	time.Sleep(1500 * time.Millisecond) // past the TTL: the lease lapses
+	_ = cmd.Process.Signal(syscall.SIGCONT)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != exitLockLost {
+			t.Errorf("leasehold after SIGCONT: %v, want exit %d", err, exitLockLost)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("leasehold did not exit within 10s of SIGCONT")
+	}
+	if !eventuallyTrue(time.Second, func() bool { return !alive(sh) }) {
+		t.Errorf("CMD (pid %d) still runs after leasehold lost the lock", sh)
+	}
+}
+
+// procState is pid's state letter in /proc (0: gone).
+func procState(pid int) byte {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	i := strings.LastIndexByte(string(b), ')')
+	if err != nil || i < 0 || i+2 >= len(b) {
+		return 0
+	}
+	return b[i+2]
+}
+
 // TestLockKilledStopsCMD: `leasehold lock` killed with SIGKILL while CMD runs. Its
 // lease lapses after the TTL and another holder gets the lock — so CMD and its group
 // (here a grandchild, `sh -c 'sleep 1000 & wait'`) must not go on running, or two
