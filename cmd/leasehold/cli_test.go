@@ -111,7 +111,7 @@ func TestLockHelpListsEveryFlag(t *testing.T) {
 // TestHiddenCommands: the commands leasehold runs itself are not in the help, but run.
 func TestHiddenCommands(t *testing.T) {
 	_, stdout, _ := cli(t, "help")
-	for _, hidden := range []string{"verify-writer", demoWorkerCmd} {
+	for _, hidden := range []string{"verify-writer", demoWorkerCmd, runGuardCmd} {
 		if strings.Contains(stdout, hidden) {
 			t.Errorf("help lists the hidden command %s:\n%s", hidden, stdout)
 		}
@@ -123,6 +123,9 @@ func TestHiddenCommands(t *testing.T) {
 	}
 	if code, _, stderr := cli(t, demoWorkerCmd, "--nope"); code != exitUsage || !strings.Contains(stderr, "--nope") {
 		t.Errorf("%s --nope: exit %d, %q; the hidden command is not there", demoWorkerCmd, code, stderr)
+	}
+	if code, _, stderr := cli(t, runGuardCmd, "true"); code != exitUsage || !strings.Contains(stderr, "not by hand") {
+		t.Errorf("%s true, by hand: exit %d, %q; want a usage error", runGuardCmd, code, stderr)
 	}
 }
 
@@ -172,7 +175,7 @@ func TestCompletionAnswers(t *testing.T) {
 				t.Errorf("completing %q: exit %d, %q (%s); want %q offered", strings.Join(tc.line, " "), code, stdout, stderr, strings.TrimSpace(w))
 			}
 		}
-		for _, hidden := range []string{"verify-writer", demoWorkerCmd} {
+		for _, hidden := range []string{"verify-writer", demoWorkerCmd, runGuardCmd} {
 			if strings.Contains(stdout, hidden) {
 				t.Errorf("completing %q offers the hidden %s", strings.Join(tc.line, " "), hidden)
 			}

@@ -94,9 +94,10 @@ func electAndRun(addr string, ttl time.Duration, name string, value []byte, argv
 	exit := exitOK
 	err := c.Elect(ctx, name, value, func(lctx context.Context, l client.Leadership) error {
 		leading.Store(true)
-		stop() // from here on, signals go to CMD
+		sigs := catchSignals() // from here on, signals go to CMD; none falls in between
+		stop()
 		env := []string{"LEASEHOLD_ELECTION=" + name, "LEASEHOLD_TOKEN=" + strconv.FormatUint(l.Epoch(), 10)}
-		o := runGroup(lctx, argv, env, os.Stdout)
+		o := runGroup(lctx, argv, env, os.Stdout, sigs)
 		switch {
 		case o.startErr != nil:
 			fmt.Fprintf(os.Stderr, "leasehold elect: start %s: %v\n", argv[0], o.startErr)
@@ -107,7 +108,7 @@ func electAndRun(addr string, ttl time.Duration, name string, value []byte, argv
 			exit = exitLockLost
 			cancel() // do not campaign again: a supervisor restarts us if it wants
 		default:
-			exit = exitCode(o.waitErr)
+			exit = o.code
 		}
 		return nil
 	}, opts...)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
 	"strings"
@@ -22,14 +21,15 @@ import (
 // Several names are one lock set (client.LockSet): all granted at once under one
 // token, or none. --shared takes the lock(s) shared, --limit N as a semaphore of N.
 //
-// CMD runs in its own process group with LEASEHOLD_LOCK (the name; for a lock set the
-// names, sorted, separated by commas) and LEASEHOLD_TOKEN in its environment. Signals leasehold receives (INT, TERM, HUP, QUIT, USR1, USR2, TSTP, CONT) are
-// forwarded to that group. If the lock is lost while CMD runs — the lease expired or was
-// revoked, an operator force-released it, or keepalives went unanswered until the
-// cautious local deadline, which comes before the server can expire the lease — the
-// whole group is killed with SIGKILL at once and leasehold exits 76. Otherwise leasehold
-// releases the lock when CMD exits and exits with CMD's code (128+N if a signal N ended
-// it).
+// CMD runs in its own process group (runGroup: under a guard that kills the group if
+// leasehold dies) with LEASEHOLD_LOCK (the name; for a lock set the names, sorted,
+// separated by commas) and LEASEHOLD_TOKEN in its environment. Signals leasehold
+// receives (INT, TERM, HUP, QUIT, USR1, USR2, TSTP, CONT) are forwarded to that group.
+// If the lock is lost while CMD runs — the lease expired or was revoked, an operator
+// force-released it, or keepalives went unanswered until the cautious local deadline,
+// which comes before the server can expire the lease — the whole group is killed with
+// SIGKILL at once and leasehold exits 76. Otherwise leasehold releases the lock when
+// CMD exits and exits with CMD's code (128+N if a signal N ended it).
 func newLockCmd() *cobra.Command {
 	var f struct {
 		addr              string
@@ -153,16 +153,24 @@ func lockAndRun(addr string, ttl time.Duration, names, argv []string, opts []cli
 	} else {
 		l, err = c.LockSet(ctx, names, opts...)
 	}
+	sigs := catchSignals() // from here on, signals go to CMD; none falls in between
 	interrupted := ctx.Err() != nil
-	stop() // from here on, signals go to CMD
-	if err != nil {
-		if interrupted {
-			fmt.Fprintln(os.Stderr, "leasehold lock: interrupted while waiting for the lock")
-			return exitNotAcquired
-		}
+	stop() // cancels ctx
+	switch {
+	case err != nil && interrupted:
+		signal.Stop(sigs)
+		fmt.Fprintln(os.Stderr, "leasehold lock: interrupted while waiting for the lock")
+		return exitNotAcquired
+	case err != nil:
+		signal.Stop(sigs)
 		return exitFor("lock", err)
+	case interrupted:
+		signal.Stop(sigs)
+		_ = l.Unlock(context.Background())
+		fmt.Fprintln(os.Stderr, "leasehold lock: interrupted as the lock was granted; released it, CMD not run")
+		return exitNotAcquired
 	}
-	return runHolding(l, argv)
+	return runHolding(l, argv, sigs)
 }
 
 // namesAndCommand splits the arguments of `NAME... [flags] -- CMD [ARG...]` (cobra has
@@ -181,18 +189,19 @@ func namesAndCommand(cmd *cobra.Command, args []string) (names, argv []string, e
 	return args[:dash], args[dash:], nil
 }
 
-// runHolding runs argv while l is held and returns the exit code.
-func runHolding(l *client.Lock, argv []string) int {
+// runHolding runs argv while l is held and returns the exit code; sigs is from
+// catchSignals.
+func runHolding(l *client.Lock, argv []string, sigs chan os.Signal) int {
 	name := strings.Join(l.Names(), ",")
 	env := []string{"LEASEHOLD_LOCK=" + name, "LEASEHOLD_TOKEN=" + strconv.FormatUint(l.Token(), 10)}
-	o := runGroup(l.Context(), argv, env, os.Stdout)
+	o := runGroup(l.Context(), argv, env, os.Stdout, sigs)
 	switch {
 	case o.startErr != nil:
 		fmt.Fprintf(os.Stderr, "leasehold lock: start %s: %v\n", argv[0], o.startErr)
 		_ = l.Unlock(context.Background())
 		return 127
 	case o.lost:
-		if o.waitErr == nil {
+		if o.code == 0 {
 			// CMD finished its work just as the lock was lost; report the loss anyway.
 			fmt.Fprintln(os.Stderr, "leasehold lock: CMD exited 0 as the lock was lost")
 		}
@@ -207,69 +216,5 @@ func runHolding(l *client.Lock, argv []string) int {
 		fmt.Fprintf(os.Stderr, "leasehold lock: %v\n", uerr)
 		return exitLockLost
 	}
-	return exitCode(o.waitErr)
-}
-
-// groupRun is how a CMD run by runGroup ended.
-type groupRun struct {
-	startErr error // CMD could not be started (nothing ran)
-	waitErr  error // CMD's wait error: nil for exit 0
-	lost     bool  // held ended first, and the group was killed
-	pgid     int
-}
-
-// runGroup runs argv in its own process group, with env added to leasehold's, stdin
-// and stderr leasehold's and stdout the given file, while held lasts. Signals leasehold
-// receives (INT, TERM, HUP, QUIT, USR1, USR2, TSTP, CONT) are forwarded to the group;
-// after forwarding TSTP (Ctrl-Z) leasehold stops itself, so that CMD never runs on while
-// leasehold, stopped, cannot keep the lease alive or kill CMD when it ends. When held
-// ends first, the whole group is killed with SIGKILL at once (lost); when CMD exits,
-// the rest of its group is killed too: nothing may outlive the claim it ran under.
-func runGroup(held context.Context, argv, env []string, stdout *os.File) groupRun {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, os.Stderr
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGTSTP, syscall.SIGCONT)
-	defer signal.Stop(sigs)
-
-	if err := cmd.Start(); err != nil {
-		return groupRun{startErr: err}
-	}
-	r := groupRun{pgid: cmd.Process.Pid}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	for {
-		select {
-		case s := <-sigs:
-			_ = syscall.Kill(-r.pgid, s.(syscall.Signal))
-			if s == syscall.SIGTSTP {
-				_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) // until SIGCONT, forwarded too
-			}
-		case <-held.Done():
-			_ = syscall.Kill(-r.pgid, syscall.SIGKILL)
-			r.waitErr, r.lost = <-done, true
-			return r
-		case r.waitErr = <-done:
-			_ = syscall.Kill(-r.pgid, syscall.SIGKILL)
-			return r
-		}
-	}
-}
-
-// exitCode turns CMD's wait error into leasehold's exit code.
-func exitCode(err error) int {
-	if err == nil {
-		return exitOK
-	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal())
-		}
-		return ee.ExitCode()
-	}
-	return exitError
+	return o.code
 }

@@ -141,6 +141,7 @@ elsewhere; 76 lock or key lost while CMD ran (CMD's process group was killed).`,
 		newDemoResourceCmd(),
 		newVersionCmd(),
 		newVerifyWriterCmd(),
+		newRunGuardCmd(),
 	)
 	// cobra's `completion bash|zsh|fish|powershell` (writing to stdout, so after SetOut);
 	// without a shell, or with another one, it is a usage error like any other.

@@ -113,10 +113,11 @@ func runOnce(addr string, ttl time.Duration, note, key string, argv []string) in
 	var outcome onceOutcome
 	result, err := c.Once(ctx, key, func(kctx context.Context, token uint64) ([]byte, error) {
 		ran = true
+		fwd := catchSignals() // from here on, signals go to CMD; none falls in between
 		signal.Stop(sigs)
 		close(started)
 		env := []string{"LEASEHOLD_KEY=" + key, "LEASEHOLD_TOKEN=" + strconv.FormatUint(token, 10)}
-		r, stdout, truncated := runCapturing(kctx, argv, env)
+		r, stdout, truncated := runCapturing(kctx, argv, env, fwd)
 		switch {
 		case r.startErr != nil:
 			fmt.Fprintf(os.Stderr, "leasehold once: start %s: %v\n", argv[0], r.startErr)
@@ -126,7 +127,7 @@ func runOnce(addr string, ttl time.Duration, note, key string, argv []string) in
 				key, token, context.Cause(kctx), r.pgid)
 			return nil, errRunLost
 		}
-		outcome = onceOutcome{ExitCode: exitCode(r.waitErr), Stdout: stdout, StdoutTruncated: truncated}
+		outcome = onceOutcome{ExitCode: r.code, Stdout: stdout, StdoutTruncated: truncated}
 		return json.Marshal(outcome)
 	})
 	var inProgress *client.InProgressError
@@ -157,10 +158,11 @@ func runOnce(addr string, ttl time.Duration, note, key string, argv []string) in
 
 // runCapturing runs argv under kctx with runGroup, passing its standard output through
 // and keeping the first maxStoredStdout bytes of it.
-func runCapturing(kctx context.Context, argv, env []string) (r groupRun, stdout []byte, truncated bool) {
+func runCapturing(kctx context.Context, argv, env []string, sigs chan os.Signal) (r groupRun, stdout []byte, truncated bool) {
 	pr, pw, err := os.Pipe()
 	if err != nil {
-		return groupRun{startErr: err}, nil, false
+		signal.Stop(sigs)
+		return groupRun{startErr: err, code: -1}, nil, false
 	}
 	// A standard output closed under CMD (`| head -1`) must not kill leasehold with
 	// SIGPIPE: CMD would run on with no claim, and the key be free for another run.
@@ -177,7 +179,7 @@ func runCapturing(kctx context.Context, argv, env []string) (r groupRun, stdout 
 		_, _ = io.Copy(io.MultiWriter(keep, os.Stdout), pr)
 		_ = pr.Close()
 	}()
-	r = runGroup(kctx, argv, env, pw)
+	r = runGroup(kctx, argv, env, pw, sigs)
 	_ = pw.Close() // the group is gone: the copy ends at the pipe's end
 	select {
 	case <-copied:

@@ -14,6 +14,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/leasehold/leasehold/internal/testnode"
 )
 
@@ -35,6 +37,14 @@ func leaseholdProcess(t *testing.T, args ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestRunAsLeasehold$", "--"}, args...)...)
 	cmd.Env = append(os.Environ(), asCLIEnv+"=1")
 	return cmd
+}
+
+// The CLI run by the tests, in this process or as leaseholdProcess, runs its guard
+// (runGroup) as this test binary too.
+func init() {
+	selfCommand = func() (argv, env []string) {
+		return []string{"/proc/self/exe", "-test.run=^TestRunAsLeasehold$", "--"}, []string{asCLIEnv + "=1"}
+	}
 }
 
 // readPids waits up to 10 s for file to hold n numbers and returns them.
@@ -169,92 +179,221 @@ func procState(pid int) byte {
 	return b[i+2]
 }
 
-// TestLockKilledStopsCMD: `leasehold lock` killed with SIGKILL while CMD runs. Its
-// lease lapses after the TTL and another holder gets the lock — so CMD and its group
-// (here a grandchild, `sh -c 'sleep 1000 & wait'`) must not go on running, or two
-// holders run at once.
+// TestLockKilledStopsCMD: `leasehold lock|elect|once` killed with SIGKILL while CMD
+// runs. Its lease lapses after the TTL and another holder gets the lock — so CMD and
+// its group (here a grandchild, `sh -c 'sleep 1000 & wait'`) must be gone before then,
+// or two holders run at once. The guard sees leasehold's end of its pipe close and
+// kills the group at once, well within the TTL.
 func TestLockKilledStopsCMD(t *testing.T) {
-	if os.Getenv("LEASEHOLD_KNOWN_BUGS") == "" {
-		t.Skip("a known bug, not fixed yet (review-cli): set LEASEHOLD_KNOWN_BUGS=1 to see it fail")
+	if testing.Short() {
+		t.Skip("starts a node")
 	}
+	addr := testnode.Start(t).Addr()
+	for _, verb := range []string{"lock", "elect", "once"} {
+		t.Run(verb, func(t *testing.T) {
+			pidfile := filepath.Join(t.TempDir(), "pids")
+			cmd := leaseholdProcess(t, verb, "t/killed/"+verb, "--addr", addr, "--ttl", "5s", "--",
+				"sh", "-c", `sleep 1000 & echo $$ $! > `+pidfile+`; wait`)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			pids := readPids(t, pidfile, 2)
+			t.Cleanup(func() { _ = syscall.Kill(-pids[0], syscall.SIGKILL) })
+			killed := time.Now()
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			for _, pid := range pids {
+				if !eventuallyTrue(time.Second, func() bool { return !alive(pid) }) {
+					t.Errorf("pid %d of the killed leasehold's CMD still runs %v after the kill (TTL 5s)", pid, time.Since(killed).Round(time.Millisecond))
+				}
+			}
+			if verb != "lock" {
+				return
+			}
+			// The lease lapses a TTL after the kill; another holder then gets the lock.
+			if code, _, stderr := cli(t, verb, "t/killed/"+verb, "--addr", addr, "--", "true"); code != exitOK {
+				t.Fatalf("the next holder: exit %d, %s", code, stderr)
+			}
+		})
+	}
+}
+
+// TestLockGuardKilled: the guard between leasehold and CMD killed with SIGKILL (by the
+// OOM killer, say). leasehold kills what is left of CMD's group, releases the lock
+// and exits 137, as if CMD had died of SIGKILL.
+func TestLockGuardKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a node")
 	}
 	addr := testnode.Start(t).Addr()
 	pidfile := filepath.Join(t.TempDir(), "pids")
-	cmd := leaseholdProcess(t, "lock", "t/lock/killed", "--addr", addr, "--ttl", "1s", "--",
-		"sh", "-c", `sleep 1000 & echo $$ $! > `+pidfile+`; wait`)
+	cmd := leaseholdProcess(t, "lock", "t/guard/killed", "--addr", addr, "--", "sh", "-c", `echo $$ $PPID > `+pidfile+`; sleep 1000`)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	pids := readPids(t, pidfile, 2)
-	t.Cleanup(func() { _ = syscall.Kill(-pids[0], syscall.SIGKILL) })
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-	// The lease lapses a TTL after the kill; another holder then gets the lock.
-	if code, _, stderr := cli(t, "lock", "t/lock/killed", "--addr", addr, "--wait", "10s", "--", "true"); code != exitOK {
-		t.Fatalf("the next holder: exit %d, %s", code, stderr)
+	pids := readPids(t, pidfile, 2) // sh, the guard
+	t.Cleanup(func() { _ = syscall.Kill(-pids[1], syscall.SIGKILL) })
+	_ = syscall.Kill(pids[1], syscall.SIGKILL)
+	if err := cmd.Wait(); exitCode(err) != 128+int(syscall.SIGKILL) {
+		t.Errorf("leasehold lock after its guard was killed: %v, want exit %d", err, 128+int(syscall.SIGKILL))
 	}
-	for _, pid := range pids {
-		if !eventuallyTrue(time.Second, func() bool { return !alive(pid) }) {
-			t.Errorf("pid %d of the killed holder's CMD still runs while another holds the lock", pid)
-		}
+	if !eventuallyTrue(time.Second, func() bool { return !alive(pids[0]) }) {
+		t.Errorf("CMD (pid %d) runs on after its guard was killed and leasehold exited", pids[0])
+	}
+	if code, _, stderr := cli(t, "lock", "t/guard/killed", "--addr", addr, "--wait", "0", "--", "true"); code != exitOK {
+		t.Errorf("the lock after the guard was killed: exit %d, %s; want it released", code, stderr)
 	}
 }
 
-// TestLockCMDReadsTerminal: run from a terminal (its foreground job), `leasehold lock
-// NAME -- CMD` passes standard input through: CMD reads a line typed on the terminal.
-// CMD in a process group of its own that is not the terminal's foreground group is
-// stopped by SIGTTIN instead, and leasehold waits for it for ever, holding the lock.
-func TestLockCMDReadsTerminal(t *testing.T) {
-	if os.Getenv("LEASEHOLD_KNOWN_BUGS") == "" {
-		t.Skip("a known bug, not fixed yet (review-cli): set LEASEHOLD_KNOWN_BUGS=1 to see it fail")
-	}
+// TestLockAtTerminal: `leasehold lock NAME -- CMD` run from a terminal, as its
+// foreground job, on a pseudo-terminal.
+//
+//   - CMD reads a line typed on the terminal. (CMD in a process group that is not the
+//     terminal's foreground group is stopped by SIGTTIN instead, and leasehold waits
+//     for it for ever, holding the lock.)
+//   - With leasehold's standard input redirected, a CMD that opens /dev/tty (a password
+//     prompt) reads it too: CMD's group is the foreground job whenever leasehold's is.
+//   - Ctrl-Z stops CMD and leasehold with it, so that the shell sees the job stopped and
+//     gets the terminal back; continued, CMD has the terminal again and reads it.
+//   - Ctrl-C interrupts CMD; leasehold releases the lock at once and exits 130, as a
+//     shell reports a job ended by SIGINT.
+func TestLockAtTerminal(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a node")
 	}
 	addr := testnode.Start(t).Addr()
+	t.Run("CMD reads the terminal", func(t *testing.T) {
+		term := lockAtTerminal(t, addr, "t/tty/read", "")
+		time.Sleep(time.Second) // CMD is reading by now
+		term.typeIn("hello\n")
+		term.wantRead("hello")
+	})
+	t.Run("CMD reads /dev/tty", func(t *testing.T) {
+		term := lockAtTerminalRunning(t, addr, "t/tty/devtty", `read x < /dev/tty; echo "got $x"`, true)
+		time.Sleep(time.Second)
+		term.typeIn("secret\n")
+		term.wantRead("secret")
+	})
+	t.Run("Ctrl-Z", func(t *testing.T) {
+		pidfile := filepath.Join(t.TempDir(), "pid")
+		term := lockAtTerminal(t, addr, "t/tty/ctrlz", pidfile)
+		sh := readPids(t, pidfile, 1)[0]
+		time.Sleep(300 * time.Millisecond) // sh is reading by now
+		term.typeIn("\x1a")
+		if !eventuallyTrue(5*time.Second, func() bool { return procState(sh) == 'T' && procState(term.cmd.Process.Pid) == 'T' }) {
+			t.Fatalf("after Ctrl-Z: CMD state %c, leasehold state %c; want both stopped", procState(sh), procState(term.cmd.Process.Pid))
+		}
+		if pg, err := unix.IoctlGetInt(int(term.master.Fd()), unix.TIOCGPGRP); err != nil || pg != term.cmd.Process.Pid {
+			t.Errorf("while stopped, the terminal's foreground group is %d (%v), want leasehold's %d", pg, err, term.cmd.Process.Pid)
+		}
+		_ = syscall.Kill(term.cmd.Process.Pid, syscall.SIGCONT) // as the shell's fg does
+		time.Sleep(300 * time.Millisecond)
+		term.typeIn("hello\n")
+		term.wantRead("hello")
+	})
+	t.Run("Ctrl-C", func(t *testing.T) {
+		pidfile := filepath.Join(t.TempDir(), "pid")
+		term := lockAtTerminal(t, addr, "t/tty/ctrlc", pidfile)
+		readPids(t, pidfile, 1)
+		time.Sleep(300 * time.Millisecond)
+		term.typeIn("\x03")
+		if code := term.exit(); code != 128+int(syscall.SIGINT) {
+			t.Errorf("leasehold lock after Ctrl-C: exit %d, want %d", code, 128+int(syscall.SIGINT))
+		}
+		if code, _, stderr := cli(t, "lock", "t/tty/ctrlc", "--addr", addr, "--wait", "0", "--", "true"); code != exitOK {
+			t.Errorf("the lock after Ctrl-C: exit %d, %s; want it released", code, stderr)
+		}
+	})
+}
+
+// ptySession is `leasehold lock` run as the foreground job of a terminal session of its
+// own, its CMD `read x; echo "got $x"` (after writing its pid to a file, if given).
+type ptySession struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	master *os.File
+	out    chan string
+	done   chan error
+}
+
+func lockAtTerminal(t *testing.T, addr, name, pidfile string) *ptySession {
+	t.Helper()
+	script := `read x; echo "got $x"`
+	if pidfile != "" {
+		script = `echo $$ > ` + pidfile + `; ` + script
+	}
+	return lockAtTerminalRunning(t, addr, name, script, false)
+}
+
+// lockAtTerminalRunning is lockAtTerminal with CMD `sh -c script`, and standard input
+// /dev/null if stdinNull.
+func lockAtTerminalRunning(t *testing.T, addr, name, script string, stdinNull bool) *ptySession {
+	t.Helper()
 	master, slave := openPTY(t)
-	cmd := leaseholdProcess(t, "lock", "t/lock/tty", "--addr", addr, "--", "sh", "-c", `read x; echo "got $x"`)
+	cmd := leaseholdProcess(t, "lock", name, "--addr", addr, "--", "sh", "-c", script)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0} // a terminal session, leasehold its foreground job
+	if stdinNull {
+		cmd.Stdin, cmd.SysProcAttr.Ctty = nil, 1 // /dev/null; the terminal is standard output's
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	_ = slave.Close()
-	output := make(chan string, 1)
+	term := &ptySession{t: t, cmd: cmd, master: master, out: make(chan string, 1), done: make(chan error, 1)}
 	go func() {
 		var all strings.Builder
 		r := bufio.NewReader(master)
 		for {
 			line, err := r.ReadString('\n')
 			all.WriteString(line)
-			if strings.Contains(line, "got hello") || err != nil {
-				output <- all.String()
+			if strings.Contains(line, "got ") || err != nil {
+				term.out <- all.String()
 				return
 			}
 		}
 	}()
-	time.Sleep(time.Second) // CMD is reading by now
-	if _, err := master.Write([]byte("hello\n")); err != nil {
-		t.Fatal(err)
+	go func() { term.done <- cmd.Wait() }()
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	return term
+}
+
+// typeIn writes s to the terminal, as if typed.
+func (term *ptySession) typeIn(s string) {
+	if _, err := term.master.Write([]byte(s)); err != nil {
+		term.t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+}
+
+// exit waits up to 10 s for leasehold to exit and returns its code.
+func (term *ptySession) exit() int {
 	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("leasehold lock: %v", err)
-		}
-		if out := <-output; !strings.Contains(out, "got hello") {
-			t.Errorf("CMD did not read the terminal: %q", out)
-		}
+	case err := <-term.done:
+		return exitCode(err)
 	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		if err := <-done; err != nil {
-			t.Logf("leasehold lock, killed: %v", err)
-		}
-		t.Fatal("CMD did not read the line typed on the terminal within 10s (stopped by SIGTTIN?); leasehold still held the lock")
+		term.t.Fatal("leasehold lock did not exit within 10s (CMD stopped by SIGTTIN?); it still held the lock")
+		return -1
+	}
+}
+
+// wantRead checks that CMD read want from the terminal and leasehold exited 0.
+func (term *ptySession) wantRead(want string) {
+	term.t.Helper()
+	if code := term.exit(); code != exitOK {
+		term.t.Errorf("leasehold lock: exit %d, want 0", code)
+	}
+	if out := term.output(); !strings.Contains(out, "got "+want) {
+		term.t.Errorf("CMD did not read %q from the terminal: %q", want, out)
+	}
+}
+
+// output is what the terminal showed up to CMD's "got" line.
+func (term *ptySession) output() string {
+	select {
+	case s := <-term.out:
+		return s
+	case <-time.After(time.Second):
+		return ""
 	}
 }
 
