@@ -137,27 +137,43 @@ func (c *Client) once(ctx context.Context, set *leaseSet, key string, fn func(co
 	}
 	claim := &keyClaim{set: set, key: key}
 	defer claim.release()
-	s, resp, err := c.begin(ctx, claim)
-	if err != nil {
-		return nil, err
+	// A claim answered after its lease's cautious deadline (a pause, a slow leader) may
+	// be expiring on the server already: fn must not run under it. It is given back and
+	// the key claimed once more, on a fresh lease, as Lock does with a late grant.
+	for late := 0; ; late++ {
+		s, resp, err := c.begin(ctx, claim)
+		if err != nil {
+			return nil, err
+		}
+		switch resp.GetStatus() {
+		case leaseholdv1.KeyStatus_KEY_STATUS_DONE:
+			return resp.GetResult(), nil
+		case leaseholdv1.KeyStatus_KEY_STATUS_IN_PROGRESS:
+			return nil, &InProgressError{Key: key, Token: resp.GetToken(), Holder: holderFrom(resp.GetHolder())}
+		case leaseholdv1.KeyStatus_KEY_STATUS_NEW:
+		default:
+			return nil, fmt.Errorf("client: Begin of %q answered status %v", key, resp.GetStatus())
+		}
+		token := resp.GetToken()
+		set.keyToken(key, token)
+		// The key is held like a lock on the lease, so that its context ends with the lease.
+		h := &Lock{c: c, s: s, name: key, token: token, class: leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS}
+		h.ctx, h.cancel = context.WithCancelCause(ctx)
+		if err := s.add(h); err != nil {
+			h.lost(err)
+			c.giveBack(claim, s, token)
+			if late == 0 && ctx.Err() == nil {
+				continue
+			}
+			return nil, fmt.Errorf("claiming %q: %w", key, err)
+		}
+		return c.runClaimed(ctx, claim, h, fn)
 	}
-	switch resp.GetStatus() {
-	case leaseholdv1.KeyStatus_KEY_STATUS_DONE:
-		return resp.GetResult(), nil
-	case leaseholdv1.KeyStatus_KEY_STATUS_IN_PROGRESS:
-		return nil, &InProgressError{Key: key, Token: resp.GetToken(), Holder: holderFrom(resp.GetHolder())}
-	case leaseholdv1.KeyStatus_KEY_STATUS_NEW:
-	default:
-		return nil, fmt.Errorf("client: Begin of %q answered status %v", key, resp.GetStatus())
-	}
-	token := resp.GetToken()
-	set.keyToken(key, token)
-	// The key is held like a lock on the lease, so that its context ends with the lease.
-	h := &Lock{c: c, s: s, name: key, token: token, class: leaseholdv1.LockClass_LOCK_CLASS_CORRECTNESS}
-	h.ctx, h.cancel = context.WithCancelCause(ctx)
-	if err := s.add(h); err != nil {
-		h.lost(err)
-	}
+}
+
+// runClaimed runs fn under the claim h of a Once and stores its result.
+func (c *Client) runClaimed(ctx context.Context, claim *keyClaim, h *Lock, fn func(context.Context, uint64) ([]byte, error)) ([]byte, error) {
+	s, token := h.s, h.token
 	defer func() {
 		s.remove(h)
 		h.lost(ErrUnlocked)

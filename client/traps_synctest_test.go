@@ -16,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
+	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/internal/reason"
 )
 
@@ -280,6 +281,119 @@ func TestUnlockLostMessage(t *testing.T) {
 		err = l.Unlock(ctx)
 		if !errors.Is(err, ErrLockLost) || !errors.Is(err, ErrLeaseExpired) || !strings.Contains(err.Error(), "before Unlock") {
 			t.Fatalf("Unlock of a lock lost before = %v, want ErrLockLost before Unlock, ErrLeaseExpired", err)
+		}
+	})
+}
+
+// keyTrap is a fake IdempotencyService that keeps claims as the real one does (a key
+// claimed under a token until Abandon or Complete) and answers the first Begin late.
+type keyTrap struct {
+	leaseholdv1connect.IdempotencyServiceClient // methods not implemented below panic
+	beginDelay                                  time.Duration
+
+	mu        sync.Mutex
+	begins    int
+	next      uint64
+	claimed   map[string]uint64
+	abandoned []uint64
+	completed []uint64
+}
+
+func (f *keyTrap) Begin(ctx context.Context, req *leaseholdv1.BeginRequest) (*leaseholdv1.BeginResponse, error) {
+	f.mu.Lock()
+	f.begins++
+	slow := f.begins == 1
+	f.mu.Unlock()
+	if slow {
+		select {
+		case <-time.After(f.beginDelay):
+		case <-ctx.Done():
+			return nil, connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	tok, ok := f.claimed[req.GetKey()]
+	if !ok {
+		f.next++
+		tok = f.next
+		f.claimed[req.GetKey()] = tok
+	}
+	return &leaseholdv1.BeginResponse{Status: leaseholdv1.KeyStatus_KEY_STATUS_NEW, Token: tok}, nil
+}
+
+func (f *keyTrap) Abandon(_ context.Context, req *leaseholdv1.AbandonRequest) (*leaseholdv1.AbandonResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.claimed[req.GetKey()] == req.GetToken() {
+		delete(f.claimed, req.GetKey())
+	}
+	f.abandoned = append(f.abandoned, req.GetToken())
+	return &leaseholdv1.AbandonResponse{}, nil
+}
+
+func (f *keyTrap) Complete(_ context.Context, req *leaseholdv1.CompleteRequest) (*leaseholdv1.CompleteResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.completed = append(f.completed, req.GetToken())
+	return &leaseholdv1.CompleteResponse{}, nil
+}
+
+// TestOnceLateClaimNotRun: a Begin answered after the lease's cautious deadline (the
+// client paused, the leader slow) gives a claim the server may be expiring already;
+// another holder may claim the key the moment it does. Once must not run fn under it:
+// it gives the claim back and claims the key again on a fresh lease.
+func TestOnceLateClaimNotRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &trapServer{fakeServer: &fakeServer{ttl: fakeTTL, answer: func(int) (time.Duration, error) { return -1, nil }}}
+		c := trapClient(t, f)
+		keys := &keyTrap{beginDelay: fakeTTL, claimed: make(map[string]uint64)}
+		c.keys = keys
+		var ran []uint64
+		_, err := c.Once(context.Background(), "trap/late-claim", func(ctx context.Context, token uint64) ([]byte, error) {
+			ran = append(ran, token)
+			if ctx.Err() != nil {
+				t.Errorf("fn ran with its context done: %v", context.Cause(ctx))
+			}
+			return []byte("done"), nil
+		})
+		if err != nil {
+			t.Fatalf("Once after one late claim: %v, want fn run on a fresh claim", err)
+		}
+		if len(ran) != 1 || ran[0] == 1 {
+			t.Fatalf("fn ran under tokens %v; want once, not under the late claim's token 1", ran)
+		}
+		if len(keys.abandoned) == 0 || keys.abandoned[0] != 1 {
+			t.Errorf("abandoned %v, want the late claim (token 1) given back", keys.abandoned)
+		}
+	})
+}
+
+// TestUnlockLeaseGoneEndsTheLease: an Unlock answered NotFound (the lease expired or
+// was revoked on the server) tells of the whole lease: every other lock on it is lost
+// at once, not a keepalive later.
+func TestUnlockLeaseGoneEndsTheLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &trapServer{fakeServer: &fakeServer{ttl: time.Minute, answer: acked}}
+		f.release = func(int) (bool, error) {
+			return false, reasonError(connect.CodeNotFound, reason.LeaseRevoked)
+		}
+		c := trapClient(t, f)
+		ctx := context.Background()
+		a, err := c.Lock(ctx, "trap/gone/a", Correctness)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := c.Lock(ctx, "trap/gone/b", Correctness)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Unlock(ctx); !errors.Is(err, ErrLockLost) {
+			t.Fatalf("Unlock on a revoked lease = %v, want ErrLockLost", err)
+		}
+		synctest.Wait()
+		if lost, cause := b.Lost(); !lost || !errors.Is(cause, ErrLeaseRevoked) {
+			t.Fatalf("the other lock on the revoked lease: lost %v (%v), want lost at once with ErrLeaseRevoked", lost, cause)
 		}
 	})
 }
