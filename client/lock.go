@@ -397,6 +397,11 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		end(r, fmt.Errorf("%w: %w", ErrUnlockUnconfirmed, err))
 		return fmt.Errorf("%w (releasing in the background until confirmed or the lease ends)", err)
 	}
+	if errIsLeaseGone(err) {
+		// The whole lease is gone, not this grant alone: every other lock on it is lost
+		// too, now, not at its next keepalive.
+		l.s.end(leaseGoneCause(err))
+	}
 	err = fmt.Errorf("%w (found by Unlock): %w", ErrLockLost, err)
 	end(nil, err)
 	return err
