@@ -1075,6 +1075,41 @@ func TestReleaseChecksOwner(t *testing.T) {
 	}
 }
 
+// TestOldTermReservationNotUsed checks G1 across terms: a token reservation proposed
+// while this node led, whose answer reaches it only after it was deposed, another
+// leader served and it leads again, must not feed the new term's grants. The other
+// leader reserved later, larger blocks and granted from them; the old block's tokens
+// would take a lock's token backwards.
+func TestOldTermReservationNotUsed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := leader.Config{ReserveBlock: 100}
+		l, fl := newLeader(t, cfg)
+		promote(t, l)
+		a := grant(t, l, time.Hour)
+		release := fl.holdNext(core.OpReserve) // applied; the answer is held back
+		first := acquireAsync(t.Context(), l, args(a, "eff/a", core.Efficiency, acquireOpts{}))
+		l.Demote()
+
+		other := newLeaderOn(t, fl, cfg)
+		promote(t, other)
+		g2 := acquire(t, other, a, "eff/a", core.Efficiency, acquireOpts{})
+		other.Demote()
+
+		fl.mu.Lock()
+		fl.observe, fl.holdEnds = l.OnEffects, l.OnHoldEnds
+		fl.mu.Unlock()
+		promote(t, l)
+		release() // the first term's reservation is answered only now
+		if r := result(t, first, "the acquire of the first term"); r.err == nil && r.g.Token <= g2.Token {
+			t.Fatalf("eff/a granted token %d after the other leader granted it %d: a reservation of an older term was used", r.g.Token, g2.Token)
+		}
+		g3 := acquire(t, l, a, "eff/b", core.Efficiency, acquireOpts{})
+		if g3.Token <= g2.Token {
+			t.Fatalf("eff/b granted token %d after the other leader granted %d: a reservation of an older term was used", g3.Token, g2.Token)
+		}
+	})
+}
+
 // TestEfficiencyTokensGrowWithOutOfOrderReservations checks G1 for efficiency tokens
 // ("they grow while one leader serves") when two reservations complete out of order: two
 // first efficiency acquires of an epoch both reserve a block; the proposer of the earlier

@@ -49,7 +49,7 @@ func (l *Leader) Promote(ctx context.Context) error {
 	l.stop = make(chan struct{})
 	l.kick = make(chan struct{}, 1)
 	l.eff = core.NewLocks(l.cfg.Limits)
-	l.effSeq = block{}
+	l.effSeq, l.refill = block{}, false // a refill still in flight is of the old epoch
 	l.effLedger = core.NewLedger(l.cfg.Limits)
 	l.recordLocked()
 	l.since = time.Now()

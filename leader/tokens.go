@@ -38,7 +38,13 @@ func (l *Leader) reserve(ctx context.Context) error { return l.reserveAtLeast(ct
 
 // reserveAtLeast reserves a new block of ReserveBlock tokens, or of 2×need when that is
 // larger, and installs it in place of the current one (whose unused tokens are skipped).
+// A block reserved in an earlier epoch is never installed: its answer may arrive after
+// this node was deposed, another leader reserved later blocks and granted from them, and
+// this node leads again; granting from it would take a lock's token backwards (G1).
 func (l *Leader) reserveAtLeast(ctx context.Context, need uint64) error {
+	l.mu.Lock()
+	epoch := l.epoch
+	l.mu.Unlock()
 	count := max(l.cfg.ReserveBlock, 2*need)
 	res, err := l.log.Apply(ctx, core.Command{Op: core.OpReserve, Count: count})
 	if err == nil {
@@ -46,13 +52,19 @@ func (l *Leader) reserveAtLeast(ctx context.Context, need uint64) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	switch {
+	case !l.active:
+		return ErrNotLeader
+	case l.epoch != epoch:
+		return fmt.Errorf("leader: reserve tokens: %w", ErrEpochLost)
+	}
 	l.refill = false
 	if err != nil {
 		return fmt.Errorf("leader: reserve tokens: %w", err)
 	}
 	// Reservations that complete out of order must not move tokens backwards: keep the
 	// current block when this one starts below its next token (it was reserved earlier).
-	if l.active && res.Token >= l.effSeq.next {
+	if res.Token >= l.effSeq.next {
 		l.effSeq = block{next: res.Token, end: res.Token + count}
 	}
 	return nil
