@@ -414,7 +414,35 @@ type lockContext struct{ l *Lock }
 
 func (c lockContext) Deadline() (time.Time, bool) { return time.Time{}, false }
 func (c lockContext) Done() <-chan struct{}       { return c.l.ctx.Done() }
-func (c lockContext) Value(key any) any           { return c.l.ctx.Value(key) }
+func (c lockContext) Value(key any) any {
+	if _, ok := key.(leaseDeadlineKey); ok {
+		return c.l
+	}
+	return c.l.ctx.Value(key)
+}
+
+// leaseDeadlineKey is the context key LeaseDeadline finds a held lock's Lock by.
+type leaseDeadlineKey struct{}
+
+// LeaseDeadline returns the cautious local deadline of the lease under the lock, key
+// (Once) or leadership whose Context ctx is or derives from: the moment that context
+// will be cancelled unless an acknowledged keepalive moves it later, as things stand
+// now. It is for a watchdog that cannot watch the context itself — another process,
+// such as the guard `leasehold lock` runs CMD under, which kills CMD at that deadline
+// should the process holding the lock stall. ok is false when ctx is not a lock's, or
+// the lock is lost.
+func LeaseDeadline(ctx context.Context) (deadline time.Time, ok bool) {
+	l, _ := ctx.Value(leaseDeadlineKey{}).(*Lock)
+	if l == nil {
+		return time.Time{}, false
+	}
+	if lost, _ := l.Lost(); lost {
+		return time.Time{}, false
+	}
+	l.s.mu.Lock()
+	defer l.s.mu.Unlock()
+	return l.s.deadline, l.s.err == nil
+}
 func (c lockContext) Err() error {
 	c.l.s.checkDeadline()
 	return c.l.ctx.Err()

@@ -397,3 +397,38 @@ func TestUnlockLeaseGoneEndsTheLease(t *testing.T) {
 		}
 	})
 }
+
+// TestLeaseDeadline: LeaseDeadline finds the lease's cautious deadline through a held
+// lock's context and contexts derived from it, follows acknowledged keepalives, and
+// answers false for a context that is not a lock's and for a lock that was released.
+func TestLeaseDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &trapServer{fakeServer: &fakeServer{ttl: fakeTTL, answer: acked}}
+		c := trapClient(t, f)
+		start := time.Now()
+		l, err := c.Lock(context.Background(), "trap/deadline", Correctness)
+		if err != nil {
+			t.Fatal(err)
+		}
+		derived, cancel := context.WithCancel(l.Context())
+		defer cancel()
+		for _, ctx := range []context.Context{l.Context(), derived} {
+			if d, ok := LeaseDeadline(ctx); !ok || !d.Equal(start.Add(fakeTTL-fakeMargin)) {
+				t.Fatalf("LeaseDeadline = %v, %v; want the grant's send time + TTL − margin", d.Sub(start), ok)
+			}
+		}
+		time.Sleep(fakeTTL / 2) // a keepalive or more, acknowledged
+		if d, ok := LeaseDeadline(derived); !ok || !d.After(start.Add(fakeTTL-fakeMargin)) {
+			t.Fatalf("LeaseDeadline after keepalives = %v, %v; want it moved on", d.Sub(start), ok)
+		}
+		if _, ok := LeaseDeadline(context.Background()); ok {
+			t.Fatal("LeaseDeadline of a context that is no lock's answered ok")
+		}
+		if err := l.Unlock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := LeaseDeadline(derived); ok {
+			t.Fatal("LeaseDeadline of a released lock answered ok")
+		}
+	})
+}

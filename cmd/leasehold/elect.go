@@ -97,7 +97,7 @@ func electAndRun(addr string, ttl time.Duration, name string, value []byte, argv
 		sigs := catchSignals() // from here on, signals go to CMD; none falls in between
 		stop()
 		env := []string{"LEASEHOLD_ELECTION=" + name, "LEASEHOLD_TOKEN=" + strconv.FormatUint(l.Epoch(), 10)}
-		o := runGroup(lctx, argv, env, os.Stdout, sigs)
+		o := runGroup(lctx, ttl, argv, env, os.Stdout, sigs)
 		switch {
 		case o.startErr != nil:
 			fmt.Fprintf(os.Stderr, "leasehold elect: start %s: %v\n", argv[0], o.startErr)

@@ -170,7 +170,7 @@ func lockAndRun(addr string, ttl time.Duration, names, argv []string, opts []cli
 		fmt.Fprintln(os.Stderr, "leasehold lock: interrupted as the lock was granted; released it, CMD not run")
 		return exitNotAcquired
 	}
-	return runHolding(l, argv, sigs)
+	return runHolding(l, ttl, argv, sigs)
 }
 
 // namesAndCommand splits the arguments of `NAME... [flags] -- CMD [ARG...]` (cobra has
@@ -191,10 +191,10 @@ func namesAndCommand(cmd *cobra.Command, args []string) (names, argv []string, e
 
 // runHolding runs argv while l is held and returns the exit code; sigs is from
 // catchSignals.
-func runHolding(l *client.Lock, argv []string, sigs chan os.Signal) int {
+func runHolding(l *client.Lock, ttl time.Duration, argv []string, sigs chan os.Signal) int {
 	name := strings.Join(l.Names(), ",")
 	env := []string{"LEASEHOLD_LOCK=" + name, "LEASEHOLD_TOKEN=" + strconv.FormatUint(l.Token(), 10)}
-	o := runGroup(l.Context(), argv, env, os.Stdout, sigs)
+	o := runGroup(l.Context(), ttl, argv, env, os.Stdout, sigs)
 	switch {
 	case o.startErr != nil:
 		fmt.Fprintf(os.Stderr, "leasehold lock: start %s: %v\n", argv[0], o.startErr)

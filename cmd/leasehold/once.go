@@ -117,7 +117,7 @@ func runOnce(addr string, ttl time.Duration, note, key string, argv []string) in
 		signal.Stop(sigs)
 		close(started)
 		env := []string{"LEASEHOLD_KEY=" + key, "LEASEHOLD_TOKEN=" + strconv.FormatUint(token, 10)}
-		r, stdout, truncated := runCapturing(kctx, argv, env, fwd)
+		r, stdout, truncated := runCapturing(kctx, ttl, argv, env, fwd)
 		switch {
 		case r.startErr != nil:
 			fmt.Fprintf(os.Stderr, "leasehold once: start %s: %v\n", argv[0], r.startErr)
@@ -158,7 +158,7 @@ func runOnce(addr string, ttl time.Duration, note, key string, argv []string) in
 
 // runCapturing runs argv under kctx with runGroup, passing its standard output through
 // and keeping the first maxStoredStdout bytes of it.
-func runCapturing(kctx context.Context, argv, env []string, sigs chan os.Signal) (r groupRun, stdout []byte, truncated bool) {
+func runCapturing(kctx context.Context, ttl time.Duration, argv, env []string, sigs chan os.Signal) (r groupRun, stdout []byte, truncated bool) {
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		signal.Stop(sigs)
@@ -179,7 +179,7 @@ func runCapturing(kctx context.Context, argv, env []string, sigs chan os.Signal)
 		_, _ = io.Copy(io.MultiWriter(keep, os.Stdout), pr)
 		_ = pr.Close()
 	}()
-	r = runGroup(kctx, argv, env, pw, sigs)
+	r = runGroup(kctx, ttl, argv, env, pw, sigs)
 	_ = pw.Close() // the group is gone: the copy ends at the pipe's end
 	select {
 	case <-copied:

@@ -431,3 +431,43 @@ func eventuallyTrue(d time.Duration, cond func() bool) bool {
 		}
 	}
 }
+
+// TestLockStalledStopsCMD: `leasehold lock` stopped with SIGSTOP — which it cannot
+// catch, so it cannot stop CMD, send keepalives or kill CMD when the lease lapses. The
+// guard, fed the lease's deadline by leasehold, kills CMD's group when the last
+// deadline it heard runs out: before the server can expire the lease and grant the
+// lock to another. Continued, leasehold finds the lock lost and exits 76.
+func TestLockStalledStopsCMD(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a node")
+	}
+	addr := testnode.Start(t).Addr()
+	pidfile := filepath.Join(t.TempDir(), "pid")
+	const ttl = 2 * time.Second
+	cmd := leaseholdProcess(t, "lock", "t/lock/stalled", "--addr", addr, "--ttl", ttl.String(), "--",
+		"sh", "-c", `echo $$ > `+pidfile+`; while :; do sleep 0.05; done`)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sh := readPids(t, pidfile, 1)[0]
+	t.Cleanup(func() { _ = syscall.Kill(-sh, syscall.SIGKILL); _ = cmd.Process.Kill() })
+	stopped := time.Now()
+	_ = cmd.Process.Signal(syscall.SIGSTOP)
+	if !eventuallyTrue(ttl+time.Second, func() bool { return !alive(sh) }) {
+		t.Fatalf("CMD (pid %d) still runs %v after leasehold was stopped (TTL %v)", sh, time.Since(stopped).Round(time.Millisecond), ttl)
+	}
+	if since := time.Since(stopped); since >= ttl {
+		t.Errorf("CMD was killed %v after leasehold stopped, not before the TTL (%v) could lapse", since.Round(time.Millisecond), ttl)
+	}
+	_ = cmd.Process.Signal(syscall.SIGCONT)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if code := exitCode(err); code != exitLockLost {
+			t.Errorf("leasehold after SIGCONT: exit %d, want %d", code, exitLockLost)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("leasehold did not exit within 10s of SIGCONT")
+	}
+}

@@ -13,9 +13,12 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
+
+	"github.com/leasehold/leasehold/client"
 )
 
 // How `leasehold lock|elect|once NAME -- CMD` runs CMD.
@@ -31,6 +34,11 @@ import (
 // ended over a second pipe and waits to be killed with the rest of its group, so no
 // process CMD left behind outlives leasehold either.
 //
+// Over the same pipe leasehold sends, ten times a second, how long its lease is good
+// for (client.LeaseDeadline, plus a tenth of the TTL, which still comes before the
+// server can expire it): should leasehold stall — stopped with SIGSTOP, starved, stuck
+// — the guard kills the group when that time runs out.
+//
 // The group is the terminal's foreground job when leasehold is: a CMD at a terminal
 // reads it and gets Ctrl-C and Ctrl-Z, as if the shell had started it. When CMD stops
 // (Ctrl-Z, or SIGTTIN reading a terminal it does not own), leasehold takes the
@@ -38,15 +46,16 @@ import (
 // gives the terminal back when it is in the foreground, and continues the group.
 //
 // What is not covered: a process of CMD's that leaves the group (setsid, setpgid) is
-// out of reach, as under any supervisor that kills by process group; and leasehold
-// stopped with SIGSTOP (not SIGTSTP) cannot stop CMD.
+// out of reach, as under any supervisor that kills by process group; and a guard paused
+// with leasehold (the whole machine or cgroup frozen) kills nothing until it runs
+// again. That is what fencing tokens are for.
 
 // runGuardCmd is the name of the hidden command the guard runs as.
 const runGuardCmd = "run-guard"
 
 // The guard's file descriptors, passed by runGroup as ExtraFiles.
 const (
-	guardLifeFD   = 3 // read end: end-of-file means leasehold is gone
+	guardLifeFD   = 3 // read end: lease deadlines, one a line (ms from now); end-of-file means leasehold is gone
 	guardReportFD = 4 // write end: one line per event, guardStopped, guardExit N, guardError MSG
 )
 
@@ -58,6 +67,7 @@ const (
 	guardStopped = "stopped"    // CMD was stopped by a signal
 	guardExit    = "exit "      // CMD ended; its code follows (128+N for signal N)
 	guardError   = "start-err " // CMD could not be started; why follows
+	guardLapsed  = "lapsed"     // leasehold sent no later deadline in time: the guard killed the group
 )
 
 // forwarded are the signals leasehold passes on to CMD's process group.
@@ -103,7 +113,7 @@ type groupRun struct {
 // stopped, cannot keep the lease alive or kill CMD when it ends. When held ends first,
 // the whole group is killed with SIGKILL at once (lost); when CMD exits, the rest of
 // its group is killed too. If leasehold dies, the guard kills the group.
-func runGroup(held context.Context, argv, env []string, stdout *os.File, sigs chan os.Signal) groupRun {
+func runGroup(held context.Context, ttl time.Duration, argv, env []string, stdout *os.File, sigs chan os.Signal) groupRun {
 	defer signal.Stop(sigs)
 	if _, err := exec.LookPath(argv[0]); err != nil {
 		return groupRun{startErr: err, code: -1}
@@ -142,6 +152,13 @@ func runGroup(held context.Context, argv, env []string, stdout *os.File, sigs ch
 		return groupRun{startErr: err, code: -1}
 	}
 	r := groupRun{pgid: cmd.Process.Pid, code: -1}
+	stopFeed := make(chan struct{})
+	defer close(stopFeed) // before lifeW closes
+	grace := ttl / 10     // within the margin between the client's deadline and the server's expiry (TTL/5)
+	if grace <= 0 {
+		grace = time.Second
+	}
+	go feedGuard(held, lifeW, grace, stopFeed)
 	reports := make(chan string, 4)
 	go func() {
 		defer close(reports)
@@ -199,9 +216,34 @@ func runGroup(held context.Context, argv, env []string, stdout *os.File, sigs ch
 	}
 }
 
+// feedGuard writes to the guard's life pipe, ten times a second until stop or until
+// held ends, how many milliseconds are left until the lease's deadline plus grace.
+func feedGuard(held context.Context, w io.Writer, grace time.Duration, stop <-chan struct{}) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		deadline, ok := client.LeaseDeadline(held)
+		if !ok {
+			return // lost: runGroup kills the group, or the last time sent runs out
+		}
+		if _, err := fmt.Fprintf(w, "%d\n", time.Until(deadline.Add(grace)).Milliseconds()); err != nil {
+			return
+		}
+		select {
+		case <-stop:
+			return
+		case <-held.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
 // take records a guard's report of how CMD ended.
 func (r *groupRun) take(rep string) {
 	switch {
+	case rep == guardLapsed:
+		r.lost = true
 	case strings.HasPrefix(rep, guardExit):
 		if n, err := strconv.Atoi(strings.TrimPrefix(rep, guardExit)); err == nil {
 			r.code = n
@@ -303,7 +345,8 @@ func newRunGuardCmd() *cobra.Command {
 
 // runGuard is the guard: it starts argv in its own process group (which it leads),
 // reports how argv ends, and kills the group when leasehold's end of the life pipe
-// closes. It returns only when it could not start argv.
+// closes or the lease deadline leasehold last sent passes. It returns only when it
+// could not start argv.
 func runGuard(stderr io.Writer, argv []string) int {
 	// The guard kills its whole process group: it must be sure it leads a group of its
 	// own that runGroup made, not, run by hand, the shell's.
@@ -326,8 +369,6 @@ func runGuard(stderr io.Writer, argv []string) int {
 		for range sigs {
 		}
 	}()
-	go killGroupWhenLeaseholdIsGone()
-
 	path, err := exec.LookPath(argv[0])
 	var p *os.Process
 	if err == nil {
@@ -337,9 +378,22 @@ func runGuard(stderr io.Writer, argv []string) int {
 		fmt.Fprintf(report, "%s%v\n", guardError, err)
 		return 127
 	}
+	go reportCMD(p.Pid, report)
+	watchLife(report)
+	return exitError // not reached: watchLife ends with the group killed
+}
+
+// isPipe reports whether fd is an open pipe.
+func isPipe(fd int) bool {
+	var st syscall.Stat_t
+	return syscall.Fstat(fd, &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFIFO
+}
+
+// reportCMD waits for CMD and reports its stops and its end.
+func reportCMD(pid int, report io.Writer) {
 	for {
 		var ws syscall.WaitStatus
-		_, err := syscall.Wait4(p.Pid, &ws, syscall.WUNTRACED, nil)
+		_, err := syscall.Wait4(pid, &ws, syscall.WUNTRACED, nil)
 		switch {
 		case errors.Is(err, syscall.EINTR):
 			continue
@@ -353,24 +407,34 @@ func runGuard(stderr io.Writer, argv []string) int {
 		default:
 			fmt.Fprintf(report, "%s%d\n", guardExit, ws.ExitStatus())
 		}
-		killGroupWhenLeaseholdIsGone() // or leasehold kills the group first
+		return // leasehold kills the group now, or the life pipe does
 	}
 }
 
-// isPipe reports whether fd is an open pipe.
-func isPipe(fd int) bool {
-	var st syscall.Stat_t
-	return syscall.Fstat(fd, &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFIFO
-}
-
-// killGroupWhenLeaseholdIsGone blocks until leasehold's end of the life pipe closes
-// (leasehold never writes to it), then kills the guard's process group, the guard too.
-func killGroupWhenLeaseholdIsGone() {
-	var b [1]byte
+// watchLife reads leasehold's lease deadlines from the life pipe and kills the guard's
+// process group, the guard too, when the pipe closes (leasehold is gone) or the last
+// deadline passes before leasehold sends a later one (leasehold stalled).
+func watchLife(report io.Writer) {
+	var lapse *time.Timer
+	life := bufio.NewReader(os.NewFile(guardLifeFD, "leasehold-life"))
 	for {
-		if _, err := syscall.Read(guardLifeFD, b[:]); !errors.Is(err, syscall.EINTR) {
-			break
+		line, err := life.ReadString('\n')
+		if err != nil {
+			_ = syscall.Kill(0, syscall.SIGKILL)
+			return
+		}
+		ms, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+		if err != nil {
+			continue
+		}
+		left := time.Duration(ms) * time.Millisecond
+		if lapse == nil {
+			lapse = time.AfterFunc(left, func() {
+				fmt.Fprintln(report, guardLapsed)
+				_ = syscall.Kill(0, syscall.SIGKILL)
+			})
+		} else {
+			lapse.Reset(left)
 		}
 	}
-	_ = syscall.Kill(0, syscall.SIGKILL)
 }
