@@ -133,6 +133,7 @@ func runGroup(held context.Context, ttl time.Duration, argv, env []string, stdou
 	start := func(foreground bool) (*exec.Cmd, error) {
 		self, selfEnv := selfCommand()
 		cmd := exec.Command(self[0], append(append(self[1:], runGuardCmd), argv...)...)
+		cmd.Args[0] = os.Args[0] // ps shows "leasehold run-guard CMD…", not /proc/self/exe
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, os.Stderr
 		cmd.Env = append(append(os.Environ(), env...), append(selfEnv, guardParentEnv+"="+strconv.Itoa(os.Getpid()))...)
 		cmd.ExtraFiles = []*os.File{lifeR, reportW} // guardLifeFD, guardReportFD
