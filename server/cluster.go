@@ -11,6 +11,8 @@ import (
 	"slices"
 	"time"
 
+	"connectrpc.com/connect"
+
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/core"
 	"github.com/leasehold/leasehold/replication"
@@ -196,7 +198,7 @@ func (s *Server) AddMember(ctx context.Context, req *leaseholdv1.AddMemberReques
 func (s *Server) checkNewMember(ctx context.Context, id, raftAddr, apiAddr string) (*leaseholdv1.StatusResponse, error) {
 	sctx, cancel := context.WithTimeout(ctx, memberCheckTimeout)
 	defer cancel()
-	st, err := s.PeerCluster(apiAddr).Status(sctx, &leaseholdv1.StatusRequest{})
+	st, err := s.PeerCluster(apiAddr).Status(withCallerCredentials(sctx), &leaseholdv1.StatusRequest{})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -214,6 +216,17 @@ func (s *Server) checkNewMember(ctx context.Context, id, raftAddr, apiAddr strin
 		return nil, fmt.Errorf("%w: node %s holds the data of another cluster (%s; this is %s): give it an empty data dir", errMemberCheck, id, st.GetClusterId(), own)
 	}
 	return st, nil
+}
+
+// withCallerCredentials returns ctx for a call to the node being added, carrying the
+// credential AddMember's caller came with (a token, or a certificate's subject): the
+// new node authorizes the Status calls as the caller's. Without it, a cluster with auth
+// and no peer TLS (no peer certificate to identify this node) could never add a node:
+// the new node refuses an anonymous Status.
+func withCallerCredentials(ctx context.Context) context.Context {
+	cctx, info := connect.NewClientContext(ctx)
+	forwardCredentials(ctx, info.RequestHeader())
+	return cctx
 }
 
 // sameAddr reports whether the host:port addresses a and b are the same, literally or
@@ -254,7 +267,7 @@ func (s *Server) waitCaughtUp(ctx context.Context, id, apiAddr string, base uint
 	var applied, commit uint64
 	var why string
 	for {
-		st, err := s.PeerCluster(apiAddr).Status(ctx, &leaseholdv1.StatusRequest{})
+		st, err := s.PeerCluster(apiAddr).Status(withCallerCredentials(ctx), &leaseholdv1.StatusRequest{})
 		commit = s.raft.Status().CommitIndex
 		if err == nil {
 			applied = st.GetAppliedIndex()
