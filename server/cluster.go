@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -309,6 +311,10 @@ func (s *Server) RemoveMember(ctx context.Context, req *leaseholdv1.RemoveMember
 		return nil, fmt.Errorf("%w: node %q is not a member", errNoSuchMember, req.GetNodeId())
 	case voter && voters == 1:
 		return nil, fmt.Errorf("%w: node %q is the only voter; a cluster without voters cannot serve (to move it, add the new node first)", errLastVoter, req.GetNodeId())
+	case voter:
+		if err := s.checkRemovalQuorum(ctx, req.GetNodeId(), servers); err != nil {
+			return nil, err
+		}
 	}
 	// Forget the addresses first: once the raft change commits, a removed leader steps
 	// down and could not propose it any more.
@@ -323,6 +329,62 @@ func (s *Server) RemoveMember(ctx context.Context, req *leaseholdv1.RemoveMember
 		return nil, err
 	}
 	return &leaseholdv1.RemoveMemberResponse{Members: members}, nil
+}
+
+// removalCheckTimeout bounds the Status call to each voter that would remain after a
+// removal.
+const removalCheckTimeout = 2 * time.Second
+
+// checkRemovalQuorum refuses (errQuorumAtRisk) to remove the voter removed unless a
+// majority of the voters that remain answer now: this node, and each other voter whose
+// Status, at its registered API address, names this node as the leader of this term.
+// Raft counts a new configuration as soon as it is appended, so the removal itself
+// needs that majority to commit: without it the change never commits, this leader
+// loses its quorum, and no node can be elected until the silent voters come back (a
+// cluster of three with one node down, and the removal of one of the other two).
+func (s *Server) checkRemovalQuorum(ctx context.Context, removed string, servers []replication.Server) error {
+	self := s.raft.Status()
+	var remain []string
+	for _, sv := range servers {
+		if sv.Voter && sv.ID != removed {
+			remain = append(remain, sv.ID)
+		}
+	}
+	answers := make([]bool, len(remain))
+	var wg sync.WaitGroup
+	for i, id := range remain {
+		if id == self.NodeID {
+			answers[i] = true
+			continue
+		}
+		var api string
+		s.raft.Read(func(st *core.State) { api = st.Member(id) })
+		if api == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sctx, cancel := context.WithTimeout(ctx, removalCheckTimeout)
+			defer cancel()
+			st, err := s.PeerCluster(api).Status(withCallerCredentials(sctx), &leaseholdv1.StatusRequest{})
+			answers[i] = err == nil && st.GetLeader() == self.NodeID && st.GetTerm() == self.Term
+		}()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var silent []string
+	for i, ok := range answers {
+		if !ok {
+			silent = append(silent, remain[i])
+		}
+	}
+	if live := len(remain) - len(silent); 2*live > len(remain) {
+		return nil
+	}
+	return fmt.Errorf("%w: without node %q the cluster has %d voters, and %s (%d) do not answer this leader: the removal could not commit and the cluster would stop serving; bring them back first, or remove one of them", errQuorumAtRisk, removed, len(remain), strings.Join(silent, ", "), len(silent))
 }
 
 // Register records (idempotently) that node id serves its API at api and its fast lane

@@ -55,6 +55,7 @@ var errorCodes = []struct {
 	{errNoSuchMember, connect.CodeNotFound, reason.NoSuchMember},
 	{errMemberCheck, connect.CodeFailedPrecondition, reason.MemberCheck},
 	{errLastVoter, connect.CodeFailedPrecondition, reason.LastVoter},
+	{errQuorumAtRisk, connect.CodeFailedPrecondition, reason.QuorumAtRisk},
 	{errNotCaughtUp, connect.CodeUnavailable, reason.NotCaughtUp},
 	{errWrongCluster, connect.CodeFailedPrecondition, reason.WrongCluster},
 	{watch.ErrCompacted, connect.CodeFailedPrecondition, reason.Compacted},
@@ -160,6 +161,9 @@ var (
 	// errLastVoter is returned by RemoveMember, having changed nothing, for the only
 	// voter.
 	errLastVoter = errors.New("server: cannot remove the last voter")
+	// errQuorumAtRisk is returned by RemoveMember, having changed nothing, when the
+	// voters that would remain do not have a majority that answers the leader now.
+	errQuorumAtRisk = errors.New("server: the removal would leave the cluster without a quorum")
 	// errNotCaughtUp is returned by AddMember when the new member, added as a non-voter,
 	// did not catch up with the log in time; it stays a non-voter.
 	errNotCaughtUp = errors.New("server: the new member has not caught up")

@@ -3,8 +3,11 @@ package service_test
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/leasehold/leasehold/client"
 	"github.com/leasehold/leasehold/internal/auth"
@@ -72,11 +75,12 @@ func cluster3(t *testing.T, edit ...func(*service.Config)) (n1, n2, n3 *service.
 }
 
 // TestRemoveMemberKeepsQuorum: in a cluster of three with one node down, removing one
-// of the two live nodes leaves a configuration of two voters of which one is down: no
-// majority, ever, until the dead node comes back. The removal must be refused (the
-// cluster keeps serving on its live majority), or leave a cluster that still serves.
+// of the two live nodes would leave a configuration of two voters of which one is down:
+// no majority, ever, until the dead node comes back (the change itself could not
+// commit). The removal is refused (FailedPrecondition, quorum_at_risk) and changes
+// nothing; the cluster keeps serving on its live majority, and removing the dead node
+// instead works.
 func TestRemoveMemberKeepsQuorum(t *testing.T) {
-	knownBug(t)
 	n1, _, n3, c := cluster3(t)
 	ctx := ctxT(t, time.Minute)
 	if err := n3.Close(ctx); err != nil {
@@ -88,11 +92,45 @@ func TestRemoveMemberKeepsQuorum(t *testing.T) {
 	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	_, rerr := c.RemoveMember(rctx, "n2")
 	cancel()
-	t.Logf("RemoveMember(n2) with n3 down: %v", rerr)
 	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	if _, err := c.Put(pctx, "after", []byte("v")); err != nil {
 		st := n1.Raft.Status()
 		t.Fatalf("after RemoveMember(n2) (answer: %v) with n3 down the cluster no longer serves: Put: %v (n1 is %s, leader %q)", rerr, err, st.Role, st.LeaderID)
+	}
+	if connect.CodeOf(rerr) != connect.CodeFailedPrecondition || reasonOf(rerr) != "quorum_at_risk" || !strings.Contains(rerr.Error(), "n3") {
+		t.Fatalf("RemoveMember(n2) with n3 down = %v, want FailedPrecondition quorum_at_risk naming n3", rerr)
+	}
+	ms, err := c.Members(ctx)
+	if err != nil || len(ms) != 3 || ms[1].GetApiAddr() == "" {
+		t.Fatalf("members after the refused removal: %v %v", ms, err)
+	}
+	if ms, err = c.RemoveMember(ctx, "n3"); err != nil || len(ms) != 2 {
+		t.Fatalf("RemoveMember(n3, the dead node) = %v %v", ms, err)
+	}
+	if _, err := c.Put(ctx, "after-n3", []byte("v")); err != nil {
+		t.Fatalf("after removing the dead node: %v", err)
+	}
+}
+
+// TestRemoveLeader: removing the leader of a healthy cluster of three answers, the
+// leader steps down and the other two elect one of them and serve.
+func TestRemoveLeader(t *testing.T) {
+	_, n2, _, c := cluster3(t)
+	ctx := ctxT(t, time.Minute)
+	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	ms, err := c.RemoveMember(rctx, "n1")
+	cancel()
+	if err != nil {
+		t.Fatalf("RemoveMember(the leader) = %v %v", ms, err)
+	}
+	c2 := dial(t, n2.Addr())
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if _, err := c2.Put(pctx, "after", []byte("v")); err != nil {
+		t.Fatalf("after removing the leader: %v", err)
+	}
+	if ms, err := c2.Members(ctx); err != nil || len(ms) != 2 {
+		t.Fatalf("members after removing the leader: %v %v", ms, err)
 	}
 }

@@ -33,6 +33,7 @@ const (
 	SetConflict     = "set_conflict"  // a lock set that overlaps what the lease holds or waits for
 	MemberCheck     = "member_check"  // the node to add does not answer as itself
 	LastVoter       = "last_voter"
+	QuorumAtRisk    = "quorum_at_risk" // the voters left after a removal would have no live majority
 	WrongCluster    = "wrong_cluster"
 	Compacted       = "compacted"  // a Watch start, or an Observe resume point, below the retained history (the message names the oldest revision)
 	NotMember       = "not_member" // the lease is not the group member's
