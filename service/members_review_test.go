@@ -134,3 +134,41 @@ func TestRemoveLeader(t *testing.T) {
 		t.Fatalf("members after removing the leader: %v %v", ms, err)
 	}
 }
+
+// TestAddMemberAtAnotherMembersRaftAddr: n2, a member, dies without being removed, and a
+// new node n3 is started on the same machine at n2's raft address (the address is free
+// again). Adding n3 cannot work (raft refuses two members at one address); the answer
+// must say so, naming raft_addr and the member that has it, as FailedPrecondition —
+// not Internal.
+func TestAddMemberAtAnotherMembersRaftAddr(t *testing.T) {
+	knownBug(t)
+	n1 := start(t, "n1", "")
+	n2 := start(t, "n2", n1.Addr())
+	c := dial(t, n1.Addr())
+	ctx := ctxT(t, time.Minute)
+	waitMembers(t, ctx, c, 2)
+	for {
+		ms, err := c.Members(ctx)
+		if err == nil && ms[1].GetSuffrage() == "voter" {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("n2 is not promoted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	raft2 := n2.Raft.RaftAddr()
+	if err := n2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n3 := start(t, "n3", "", func(cfg *service.Config) {
+		cfg.Raft.Bootstrap = false
+		cfg.Raft.RaftAddr = raft2
+	})
+	actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	_, err := c.AddMember(actx, "n3", raft2, n3.Addr())
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "raft_addr") || !strings.Contains(err.Error(), "n2") {
+		t.Fatalf("AddMember(n3 at n2's raft address) = %v (code %v), want FailedPrecondition naming raft_addr and n2", err, connect.CodeOf(err))
+	}
+}
