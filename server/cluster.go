@@ -155,8 +155,12 @@ func (s *Server) AddMember(ctx context.Context, req *leaseholdv1.AddMemberReques
 	}
 	var current *replication.Server
 	for i := range servers {
-		if servers[i].ID == id {
+		switch sv := servers[i]; {
+		case sv.ID == id:
 			current = &servers[i]
+		case sv.RaftAddr == raftAddr:
+			// Raft refuses two members at one address (and would answer Internal).
+			return nil, fmt.Errorf("%w: raft_addr %s is member %s's; remove %s first if it is gone", errMemberCheck, raftAddr, sv.ID, sv.ID)
 		}
 	}
 	switch {

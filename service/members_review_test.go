@@ -141,7 +141,6 @@ func TestRemoveLeader(t *testing.T) {
 // must say so, naming raft_addr and the member that has it, as FailedPrecondition —
 // not Internal.
 func TestAddMemberAtAnotherMembersRaftAddr(t *testing.T) {
-	knownBug(t)
 	n1 := start(t, "n1", "")
 	n2 := start(t, "n2", n1.Addr())
 	c := dial(t, n1.Addr())
