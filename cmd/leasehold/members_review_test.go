@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/client"
+	"github.com/leasehold/leasehold/internal/testnode"
+	"github.com/leasehold/leasehold/replication"
+	"github.com/leasehold/leasehold/service"
+)
+
+// TestMembersRemoveWithoutQuorumAnswers: a cluster of two voters loses one; the other
+// has no leader to serve `members remove` (OPERATIONS.md: "nothing, members remove
+// included, can be served"). The command must say so and exit — not retry forever.
+func TestMembersRemoveWithoutQuorumAnswers(t *testing.T) {
+	if os.Getenv("LEASEHOLD_KNOWN_BUGS") != "1" {
+		t.Skip("known bug; set LEASEHOLD_KNOWN_BUGS=1 to run")
+	}
+	n1 := testnode.StartWith(t, func(cfg *service.Config) { cfg.Raft.NodeID = "n1" })
+	n2, err := service.Start(service.Config{
+		Addr:         "127.0.0.1:0",
+		FastLaneAddr: "127.0.0.1:0",
+		Raft:         replication.Config{NodeID: "n2", DataDir: t.TempDir(), RaftAddr: testnode.FreeAddr(t)},
+		Join:         n1.Addr(),
+		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := client.Dial(ctx, n1.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close(context.Background()) }()
+	for {
+		ms, err := c.Members(ctx)
+		if err == nil && len(ms) == 2 && ms[1].GetSuffrage() == "voter" {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("n2 did not join: %v %v", ms, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := n2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for n1.Raft.IsLeader() { // it steps down once it has heard from no quorum for a while
+		if ctx.Err() != nil {
+			t.Fatal("n1 still leads alone")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	type result struct {
+		code           int
+		stdout, stderr string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, stdout, stderr := cli(t, "members", "remove", "n2", "--addr", n1.Addr())
+		done <- result{code, stdout, stderr}
+	}()
+	select {
+	case r := <-done:
+		if r.code == exitOK || !strings.Contains(r.stderr, "leader") {
+			t.Fatalf("members remove without a quorum: exit %d, stdout %q, stderr %q; want an error about the leader", r.code, r.stdout, r.stderr)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("members remove against a node without a leader has not answered in 30 s")
+	}
+}
