@@ -2,7 +2,6 @@ package service_test
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,14 +12,6 @@ import (
 	"github.com/leasehold/leasehold/internal/auth"
 	"github.com/leasehold/leasehold/service"
 )
-
-// knownBug skips a test showing an unfixed bug unless LEASEHOLD_KNOWN_BUGS=1.
-func knownBug(t *testing.T) {
-	t.Helper()
-	if os.Getenv("LEASEHOLD_KNOWN_BUGS") != "1" {
-		t.Skip("known bug; set LEASEHOLD_KNOWN_BUGS=1 to run")
-	}
-}
 
 // TestAddMemberWithAuthNoPeerTLS: with an auth file and no TLS at all (loopback), an
 // admin adds a running, empty node with `members add` — the path docs/SECURITY.md gives
