@@ -24,7 +24,9 @@ import (
 //     end of the answer, so they would also cut off an Acquire that waits for its lock
 //     and every streaming RPC. The read deadline is lifted once the body has arrived
 //     (on HTTP/1.1 it would otherwise end the wait of an Acquire through net/http's
-//     background read). Streaming RPCs get neither deadline.
+//     background read). A server stream's request (one message) has the read deadline
+//     too, lifted as it ends; streams get no write deadline, and client or bidi streams
+//     (gRPC reflection) neither.
 //   - Envelopes. A gRPC, gRPC-Web or Connect-streaming body is a sequence of messages,
 //     each behind a 5-byte prefix (flags, length). Connect answers a broken one —
 //     flags it does not know, the compressed flag without a compression, a body that
@@ -90,16 +92,22 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		r.Body = body
 	}
-	if kind == streamRoute || kind == duplexRoute {
+	if kind == duplexRoute {
 		g.next.ServeHTTP(w, r)
 		return
 	}
 	rc := http.NewResponseController(w)
-	_ = rc.SetWriteDeadline(time.Time{}) // what an earlier answer on this connection left
 	if hasBody {
+		// A server stream's request is one message, like a unary one's: Connect reads
+		// it to its end before the handler runs, and the deadline is lifted there.
 		_ = rc.SetReadDeadline(time.Now().Add(g.read))
 		body.rc = rc
 	}
+	if kind == streamRoute {
+		g.next.ServeHTTP(w, r)
+		return
+	}
+	_ = rc.SetWriteDeadline(time.Time{}) // what an earlier answer on this connection left
 	dw := &deadlineWriter{ResponseWriter: w, rc: rc, timeout: g.write}
 	defer dw.arm() // for an answer that net/http writes after the handler returned
 	g.next.ServeHTTP(dw, r)
