@@ -2,8 +2,11 @@ package service_test
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,6 +101,53 @@ func TestStreamsOutliveReadTimeout(t *testing.T) {
 		}
 		if !got {
 			t.Errorf("%s: the Watch ended before the event of rt/a: %v", names[i], st.Err())
+		}
+	}
+}
+
+// TestLoopbackRefusesForeignHost: out of the box a node listens on loopback without
+// auth (SECURITY.md: "lets anyone on the machine do anything"), which is also every web
+// page the machine's browser opens, through DNS rebinding: a page of
+// http://rebind.attacker.example:7740 whose name the attacker then points at 127.0.0.1
+// is same-origin with the node, so its scripts may POST application/json to every RPC
+// and read the answers — force release locks, write keys, fetch /admin/snapshot with
+// every lease ID. The only thing that tells such a request apart is its Host header,
+// which the node does not look at. A node serving loopback without auth must refuse a
+// Host that names neither a loopback name nor an IP address.
+func TestLoopbackRefusesForeignHost(t *testing.T) {
+	knownBug(t)
+	n := startNode(t, "n1", server.Config{}, "")
+	_, port, _ := net.SplitHostPort(n.Addr())
+	do := func(host, method, path, body string) int {
+		req, err := http.NewRequest(method, "http://"+n.Addr()+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	put := `{"key":"k","value":"b3duZWQ="}`
+	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "[::1]:" + port} {
+		if code := do(host, http.MethodPost, "/leasehold.v1.KVService/Put", put); code != http.StatusOK {
+			t.Fatalf("Put with Host %s: %d, want 200", host, code)
+		}
+	}
+	for _, c := range []struct{ method, path, body string }{
+		{http.MethodPost, "/leasehold.v1.KVService/Put", put},
+		{http.MethodPost, "/leasehold.v1.LockService/ForceRelease", `{"name":"k"}`},
+		{http.MethodGet, "/admin/snapshot", ""},
+	} {
+		if code := do("rebind.attacker.example:"+port, c.method, c.path, c.body); code < 400 {
+			t.Errorf("%s %s with Host rebind.attacker.example: %d, want it refused", c.method, c.path, code)
 		}
 	}
 }
