@@ -150,17 +150,17 @@ func TestSlowClients(t *testing.T) {
 		{"silent TCP", rt, func(t *testing.T) net.Conn { return dialFrom(t, "127.0.0.3", n.Addr()) }},
 		{"HTTP/1.1 headers cut short", rt, func(t *testing.T) net.Conn {
 			c := dialFrom(t, "127.0.0.3", n.Addr())
-			_, _ = c.Write([]byte("POST /leasehold.v1.ClusterService/Status HTTP/1.1\r\nHost: x\r\n"))
+			_, _ = c.Write([]byte("POST /leasehold.v1.ClusterService/Status HTTP/1.1\r\nHost: 127.0.0.1\r\n"))
 			return c
 		}},
 		{"HTTP/1.1 body stalled", rt, func(t *testing.T) net.Conn {
 			c := dialFrom(t, "127.0.0.3", n.Addr())
-			_, _ = c.Write([]byte("POST /leasehold.v1.ClusterService/Status HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"))
+			_, _ = c.Write([]byte("POST /leasehold.v1.ClusterService/Status HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"))
 			return c
 		}},
 		{"HTTP/1.1 keep-alive, idle", idle, func(t *testing.T) net.Conn {
 			c := dialFrom(t, "127.0.0.3", n.Addr())
-			_, _ = c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+			_, _ = c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
 			buf := make([]byte, 512)
 			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
 			if _, err := c.Read(buf); err != nil || !bytes.HasPrefix(buf, []byte("HTTP/1.1 200")) {
@@ -271,7 +271,7 @@ func TestConnectionsPerClient(t *testing.T) {
 			continue
 		}
 		c := dialFrom(t, "127.0.0.2", n.Addr())
-		_, _ = c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+		_, _ = c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
 		buf := make([]byte, 512)
 		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
 		if _, err := c.Read(buf); err != nil || !bytes.HasPrefix(buf, []byte("HTTP/1.1 200")) {

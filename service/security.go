@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/leasehold/leasehold/replication"
 )
@@ -71,6 +72,41 @@ func loopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// localHosts guards h, the API of a node that serves loopback without authentication
+// (the default), against DNS rebinding: a web page whose name its owner points at
+// 127.0.0.1 is same-origin with the node, and its scripts could call every RPC and
+// read the answers. Such a request names the page's host in its Host header; the
+// node answers 421 to a Host that is neither an IP address, localhost nor the host
+// the node advertises. A node with authentication, or serving another address, is
+// served as it is.
+func localHosts(cfg *Config, h http.Handler) http.Handler {
+	if cfg.Server.Auth != nil || (cfg.TLS != nil && cfg.TLS.ClientCerts()) || !loopback(cfg.Addr) {
+		return h
+	}
+	advertised, _, _ := net.SplitHostPort(cfg.AdvertiseAddr)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !localHost(r.Host, advertised) {
+			// Not a byte more of the request is read: a stalled body holds nothing.
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+			w.Header().Set("Connection", "close")
+			http.Error(w, fmt.Sprintf("this node serves loopback without authentication and answers only requests for 127.0.0.1, localhost or %s, not %q (a web page cannot reach it through DNS rebinding)", cfg.AdvertiseAddr, r.Host), http.StatusMisdirectedRequest)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// localHost reports whether hostport, a request's Host, is one a page cannot rebind:
+// an IP address (or none), localhost, or advertised.
+func localHost(hostport, advertised string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")), ".")
+	return host == "" || net.ParseIP(host) != nil || host == "localhost" || strings.EqualFold(host, advertised)
 }
 
 // secure serves ln's connections over TLS, offering nextProtos, when the node serves

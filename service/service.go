@@ -255,6 +255,7 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.Pprof {
 		handler = withPprof(handler, n.Server.AdminOnly)
 	}
+	handler = localHosts(&cfg, handler)
 	// No ReadTimeout or WriteTimeout here: they would cut off waiting Acquires and
 	// streams. The server's handler sets them per request (server/guard.go).
 	n.http = &http.Server{
