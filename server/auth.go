@@ -183,6 +183,30 @@ func (s *Server) authorize(c *principal, m *method, req proto.Message) error {
 	return nil
 }
 
+// reauthorize authorizes c's request req to m again when the auth file was reloaded
+// since c was identified, and returns the principal to check the next time: a server
+// stream calls it before each message, so that a token taken out of the file, or whose
+// rules no longer allow the request, gets nothing more from a stream it opened before
+// (SECURITY.md, "Reloading"). The token or certificate subject is looked up again; a
+// peer stays a peer.
+func (s *Server) reauthorize(c *principal, m *method, req proto.Message) (*principal, error) {
+	if !s.authOn() || c == nil || c.who == nil {
+		return c, nil // gate admitted it: no auth, or nothing to look up
+	}
+	gen := s.cfg.Auth.Generation()
+	if c.gen == gen {
+		return c, nil
+	}
+	again := &principal{gen: gen, token: c.token, subject: c.subject, who: c.who}
+	switch {
+	case c.token != "":
+		again.who, again.err = s.cfg.Auth.Token(c.token)
+	case c.subject != "":
+		again.who, again.err = s.cfg.Auth.Subject(c.subject)
+	}
+	return again, s.authorize(again, m, req)
+}
+
 // requestText renders an admin request for the log (admin requests carry no secret).
 func requestText(req proto.Message) string {
 	const maxLen = 512

@@ -246,11 +246,18 @@ func serverStream[Req, Res any, PReq interface {
 	}
 	m.connectHandler = func(s *Server, opts ...connect.HandlerOption) http.Handler {
 		return connect.NewServerStreamHandler(procedure, func(ctx context.Context, r *connect.Request[Req], st *connect.ServerStream[Res]) error {
-			settle, err := s.gate(principalOf(ctx), m, PReq(r.Msg))
+			c := principalOf(ctx)
+			settle, err := s.gate(c, m, PReq(r.Msg))
 			if err != nil {
 				return s.finish(m, time.Now(), err)
 			}
 			err = s.callStream(ctx, m, PReq(r.Msg), callerOf(r.Header()), func(resp proto.Message) error {
+				// Each message is for a caller the auth file, reloaded or not, allows.
+				again, err := s.reauthorize(c, m, PReq(r.Msg))
+				if err != nil {
+					return err
+				}
+				c = again
 				return st.Send((*Res)(resp.(PRes)))
 			})
 			if settle != nil {

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -16,14 +15,6 @@ import (
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
 	"github.com/leasehold/leasehold/server"
 )
-
-// knownBug skips a test of a bug that is not fixed yet, unless LEASEHOLD_KNOWN_BUGS=1.
-func knownBug(t *testing.T) {
-	t.Helper()
-	if os.Getenv("LEASEHOLD_KNOWN_BUGS") != "1" {
-		t.Skip("known bug (FINDINGS.md); run with LEASEHOLD_KNOWN_BUGS=1")
-	}
-}
 
 // TestStalledStreamRequestBody: G6's slow-client clause — a connection that stalls in a
 // request body is closed after ReadTimeout (TestSlowClients checks it for a unary RPC).
