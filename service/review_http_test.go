@@ -2,9 +2,14 @@ package service_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +18,10 @@ import (
 
 	leaseholdv1 "github.com/leasehold/leasehold/api/leasehold/v1"
 	"github.com/leasehold/leasehold/api/leasehold/v1/leaseholdv1connect"
+	"github.com/leasehold/leasehold/internal/auth"
+	"github.com/leasehold/leasehold/replication"
 	"github.com/leasehold/leasehold/server"
+	"github.com/leasehold/leasehold/service"
 )
 
 // TestStalledStreamRequestBody: G6's slow-client clause — a connection that stalls in a
@@ -146,4 +154,42 @@ func TestLoopbackRefusesForeignHost(t *testing.T) {
 	if _, err := closedWithin(c, 3*time.Second); err != nil {
 		t.Errorf("a refused request with a stalled body: %v", err)
 	}
+}
+
+// TestPprofRefusalWithStalledBody: /debug/pprof/ is served outside the server's guard
+// (service.withPprof), so it has no read deadline: an unauthenticated request to it,
+// refused 401 at once, whose body stalls keeps its connection for ever while net/http
+// waits for the rest of the body it means to discard.
+func TestPprofRefusalWithStalledBody(t *testing.T) {
+	a := authWithToken(t)
+	n, err := service.Start(service.Config{
+		Addr: "127.0.0.1:0", FastLaneAddr: "127.0.0.1:0", Pprof: true,
+		Server: server.Config{Auth: a, ReadHeaderTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond},
+		Raft:   replication.Config{DataDir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	c := dialFrom(t, "127.0.0.6", n.Addr())
+	_, _ = c.Write([]byte("POST /debug/pprof/cmdline HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{"))
+	if _, err := closedWithin(c, 3*time.Second); err != nil {
+		t.Errorf("an unauthenticated pprof request with a stalled body: %v", err)
+	}
+}
+
+// authWithToken loads an auth file of one admin token, "root".
+func authWithToken(t *testing.T) *auth.Authenticator {
+	t.Helper()
+	sum := sha256.Sum256([]byte("root"))
+	file := filepath.Join(t.TempDir(), "auth.json")
+	if err := os.WriteFile(file, []byte(`{"tokens":[{"name":"root","sha256":"`+hex.EncodeToString(sum[:])+`","rules":[{"prefix":"","allow":["admin"]}]}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := auth.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }
