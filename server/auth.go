@@ -254,6 +254,12 @@ func (s *Server) requireHTTP(p permission, h http.Handler) http.Handler {
 			if p == permAdmin && c.who != nil {
 				s.log.Warn("admin action refused", "identity", c.who.String(), "path", r.URL.Path, "err", err)
 			}
+			// Not a byte more of a refused request is read: its body may stall, and
+			// /debug/pprof/ is mounted outside the guard's deadlines.
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+			if r.ProtoMajor == 1 {
+				w.Header().Set("Connection", "close") // HTTP/2 resets the stream alone
+			}
 			http.Error(w, err.Error(), status)
 			return
 		}

@@ -90,7 +90,9 @@ func localHosts(cfg *Config, h http.Handler) http.Handler {
 		if !localHost(r.Host, advertised) {
 			// Not a byte more of the request is read: a stalled body holds nothing.
 			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
-			w.Header().Set("Connection", "close")
+			if r.ProtoMajor == 1 {
+				w.Header().Set("Connection", "close") // HTTP/2 resets the stream alone
+			}
 			http.Error(w, fmt.Sprintf("this node serves loopback without authentication and answers only requests for 127.0.0.1, localhost or %s, not %q (a web page cannot reach it through DNS rebinding)", cfg.AdvertiseAddr, r.Host), http.StatusMisdirectedRequest)
 			return
 		}
