@@ -34,6 +34,12 @@ import (
 // of the caller's verified client certificate.
 const forwardedSubjectHeader = "Leasehold-Forwarded-Subject"
 
+// forwardedPeerHeader carries, on a request forwarded to the leader, the name of the
+// node whose peer certificate its caller presented (a node joining through a
+// follower). The leader believes it only from a peer connection too: a node that
+// vouches for another gains nothing, since it could do anything itself.
+const forwardedPeerHeader = "Leasehold-Forwarded-Peer"
+
 // errNoCredentials is the answer to a caller that brings no credential when auth is on.
 var errNoCredentials = fmt.Errorf("%w: no credentials: send a token (Authorization: Bearer TOKEN; client.WithToken; leasehold --auth-token-file) or a client certificate the auth file maps", auth.ErrUnauthenticated)
 
@@ -66,7 +72,7 @@ func (s *Server) authOn() bool { return s.cfg.Auth != nil }
 // identify finds who sent a request from its token (header, or the fast lane's hello),
 // the verified TLS connection it came on, and, for a request another node forwarded,
 // the subject that node vouches for.
-func (s *Server) identify(token string, cs *tls.ConnectionState, forwarded bool, forwardedSubject string) *principal {
+func (s *Server) identify(token string, cs *tls.ConnectionState, forwarded bool, forwardedSubject, forwardedPeer string) *principal {
 	c := &principal{gen: s.cfg.Auth.Generation()}
 	peerName, peer := "", false
 	if s.cfg.TLS != nil {
@@ -79,6 +85,8 @@ func (s *Server) identify(token string, cs *tls.ConnectionState, forwarded bool,
 	case forwarded && peer && forwardedSubject != "":
 		c.subject = forwardedSubject
 		c.who, c.err = s.cfg.Auth.Subject(forwardedSubject)
+	case forwarded && peer && forwardedPeer != "":
+		c.who = auth.Peer(forwardedPeer)
 	case forwarded:
 		// Never the forwarding node's own identity: the caller's is what counts.
 		c.err = errNoCredentials
@@ -99,7 +107,7 @@ func (s *Server) identifyHTTP(r *http.Request) *principal {
 	if err != nil {
 		return &principal{err: err}
 	}
-	return s.identify(token, r.TLS, r.Header.Get(forwardedHeader) != "", r.Header.Get(forwardedSubjectHeader))
+	return s.identify(token, r.TLS, r.Header.Get(forwardedHeader) != "", r.Header.Get(forwardedSubjectHeader), r.Header.Get(forwardedPeerHeader))
 }
 
 // bearer extracts the token of an Authorization header ("" when there is none).
@@ -227,6 +235,8 @@ func forwardCredentials(ctx context.Context, h http.Header) {
 		h.Set("Authorization", "Bearer "+c.token)
 	case c.subject != "":
 		h.Set(forwardedSubjectHeader, sanitizeHeader(c.subject))
+	case c.who != nil && c.who.Kind == auth.KindPeer:
+		h.Set(forwardedPeerHeader, sanitizeHeader(c.who.Name))
 	}
 }
 
@@ -314,7 +324,7 @@ func (c *fastConn) current() *principal {
 		return nil
 	}
 	if c.principal == nil || c.principal.gen != c.s.cfg.Auth.Generation() {
-		c.principal = c.s.identify(c.token, c.tlsState, false, "")
+		c.principal = c.s.identify(c.token, c.tlsState, false, "", "")
 		c.base = withPrincipal(context.Background(), c.principal)
 	}
 	return c.principal

@@ -286,7 +286,7 @@ func TestWrongCARefused(t *testing.T) {
 }
 
 // TestPeerHeaderNotTrusted checks that a request claiming to be forwarded, with a
-// subject header, from a connection without a peer certificate is not believed.
+// subject or peer header, from a connection without a peer certificate is not believed.
 func TestPeerHeaderNotTrusted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -294,18 +294,20 @@ func TestPeerHeaderNotTrusted(t *testing.T) {
 	n1 := p.first(t, ctx)
 	tr := &http.Transport{TLSClientConfig: p.nodes.ClientConfig(p.clients.Issue(t, "nobody"))}
 	defer tr.CloseIdleConnections()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+n1.Addr()+"/leasehold.v1.KVService/Put", strings.NewReader(`{"key":"billing/x","value":"eA=="}`))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Leasehold-Forwarded-By", "n2")
-	req.Header.Set("Leasehold-Forwarded-Subject", "billing")
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusUnauthorized {
-		t.Errorf("forged forwarded subject: %s %s, want 401 Unauthenticated", resp.Status, body)
+	for _, h := range [][2]string{{"Leasehold-Forwarded-Subject", "billing"}, {"Leasehold-Forwarded-Peer", "n2"}} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+n1.Addr()+"/leasehold.v1.KVService/Put", strings.NewReader(`{"key":"billing/x","value":"eA=="}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Leasehold-Forwarded-By", "n2")
+		req.Header.Set(h[0], h[1])
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("forged %s: %s %s, want 401 Unauthenticated", h[0], resp.Status, body)
+		}
 	}
 }
 
