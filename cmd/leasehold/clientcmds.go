@@ -35,6 +35,15 @@ func addrFlag(fs *pflag.FlagSet, addr *string) {
 	fs.StringVar(addr, "addr", def, "server address (env LEASEHOLD_ADDR)")
 }
 
+// timeoutFlag registers --timeout on a command that makes its calls and exits: how long
+// they may take, retries included. The client retries while no node can answer (no
+// leader, every node down), so without a bound such a command would wait for ever;
+// with it, it gives up with the last error (exit 69 when no server answered). 0 waits
+// for ever. clientRun applies it.
+func timeoutFlag(fs *pflag.FlagSet, def time.Duration) {
+	fs.Duration("timeout", def, "give up after this long, retries included (0: wait for ever)")
+}
+
 // outputFormat is the value of --output: text or json.
 type outputFormat string
 
@@ -111,6 +120,14 @@ func dial(ctx context.Context, addr string, opts ...client.Option) (*client.Clie
 func clientRun(addr *string, do func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		ctx := context.Background()
+		if d, err := cmd.Flags().GetDuration("timeout"); err == nil && d != 0 {
+			if d < 0 {
+				return notNegative("--timeout", d)
+			}
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, d)
+			defer cancel()
+		}
 		c, code := dial(ctx, *addr)
 		if c == nil {
 			return exitWith(code)
@@ -193,6 +210,7 @@ func newLocksCmd() *cobra.Command {
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
+	timeoutFlag(cmd.Flags(), 30*time.Second)
 	limit = cmd.Flags().Int("limit", 1000, "show at most this many locks (max 10000)")
 	output = outputFlag(cmd)
 	return cmd
@@ -285,6 +303,7 @@ func newStatusCmd() *cobra.Command {
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
+	timeoutFlag(cmd.Flags(), 30*time.Second)
 	output = outputFlag(cmd)
 	return cmd
 }
@@ -351,6 +370,7 @@ checks tokens stops its writes.`,
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
+	timeoutFlag(cmd.Flags(), 30*time.Second)
 	force = cmd.Flags().Bool("force", false, "required: release the lock whoever holds it")
 	reason = cmd.Flags().String("reason", "", "why (recorded and shown to the old holder)")
 	return cmd

@@ -133,6 +133,7 @@ func newLeaderCmd() *cobra.Command {
 	}
 	output := outputFlag(cmd)
 	addrFlag(cmd.Flags(), &addr)
+	timeoutFlag(cmd.Flags(), 30*time.Second)
 	cmd.RunE = clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()

@@ -60,6 +60,7 @@ func newGroupCreateCmd() *cobra.Command {
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
+	timeoutFlag(cmd.Flags(), 30*time.Second)
 	cmd.Flags().IntVar(&partitions, "partitions", 0, "the number of partitions, 1 to 4096 (fixed for the group's life)")
 	cmd.Flags().DurationVar(&drain, "drain", 0, "how long a moving partition may stay with its owner (0: the server's default, 10s)")
 	return cmd
@@ -148,6 +149,7 @@ func newGroupStatusCmd() *cobra.Command {
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
+	timeoutFlag(cmd.Flags(), 30*time.Second)
 	output = outputFlag(cmd)
 	return cmd
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -72,6 +73,7 @@ func newKVGetCmd() *cobra.Command {
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
+	timeoutFlag(cmd.Flags(), 30*time.Second)
 	output = outputFlag(cmd)
 	return cmd
 }
@@ -125,6 +127,7 @@ func newKVPutCmd() *cobra.Command {
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
+	timeoutFlag(cmd.Flags(), 30*time.Second)
 	opts = writeFlags(cmd)
 	return cmd
 }
@@ -149,6 +152,7 @@ func newKVDelCmd() *cobra.Command {
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
+	timeoutFlag(cmd.Flags(), 30*time.Second)
 	opts = writeFlags(cmd)
 	return cmd
 }
@@ -187,6 +191,7 @@ func newKVLsCmd() *cobra.Command {
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
+	timeoutFlag(cmd.Flags(), 30*time.Second)
 	output = outputFlag(cmd)
 	return cmd
 }

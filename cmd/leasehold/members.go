@@ -39,12 +39,6 @@ it is added as a non-voter, and promoted to voter once it has caught up`, cobra.
 	return members
 }
 
-// membersTimeout bounds a members subcommand. The client retries an answer with nothing
-// done (no leader) until its context ends, and a cluster that lost its quorum gives no
-// other: without a bound, `members remove` there never returned. AddMember itself may
-// take 5 s checking the node and 10 s waiting for it to catch up.
-var membersTimeout = time.Minute
-
 // membersCmd is one members subcommand: it calls do and prints the membership do
 // returns, as a table or (--output json) a MembersResponse.
 func membersCmd(use, short string, nargs cobra.PositionalArgs, do func(context.Context, *client.Client, []string) ([]*leaseholdv1.Member, error)) *cobra.Command {
@@ -55,8 +49,6 @@ func membersCmd(use, short string, nargs cobra.PositionalArgs, do func(context.C
 		Short: short,
 		Args:  nargs,
 		RunE: clientRun(&addr, func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
-			ctx, cancel := context.WithTimeout(ctx, membersTimeout)
-			defer cancel()
 			members, err := do(ctx, c, args)
 			if err != nil {
 				return err
@@ -69,6 +61,7 @@ func membersCmd(use, short string, nargs cobra.PositionalArgs, do func(context.C
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
+	timeoutFlag(cmd.Flags(), time.Minute)
 	output = outputFlag(cmd)
 	return cmd
 }

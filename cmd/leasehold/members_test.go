@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,12 +14,10 @@ import (
 	"github.com/leasehold/leasehold/service"
 )
 
-// TestMembersRemoveWithoutQuorumAnswers: a cluster of two voters loses one; the other
+// TestCommandsWithoutLeaderGiveUp: a cluster of two voters loses one; the other
 // has no leader to serve `members remove` (OPERATIONS.md: "nothing, members remove
 // included, can be served"). The command must say so and exit — not retry forever.
-func TestMembersRemoveWithoutQuorumAnswers(t *testing.T) {
-	defer func(d time.Duration) { membersTimeout = d }(membersTimeout)
-	membersTimeout = 5 * time.Second
+func TestCommandsWithoutLeaderGiveUp(t *testing.T) {
 	n1 := testnode.StartWith(t, func(cfg *service.Config) { cfg.Raft.NodeID = "n1" })
 	n2, err := service.Start(service.Config{
 		Addr:         "127.0.0.1:0",
@@ -62,7 +61,7 @@ func TestMembersRemoveWithoutQuorumAnswers(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		code, stdout, stderr := cli(t, "members", "remove", "n2", "--addr", n1.Addr())
+		code, stdout, stderr := cli(t, "members", "remove", "n2", "--addr", n1.Addr(), "--timeout", "5s")
 		done <- result{code, stdout, stderr}
 	}()
 	select {
@@ -73,5 +72,19 @@ func TestMembersRemoveWithoutQuorumAnswers(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("members remove against a node without a leader has not answered in 30 s")
+	}
+	// Every command that makes its calls and exits has --timeout (default 30 s).
+	for _, args := range [][]string{
+		{"kv", "get", "k"}, {"kv", "put", "k", "v"}, {"locks"}, {"history", "x"},
+		{"unlock", "x", "--force", "--reason", "test"}, {"leader", "e"}, {"group", "status", "g"},
+	} {
+		start := time.Now()
+		code, _, stderr := cli(t, append(args, "--addr", n1.Addr(), "--timeout", "1s")...)
+		if took := time.Since(start); code != exitUnavailable || took > 10*time.Second {
+			t.Errorf("%v --timeout 1s without a leader: exit %d after %v (%s); want %d within the timeout", args, code, took.Round(time.Millisecond), stderr, exitUnavailable)
+		}
+	}
+	if code, _, stderr := cli(t, "locks", "--addr", n1.Addr(), "--timeout", "-1s"); code != exitUsage || !strings.Contains(stderr, "--timeout") {
+		t.Errorf("locks --timeout -1s: exit %d (%s), want a usage error naming --timeout", code, stderr)
 	}
 }

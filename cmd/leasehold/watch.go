@@ -100,6 +100,7 @@ says when that leader began serving — what the lock had before is unknown.`,
 		}),
 	}
 	addrFlag(cmd.Flags(), &addr)
+	timeoutFlag(cmd.Flags(), 30*time.Second)
 	output = outputFlag(cmd)
 	return cmd
 }
