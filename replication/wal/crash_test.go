@@ -141,10 +141,16 @@ func TestTornTailEveryByte(t *testing.T) {
 						if cut%7 == 0 || cut == ly.offsets[k0] {
 							must(t, l.StoreLogs(entries(want+1, want+1, 2)))
 							s := l.segs[len(l.segs)-1]
-							if k := int(want + 1 - ly.base); segSize == 0 && tail.name != "file ends" &&
+							if k := int(want + 1 - ly.base); segSize == 0 && tail.name != "file ends" && want == 10 &&
 								(s.base != ly.base || s.offsets[k] != ly.offsets[k]) {
 								t.Fatalf("%s: index %d appended to %s offset %d; want %s offset %d (right after the last valid record)",
 									when, want+1, s.path, s.offsets[len(s.offsets)-1], ly.path, ly.offsets[k])
+							}
+							// A prefix of the torn batch was kept: its segment was cut, and
+							// the append starts a new one (see loadSegment).
+							if want > 10 && (s.base != want+1 || s.offsets[0] != 0) {
+								t.Fatalf("%s: index %d appended to %s offset %d; want a new segment after the kept prefix of the torn batch",
+									when, want+1, s.path, s.offsets[len(s.offsets)-1])
 							}
 							must(t, l.Close())
 							l = expectPrefix(t, dir, want+1, when+", appended, reopened")

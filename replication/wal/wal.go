@@ -26,9 +26,10 @@
 //   - Open validates every record. The log ends at the first record that fails its
 //     checks if only zeros follow. A torn final write (the one StoreLogs was doing when
 //     the process or machine died) is cut away (overwritten with zeros), and appends
-//     continue right after the last valid record; any other damage fails Open with
-//     ErrCorrupt naming the file and offset, rather than silently losing acknowledged
-//     entries. Damage confined to the final batch of the log cannot be told from a torn
+//     continue right after the last valid record — in a new segment if the records
+//     kept are a prefix of the torn batch, whose segment is then cut by a truncate;
+//     any other damage fails Open with ErrCorrupt naming the file and offset, rather
+//     than silently losing acknowledged entries. Damage confined to the final batch of the log cannot be told from a torn
 //     write and is cut away like one. Entries once deleted never come back: a suffix
 //     delete truncates the file, and records must carry consecutive indexes.
 //   - After an fsync, truncate or unlink fails, the Log refuses all further writes
@@ -289,7 +290,29 @@ func (l *Log) loadSegment(base uint64, isLast bool) (*segment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wal: open %s: %w", path, err)
 	}
-	if res.bad {
+	fileSize := int64(len(data))
+	switch {
+	case isLast && res.prev.batchEnd > res.end && fileSize > res.end:
+		// The records kept are a prefix of a torn batch: they claim a batch that runs
+		// on past res.end. A batch appended at res.end would start inside those
+		// bounds, and if it were torn in turn, classifyTail would take it for a
+		// batch written after theirs and refuse to open. So the segment is cut here
+		// by a truncate, which takes effect whole or not at all, and takes no more
+		// batches (as after a failed write or a suffix delete).
+		if l.opts.Logger != nil {
+			l.opts.Logger.Warn("wal: cutting the segment after a kept prefix of a torn batch (never acknowledged)",
+				"file", path, "offset", res.end, "entries_kept", len(res.offsets))
+		}
+		err := f.Truncate(res.end)
+		if err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			_ = f.Close()
+			return nil, fmt.Errorf("wal: cut torn batch of %s: %w", path, err)
+		}
+		fileSize = res.end
+	case res.bad:
 		// Zeros rather than a truncate keep the space preallocated. A crash while
 		// they are written leaves a part of the same torn write, which the next Open
 		// classifies the same way.
@@ -303,7 +326,7 @@ func (l *Log) loadSegment(base uint64, isLast bool) (*segment, error) {
 			return nil, fmt.Errorf("wal: cut torn tail of %s: %w", path, err)
 		}
 	}
-	return &segment{base: base, path: path, f: f, offsets: res.offsets, size: res.end, fileSize: int64(len(data))}, nil
+	return &segment{base: base, path: path, f: f, offsets: res.offsets, size: res.end, fileSize: fileSize}, nil
 }
 
 // FirstIndex returns the first index in the log, or 0 if it is empty.
