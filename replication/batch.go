@@ -288,6 +288,15 @@ type batchStore struct {
 
 func (s batchStore) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
 
+// IsMonotonic passes on the wrapped store's raft.MonotonicLogStore answer, which the
+// embedded interface would hide: raft's log cache asks the store beneath it, and a
+// store that cannot hold a gap (replication/wal) needs raft to delete its whole log when
+// it installs a snapshot, or the entries after the snapshot never fit.
+func (s batchStore) IsMonotonic() bool {
+	m, ok := s.LogStore.(raft.MonotonicLogStore)
+	return ok && m.IsMonotonic()
+}
+
 func (s batchStore) StoreLogs(logs []*raft.Log) error {
 	s.b.writesStarted.Add(1)
 	err := s.LogStore.StoreLogs(logs)

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -15,14 +14,6 @@ import (
 
 	"github.com/leasehold/leasehold/replication/wal"
 )
-
-// knownBug skips a test that demonstrates an unfixed bug unless LEASEHOLD_KNOWN_BUGS=1.
-func knownBug(t *testing.T) {
-	t.Helper()
-	if os.Getenv("LEASEHOLD_KNOWN_BUGS") != "1" {
-		t.Skip("demonstrates a known bug; set LEASEHOLD_KNOWN_BUGS=1 to run")
-	}
-}
 
 // countFSM counts applied commands; its snapshot is the count.
 type countFSM struct {
@@ -73,7 +64,6 @@ func (countSnap) Release() {}
 // A follower that was down while the leader compacted past its log gets a snapshot
 // and must then accept the entries after it.
 func TestLaggingFollowerCatchesUpThroughSnapshot(t *testing.T) {
-	knownBug(t)
 	type rnode struct {
 		id    raft.ServerID
 		dir   string
