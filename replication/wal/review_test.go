@@ -81,3 +81,82 @@ func TestTornTailAfterKeptPrefixOfTornBatch(t *testing.T) {
 		})
 	}
 }
+
+// TestRecoveredUnsyncedBatchMadeDurable: a process crash (kill -9) between the write
+// of a batch and its fdatasync leaves the batch in the page cache only. The next Open
+// reads it back as valid and serves it, so raft takes it as stored (a follower
+// acknowledges it to the leader). Unless Open syncs it, it stays volatile. When the next
+// batch goes to a new segment, nothing syncs the old one, and a power loss then leaves a
+// hole between the segments: Open refuses the directory, and the entries acknowledged
+// after the restart are out of reach.
+//
+// Power loss is simulated: each file's durable image is its content at its last sync
+// through syncHook (the segment sync), and files are put back to those images.
+func TestRecoveredUnsyncedBatchMadeDurable(t *testing.T) {
+	knownBug(t)
+	dir := t.TempDir()
+	durable := map[string][]byte{}
+	crash := false
+	opts := Options{
+		SegmentSize: 2048,
+		syncHook: func(f *os.File) error {
+			b, err := os.ReadFile(f.Name())
+			if err != nil {
+				return err
+			}
+			durable[f.Name()] = b
+			return f.Sync()
+		},
+		crashHook: func(step string) {
+			if crash && step == "store: before sync" {
+				crash = false
+				panic(&errCrash{step})
+			}
+		},
+	}
+	l := openT(t, dir, opts)
+	must(t, l.StoreLogs(entries(1, 5, 1)))
+	must(t, l.StoreLogs(entries(6, 10, 1)))
+	s1 := l.segs[0].path
+
+	// Batch 11..12 is written, then the process dies before its fdatasync.
+	crash = true
+	func() {
+		defer func() {
+			if r := recover(); r == nil {
+				t.Fatal("no crash")
+			}
+		}()
+		_ = l.StoreLogs(entries(11, 12, 1))
+	}()
+	l.closeFiles()
+
+	// Restart: 11..12 are back (from the page cache), and raft goes on.
+	l = openT(t, dir, opts)
+	if last, _ := l.LastIndex(); last != 12 {
+		t.Fatalf("LastIndex after restart = %d; want 12", last)
+	}
+	must(t, l.StoreLogs(entries(13, 40, 2))) // acknowledged; too big for segment 1
+	if s := l.segs[len(l.segs)-1]; s.path == s1 {
+		t.Fatal("the test wants 13..40 in a new segment")
+	}
+	l.closeFiles()
+
+	// Power loss: every segment file is what its last sync made durable.
+	for _, p := range segmentFiles(t, dir) {
+		b, ok := durable[p]
+		if !ok {
+			t.Fatalf("%s was never synced", p)
+		}
+		must(t, os.WriteFile(p, b, 0o640))
+	}
+	l2, err := Open(dir, Options{SegmentSize: 2048})
+	if err != nil {
+		t.Fatalf("Open after power loss: %v (acknowledged entries 13..40 lost)", err)
+	}
+	t.Cleanup(func() { _ = l2.Close() })
+	m := newModel()
+	m.store(entries(1, 12, 1))
+	m.store(entries(13, 40, 2))
+	m.check(t, l2, "after power loss")
+}
