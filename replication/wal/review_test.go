@@ -93,7 +93,6 @@ func TestTornTailAfterKeptPrefixOfTornBatch(t *testing.T) {
 // Power loss is simulated: each file's durable image is its content at its last sync
 // through syncHook (the segment sync), and files are put back to those images.
 func TestRecoveredUnsyncedBatchMadeDurable(t *testing.T) {
-	knownBug(t)
 	dir := t.TempDir()
 	durable := map[string][]byte{}
 	crash := false

@@ -303,11 +303,7 @@ func (l *Log) loadSegment(base uint64, isLast bool) (*segment, error) {
 			l.opts.Logger.Warn("wal: cutting the segment after a kept prefix of a torn batch (never acknowledged)",
 				"file", path, "offset", res.end, "entries_kept", len(res.offsets))
 		}
-		err := f.Truncate(res.end)
-		if err == nil {
-			err = f.Sync()
-		}
-		if err != nil {
+		if err := f.Truncate(res.end); err != nil {
 			_ = f.Close()
 			return nil, fmt.Errorf("wal: cut torn batch of %s: %w", path, err)
 		}
@@ -317,13 +313,21 @@ func (l *Log) loadSegment(base uint64, isLast bool) (*segment, error) {
 		// they are written leaves a part of the same torn write, which the next Open
 		// classifies the same way.
 		end := res.badOff + int64(lastNonZero(data[res.badOff:])) + 1
-		err := writeZeros(f, res.end, end)
-		if err == nil {
-			err = f.Sync()
-		}
-		if err != nil {
+		if err := writeZeros(f, res.end, end); err != nil {
 			_ = f.Close()
 			return nil, fmt.Errorf("wal: cut torn tail of %s: %w", path, err)
+		}
+	}
+	if isLast {
+		// The last segment may hold a batch the crashed process wrote but never
+		// synced (it died between the write and the fdatasync): Open read it back
+		// from the page cache and serves it, so it must be made durable now. Nothing
+		// else would sync it if the next batch starts a new segment. (A segment before
+		// the last was synced before its successor was created.) The sync also makes
+		// the cut above durable.
+		if err := l.sync(f); err != nil {
+			_ = f.Close()
+			return nil, fmt.Errorf("wal: sync %s: %w", path, err)
 		}
 	}
 	return &segment{base: base, path: path, f: f, offsets: res.offsets, size: res.end, fileSize: fileSize}, nil
