@@ -5,6 +5,8 @@ import (
 	"os"
 	"slices"
 	"testing"
+
+	"github.com/hashicorp/raft"
 )
 
 // knownBug skips a test that demonstrates an unfixed bug unless LEASEHOLD_KNOWN_BUGS=1.
@@ -158,4 +160,115 @@ func TestRecoveredUnsyncedBatchMadeDurable(t *testing.T) {
 	m.store(entries(1, 12, 1))
 	m.store(entries(13, 40, 2))
 	m.check(t, l2, "after power loss")
+}
+
+// TestRemovalByCrashedProcessMadeDurable: a suffix delete removes segments newest
+// first and only then fsyncs the directory. A process crash in between leaves a
+// removal that is not yet durable. Open builds the log on the directory as it finds it,
+// and raft appends the entries that replace the deleted ones to the free space of the
+// segment that is now the last. Nothing fsyncs the directory, so a power loss brings
+// the removed segment back: Open then finds two segments holding the same index and
+// refuses to start, and the entries acknowledged after the restart are out of reach.
+//
+// Power loss is simulated: a segment is its content at its last sync (syncHook), and
+// the directory its listing at its last fsync (syncDir).
+func TestRemovalByCrashedProcessMadeDurable(t *testing.T) {
+	knownBug(t)
+	dir := t.TempDir()
+	durable := map[string][]byte{}
+	var listing []string // the directory's segments at its last fsync
+	defer func(orig func(string) error) { syncDir = orig }(syncDir)
+	syncDir = func(d string) error {
+		if d == dir {
+			listing = segmentFiles(t, dir)
+		}
+		return fsyncDir(d)
+	}
+	crashAt := ""
+	opts := Options{
+		SegmentSize: 2048,
+		syncHook: func(f *os.File) error {
+			b, err := os.ReadFile(f.Name())
+			if err != nil {
+				return err
+			}
+			durable[f.Name()] = b
+			return f.Sync()
+		},
+		crashHook: func(step string) {
+			if step == crashAt {
+				crashAt = ""
+				panic(&errCrash{step})
+			}
+		},
+	}
+	l := openT(t, dir, opts)
+	for i := uint64(1); i <= 60; i += 10 {
+		must(t, l.StoreLogs(entries(i, i+9, 1)))
+	}
+	if len(l.segs) < 3 {
+		t.Fatalf("%d segments; the test wants 3 or more", len(l.segs))
+	}
+	n := len(l.segs)
+	prev := l.segs[n-3] // ends the log after the delete
+	if prev.fileSize-prev.size < int64(recordSize(entry(l.segs[n-2].base, 2))) {
+		t.Fatalf("segment %s has no room for one more entry", prev.path)
+	}
+	// Delete from the start of the last but one segment: it and the last one go,
+	// newest first. The process dies after both removals, before the directory fsync
+	// (the crash point before the second removal, then the removal itself).
+	min, second := l.segs[n-2].base, l.segs[n-2].path
+	crashAt = "remove: file 1"
+	func() {
+		defer func() {
+			if r := recover(); r == nil {
+				t.Fatal("no crash")
+			}
+		}()
+		_ = l.DeleteRange(min, 1000)
+	}()
+	must(t, os.Remove(second))
+	l.closeFiles()
+
+	// Restart: the log ends at min-1, where the new leader's log goes on with its own
+	// term, so raft appends without deleting anything (one entry; it fits in the free
+	// space of the segment that now ends the log).
+	l = openT(t, dir, opts)
+	if last, _ := l.LastIndex(); last != min-1 {
+		t.Fatalf("LastIndex after restart = %d; want %d", last, min-1)
+	}
+	next := min - 1
+	must(t, l.StoreLogs(entries(min, min, 2))) // acknowledged
+	if s := l.segs[len(l.segs)-1]; s.path != prev.path {
+		t.Fatalf("entry %d went to %s; the test wants it in %s", min, s.path, prev.path)
+	}
+	l.closeFiles()
+
+	// Power loss.
+	now := segmentFiles(t, dir)
+	for _, p := range listing {
+		if !slices.Contains(now, p) {
+			must(t, os.WriteFile(p, durable[p], 0o640)) // its removal was not durable
+		}
+	}
+	for _, p := range now {
+		if !slices.Contains(listing, p) {
+			must(t, os.Remove(p)) // its creation was not durable
+			continue
+		}
+		must(t, os.WriteFile(p, durable[p], 0o640))
+	}
+	l2, err := Open(dir, Options{SegmentSize: 2048})
+	if err != nil {
+		t.Fatalf("Open after power loss: %v (acknowledged entry %d lost)", err, next+1)
+	}
+	t.Cleanup(func() { _ = l2.Close() })
+	if last, _ := l2.LastIndex(); last != next+1 {
+		t.Fatalf("LastIndex after power loss = %d; want %d", last, next+1)
+	}
+	var e raft.Log
+	must(t, l2.GetLog(next+1, &e))
+	if e.Term != 2 {
+		t.Fatalf("entry %d after power loss has term %d; want 2", next+1, e.Term)
+	}
 }

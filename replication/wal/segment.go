@@ -207,8 +207,10 @@ func writeZeros(f *os.File, off, end int64) error {
 }
 
 // syncDir fsyncs a directory so that file creations, renames and removals in it are
-// durable.
-func syncDir(dir string) error {
+// durable. It is a variable so that tests can watch what is made durable when.
+var syncDir = fsyncDir
+
+func fsyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
