@@ -9,14 +9,6 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// knownBug skips a test that demonstrates an unfixed bug unless LEASEHOLD_KNOWN_BUGS=1.
-func knownBug(t *testing.T) {
-	t.Helper()
-	if os.Getenv("LEASEHOLD_KNOWN_BUGS") != "1" {
-		t.Skip("demonstrates a known bug; set LEASEHOLD_KNOWN_BUGS=1 to run")
-	}
-}
-
 // tearWithGarbage returns data with [from, end) replaced by non-zero garbage: a
 // write whose sectors reached the disk half-written.
 func tearWithGarbage(data []byte, from, end int64) []byte {
@@ -173,7 +165,6 @@ func TestRecoveredUnsyncedBatchMadeDurable(t *testing.T) {
 // Power loss is simulated: a segment is its content at its last sync (syncHook), and
 // the directory its listing at its last fsync (syncDir).
 func TestRemovalByCrashedProcessMadeDurable(t *testing.T) {
-	knownBug(t)
 	dir := t.TempDir()
 	durable := map[string][]byte{}
 	var listing []string // the directory's segments at its last fsync

@@ -180,6 +180,14 @@ func Open(dir string, opts Options) (*Log, error) {
 		l.closeFiles()
 		return nil, err
 	}
+	// A crashed process may have removed or renamed files (a suffix delete's segments,
+	// the meta file) without the directory fsync that makes it durable. The log Open
+	// found is built on those changes, so they must be made durable before anything
+	// is added to it.
+	if err := syncDir(dir); err != nil {
+		l.closeFiles()
+		return nil, err
+	}
 	l.spare = make(chan error, 1)
 	l.stop = make(chan struct{})
 	l.spareDueLocked()
