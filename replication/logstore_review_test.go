@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -17,8 +18,9 @@ import (
 
 // countFSM counts applied commands; its snapshot is the count.
 type countFSM struct {
-	mu sync.Mutex
-	n  uint64
+	mu        sync.Mutex
+	n         uint64
+	onRestore func() // if set, called (once) at the start of Restore
 }
 
 func (f *countFSM) Apply(l *raft.Log) any {
@@ -36,6 +38,10 @@ func (f *countFSM) Snapshot() (raft.FSMSnapshot, error) { return countSnap(f.cou
 
 func (f *countFSM) Restore(r io.ReadCloser) error {
 	defer r.Close()
+	if f.onRestore != nil {
+		f.onRestore()
+		f.onRestore = nil
+	}
 	var b [8]byte
 	if _, err := io.ReadFull(r, b[:]); err != nil {
 		return err
@@ -64,6 +70,45 @@ func (countSnap) Release() {}
 // A follower that was down while the leader compacted past its log gets a snapshot
 // and must then accept the entries after it.
 func TestLaggingFollowerCatchesUpThroughSnapshot(t *testing.T) {
+	laggingFollower(t, false)
+}
+
+// TestCrashDuringSnapshotInstallHeals: raft persists an installed snapshot, restores
+// the FSM from it, and only then deletes the old log. A follower that dies in between
+// (while the FSM restores, which takes long for a large state) restarts with the
+// snapshot and a log that ends below it, a gap the WAL cannot hold: raft does not
+// delete the old log on restart. The appends after the snapshot are refused, the leader
+// walks back to its first index and sends the snapshot again, and this time the
+// install deletes the old log (it does so only when raft sees IsMonotonic through the
+// log cache). The follower must catch up.
+func TestCrashDuringSnapshotInstallHeals(t *testing.T) {
+	laggingFollower(t, true)
+}
+
+// copyDir copies the regular files of src to dst, recursively (a crash image: the
+// files as they are at this moment).
+func copyDir(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o750)
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(target, b, 0o640)
+	})
+}
+
+func laggingFollower(t *testing.T, crashInInstall bool) {
 	type rnode struct {
 		id    raft.ServerID
 		dir   string
@@ -194,9 +239,31 @@ func TestLaggingFollowerCatchesUpThroughSnapshot(t *testing.T) {
 	if first, _ := ld.store.FirstIndex(); first <= lagLast {
 		t.Fatalf("leader's log starts at %d: no snapshot install would happen", first)
 	}
+	var crashImage string
+	copied := make(chan error, 1)
+	if crashInInstall {
+		// The crash image is taken when the FSM starts restoring the installed
+		// snapshot: the snapshot is durable, the old log not yet deleted.
+		crashImage = t.TempDir()
+		dir := lagger.dir
+		lagger.fsm = &countFSM{onRestore: func() { copied <- copyDir(dir, crashImage) }}
+	}
 	start(lagger, false)
 	if !waitCount(lagger, 320, 10*time.Second) {
 		t.Fatalf("the follower did not install the snapshot: %d commands applied", lagger.fsm.count())
+	}
+	if crashInInstall {
+		// The follower crashed there: it restarts from the crash image.
+		must(t, <-copied)
+		stop(lagger)
+		lagger.dir, lagger.fsm = crashImage, nil
+		start(lagger, false)
+		if last, _ := lagger.store.LastIndex(); last >= 320 {
+			t.Fatalf("the crash image's log ends at %d: the test wants it below the snapshot", last)
+		}
+		if !waitCount(lagger, 320, 10*time.Second) {
+			t.Fatalf("the restarted follower did not restore the snapshot: %d commands applied", lagger.fsm.count())
+		}
 	}
 	applyN(10) // entries after the snapshot: the follower must append them
 	if !waitCount(lagger, 330, 5*time.Second) {
