@@ -31,7 +31,10 @@
 //     any other damage fails Open with ErrCorrupt naming the file and offset, rather
 //     than silently losing acknowledged entries. Damage confined to the final batch of the log cannot be told from a torn
 //     write and is cut away like one. Entries once deleted never come back: a suffix
-//     delete truncates the file, and records must carry consecutive indexes.
+//     delete truncates the file, and records must carry consecutive indexes. Before it
+//     returns, Open makes what it recovered durable (an fdatasync of the last segment,
+//     an fsync of the directory): the crashed process may have written a batch or
+//     removed files without syncing them.
 //   - After an fsync, truncate or unlink fails, the Log refuses all further writes
 //     (ErrFailed): after a failed fsync the kernel may have dropped the dirty pages, so
 //     what is on disk is unknown until the directory is reopened and re-validated.
