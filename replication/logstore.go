@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -30,13 +31,14 @@ const (
 )
 
 // openLogStore opens the raft log and stable store of the given kind in dir ("" means
-// LogStoreAuto); observeSync, if set, times each sync of a LogStoreWAL log. The closer
+// LogStoreAuto); observeSync, if set, times each sync of a LogStoreWAL log, and lg, if
+// set, hears when opening it cut a torn tail (never acknowledged). The closer
 // closes both. It fails with ErrDataDirInUse when another
 // process has the store open, and refuses to open one kind over a directory that holds
 // the other kind's state: raft would start from an empty log, and a node with Bootstrap
 // set would then found a new cluster. Switching kinds needs a migration, which does not
 // exist yet.
-func openLogStore(dir string, kind string, observeSync func(time.Duration)) (raft.LogStore, raft.StableStore, io.Closer, error) {
+func openLogStore(dir string, kind string, observeSync func(time.Duration), lg *slog.Logger) (raft.LogStore, raft.StableStore, io.Closer, error) {
 	boltPath := filepath.Join(dir, "raft.db")
 	walDir := filepath.Join(dir, "wal")
 	exists := func(p string) bool {
@@ -69,7 +71,7 @@ func openLogStore(dir string, kind string, observeSync func(time.Duration)) (raf
 		if exists(boltPath) {
 			return nil, nil, nil, fmt.Errorf("replication: %s holds a %q log store but %q was asked for", dir, LogStoreBolt, LogStoreWAL)
 		}
-		store, err := wal.Open(walDir, wal.Options{ObserveSync: observeSync})
+		store, err := wal.Open(walDir, wal.Options{ObserveSync: observeSync, Logger: lg})
 		if err != nil {
 			if errors.Is(err, wal.ErrLocked) {
 				return nil, nil, nil, fmt.Errorf("%w: %s", ErrDataDirInUse, dir)

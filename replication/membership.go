@@ -127,7 +127,7 @@ func RecoverCluster(cfg Config, members []Peer, tokenGap uint64) (Recovery, erro
 	if _, err := os.Stat(cfg.DataDir); err != nil {
 		return Recovery{}, fmt.Errorf("replication: recover: %w", err)
 	}
-	logs, stable, closer, err := openLogStore(cfg.DataDir, cfg.LogStore, nil)
+	logs, stable, closer, err := openLogStore(cfg.DataDir, cfg.LogStore, nil, cfg.Logger)
 	if err != nil {
 		return Recovery{}, err
 	}

@@ -210,7 +210,7 @@ func Open(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("replication: create data dir: %w", err)
 	}
-	logs, stable, closer, err := openLogStore(cfg.DataDir, cfg.LogStore, cfg.ObserveSync)
+	logs, stable, closer, err := openLogStore(cfg.DataDir, cfg.LogStore, cfg.ObserveSync, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}

@@ -67,7 +67,7 @@ func RestoreDataDir(dir, nodeID, raftAddr string, state []byte, limits core.Limi
 	if err := sink.Close(); err != nil {
 		return fmt.Errorf("replication: write snapshot: %w", err)
 	}
-	_, stable, closer, err := openLogStore(dir, LogStoreAuto, nil)
+	_, stable, closer, err := openLogStore(dir, LogStoreAuto, nil, nil)
 	if err != nil {
 		return err
 	}
