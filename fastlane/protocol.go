@@ -315,6 +315,15 @@ func (w *Writer) Queue(frame []byte) bool {
 	return w.writeLocked(false)
 }
 
+// Idle reports whether nothing waits to be written and no write is in progress (or a
+// write has failed: nothing more will be): every frame handed to the Writer has been
+// written to the connection.
+func (w *Writer) Idle() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err != nil || !w.flushing && len(w.pending) == 0
+}
+
 // Queued reports how many bytes wait to be written.
 func (w *Writer) Queued() int {
 	w.mu.Lock()

@@ -316,3 +316,42 @@ func TestSendWaitsBehindAStuckWrite(t *testing.T) {
 		t.Fatal("a Send waiting behind the write did not return when it failed")
 	}
 }
+
+// gatedWriter is an io.Writer whose every Write waits for gate.
+type gatedWriter struct {
+	gate chan struct{}
+	n    atomic.Int64
+}
+
+func (g *gatedWriter) Write(p []byte) (int, error) {
+	<-g.gate
+	g.n.Add(int64(len(p)))
+	return len(p), nil
+}
+
+// TestWriterIdle: a Writer is idle only once every frame handed to it is written — not
+// while one is pending, nor while its write is in progress (a server draining its
+// connections closes one only when it is idle, or an answer already taken out of the
+// requests in flight would be lost).
+func TestWriterIdle(t *testing.T) {
+	g := &gatedWriter{gate: make(chan struct{})}
+	w := fastlane.NewWriter(g)
+	if !w.Idle() {
+		t.Fatal("a new Writer is not idle")
+	}
+	w.Offer([]byte("answer"))
+	if w.Idle() {
+		t.Fatal("idle with a frame offered and its write waiting")
+	}
+	close(g.gate)
+	deadline := time.Now().Add(5 * time.Second)
+	for !w.Idle() {
+		if time.Now().After(deadline) {
+			t.Fatal("not idle 5 s after the write could go")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if g.n.Load() != int64(len("answer")) {
+		t.Fatalf("idle with %d bytes written, want %d", g.n.Load(), len("answer"))
+	}
+}

@@ -91,7 +91,9 @@ func (s *Server) DrainFastLane(ctx context.Context) error {
 			if h := c.lastHeard(); h.After(last) {
 				last = h
 			}
-			if !c.busy() && time.Since(last) >= drainQuiet {
+			// Not while an answer is on its way: out of inflight, but still to be
+			// handed to the Writer, or written by it.
+			if !c.busy() && c.w.Idle() && time.Since(last) >= drainQuiet {
 				_ = c.conn.Close() // its reader fails; serveFastConn removes it
 				delete(s.lanes.conns, c)
 			}

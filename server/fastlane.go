@@ -146,13 +146,16 @@ type fastConn struct {
 	bound    map[string]time.Duration // release-on-disconnect leases (disconnect.go), with their TTLs
 	inflight map[uint64]context.CancelFunc
 	settles  map[uint64]func(proto.Message, error) // quota.go; nil without auth
+	// answering counts answers taken out of inflight and not yet handed to the Writer:
+	// the connection is busy until they are (a drain must not close it in between).
+	answering atomic.Int32
 }
 
 // busy reports whether requests are in flight on the connection.
 func (c *fastConn) busy() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.inflight) > 0
+	return len(c.inflight) > 0 || c.answering.Load() > 0
 }
 
 // end records why the connection ended and cancels every request in flight. Only the
@@ -432,7 +435,9 @@ func (c *fastConn) send(method fastlane.Method, id uint64, resp proto.Message, e
 	others := len(c.inflight) > 0
 	settle := c.settles[id]
 	delete(c.settles, id)
+	c.answering.Add(1)
 	c.mu.Unlock()
+	defer c.answering.Add(-1)
 	if cancel != nil {
 		cancel()
 	}
