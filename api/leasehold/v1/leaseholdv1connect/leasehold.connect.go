@@ -1609,15 +1609,20 @@ type ClusterServiceClient interface {
 	// quorum, then, once it has caught up with the leader's log, as a voter. The node must
 	// already be running (started with --join, or with --bootstrap=false) and answer
 	// Status at api_addr with node_id, raft_addr and a cluster ID that is empty or this
-	// cluster's; otherwise the answer is FailedPrecondition (reason "member_check")
-	// saying what did not match, and nothing changes. A node that does not catch up in
+	// cluster's, and its raft_addr must be no other member's; otherwise the answer is
+	// FailedPrecondition (reason "member_check") saying what did not match, and nothing
+	// changes. A node that does not catch up in
 	// time stays a non-voter and the answer is Unavailable (reason "not_caught_up"):
 	// call AddMember again to promote it, or RemoveMember. Adding a node that is already
 	// a voter with the same addresses succeeds and changes nothing.
 	AddMember(context.Context, *v1.AddMemberRequest) (*v1.AddMemberResponse, error)
 	// RemoveMember removes a node from the cluster. Removing the leader makes it step
 	// down after the change commits. Removing the last voter is FailedPrecondition
-	// (reason "last_voter") and changes nothing.
+	// (reason "last_voter") and changes nothing. Removing a voter when the voters that
+	// would remain have no majority answering the leader now (one of three down, and
+	// another removed) is FailedPrecondition (reason "quorum_at_risk", naming the silent
+	// voters) and changes nothing: the change could not commit, and the cluster would
+	// stop serving.
 	RemoveMember(context.Context, *v1.RemoveMemberRequest) (*v1.RemoveMemberResponse, error)
 }
 
@@ -1714,15 +1719,20 @@ type ClusterServiceHandler interface {
 	// quorum, then, once it has caught up with the leader's log, as a voter. The node must
 	// already be running (started with --join, or with --bootstrap=false) and answer
 	// Status at api_addr with node_id, raft_addr and a cluster ID that is empty or this
-	// cluster's; otherwise the answer is FailedPrecondition (reason "member_check")
-	// saying what did not match, and nothing changes. A node that does not catch up in
+	// cluster's, and its raft_addr must be no other member's; otherwise the answer is
+	// FailedPrecondition (reason "member_check") saying what did not match, and nothing
+	// changes. A node that does not catch up in
 	// time stays a non-voter and the answer is Unavailable (reason "not_caught_up"):
 	// call AddMember again to promote it, or RemoveMember. Adding a node that is already
 	// a voter with the same addresses succeeds and changes nothing.
 	AddMember(context.Context, *v1.AddMemberRequest) (*v1.AddMemberResponse, error)
 	// RemoveMember removes a node from the cluster. Removing the leader makes it step
 	// down after the change commits. Removing the last voter is FailedPrecondition
-	// (reason "last_voter") and changes nothing.
+	// (reason "last_voter") and changes nothing. Removing a voter when the voters that
+	// would remain have no majority answering the leader now (one of three down, and
+	// another removed) is FailedPrecondition (reason "quorum_at_risk", naming the silent
+	// voters) and changes nothing: the change could not commit, and the cluster would
+	// stop serving.
 	RemoveMember(context.Context, *v1.RemoveMemberRequest) (*v1.RemoveMemberResponse, error)
 }
 
