@@ -1611,10 +1611,10 @@ type ClusterServiceClient interface {
 	// Status at api_addr with node_id, raft_addr and a cluster ID that is empty or this
 	// cluster's, and its raft_addr must be no other member's; otherwise the answer is
 	// FailedPrecondition (reason "member_check") saying what did not match, and nothing
-	// changes. A node that does not catch up in
-	// time stays a non-voter and the answer is Unavailable (reason "not_caught_up"):
-	// call AddMember again to promote it, or RemoveMember. Adding a node that is already
-	// a voter with the same addresses succeeds and changes nothing.
+	// changes. A node that does not catch up in time stays a non-voter and the answer is
+	// Unavailable (reason "not_caught_up"): call AddMember again to promote it, or
+	// RemoveMember. Adding a node that is already a voter with the same addresses
+	// succeeds and changes nothing.
 	AddMember(context.Context, *v1.AddMemberRequest) (*v1.AddMemberResponse, error)
 	// RemoveMember removes a node from the cluster. Removing the leader makes it step
 	// down after the change commits. Removing the last voter is FailedPrecondition
@@ -1721,10 +1721,10 @@ type ClusterServiceHandler interface {
 	// Status at api_addr with node_id, raft_addr and a cluster ID that is empty or this
 	// cluster's, and its raft_addr must be no other member's; otherwise the answer is
 	// FailedPrecondition (reason "member_check") saying what did not match, and nothing
-	// changes. A node that does not catch up in
-	// time stays a non-voter and the answer is Unavailable (reason "not_caught_up"):
-	// call AddMember again to promote it, or RemoveMember. Adding a node that is already
-	// a voter with the same addresses succeeds and changes nothing.
+	// changes. A node that does not catch up in time stays a non-voter and the answer is
+	// Unavailable (reason "not_caught_up"): call AddMember again to promote it, or
+	// RemoveMember. Adding a node that is already a voter with the same addresses
+	// succeeds and changes nothing.
 	AddMember(context.Context, *v1.AddMemberRequest) (*v1.AddMemberResponse, error)
 	// RemoveMember removes a node from the cluster. Removing the leader makes it step
 	// down after the change commits. Removing the last voter is FailedPrecondition
