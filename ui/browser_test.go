@@ -799,3 +799,18 @@ func TestDashboardKeepsUp(t *testing.T) {
 		total, took.Round(time.Millisecond), float64(total)/took.Seconds(), workers, caughtUp.Round(time.Millisecond))
 	b.checkConsole(t)
 }
+
+// TestDashboardMalformedPrefixLink: a #prefix= link with a malformed escape (typed or
+// cut by hand) opens the dashboard with that text as the prefix. decodeURIComponent
+// throws on it, and the page used to stop before it ever started.
+func TestDashboardMalformedPrefixLink(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a leasehold node and a browser")
+	}
+	path := chromium(t)
+	node := testnode.Start(t)
+	b := startBrowser(t, path)
+	b.open(t, "http://"+node.Addr()+"/ui#prefix=%E0")
+	b.wait(t, `["live", "polling"].includes(document.querySelector("#live").textContent) && document.querySelector("#prefix").value === "%E0"`, 5*time.Second)
+	b.checkConsole(t)
+}

@@ -663,6 +663,18 @@
     pollCluster(gen);
   }
 
+  // prefixFromHash reads the prefix of a #prefix=… link. A malformed escape (a link
+  // typed or cut by hand: #prefix=%E0) must not stop the page: it is taken as written.
+  function prefixFromHash(h) {
+    const m = h.match(/^#prefix=(.*)$/);
+    if (!m) return "";
+    try {
+      return decodeURIComponent(m[1]);
+    } catch {
+      return m[1];
+    }
+  }
+
   async function main() {
     try {
       const resp = await fetch("/ui/config.json");
@@ -670,8 +682,7 @@
     } catch (err) {
       showError("config", err);
     }
-    const hash = location.hash.match(/^#prefix=(.*)$/);
-    state.prefix = hash ? decodeURIComponent(hash[1]) : "";
+    state.prefix = prefixFromHash(location.hash);
     $("#prefix").value = state.prefix;
     $("#logout").hidden = !state.cfg.auth;
     $("#filter").addEventListener("submit", (ev) => {
