@@ -165,8 +165,14 @@ func (s *Server) AddMember(ctx context.Context, req *leaseholdv1.AddMemberReques
 	}
 	switch {
 	case current != nil && current.Voter && current.RaftAddr == raftAddr:
+	case current != nil && current.Voter && target.GetClusterId() == "":
+		// Moving a voter keeps its vote and its place in the quorum: only a node that
+		// has its data (this cluster's ID) may take them. An empty one would count at
+		// once with none of the log, and an entry committed on the old voter and one
+		// other could be lost with that other.
+		return nil, fmt.Errorf("%w: node %s is a voter at raft address %s, and the node at api_addr %s has no data (no cluster ID): it cannot take over the vote; to replace %s with an empty node, remove %s first, then add the new one", errMemberCheck, id, current.RaftAddr, apiAddr, id, id)
 	case current != nil && current.Voter:
-		err = s.raft.AddVoter(ctx, id, raftAddr) // a voter's new address
+		err = s.raft.AddVoter(ctx, id, raftAddr) // a voter's new address, with its data
 	default:
 		err = s.raft.AddNonvoter(ctx, id, raftAddr)
 	}

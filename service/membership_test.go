@@ -162,3 +162,45 @@ func TestAddMemberAtAnotherMembersRaftAddr(t *testing.T) {
 		t.Fatalf("AddMember(n3 at n2's raft address) = %v (code %v), want FailedPrecondition naming raft_addr and n2", err, connect.CodeOf(err))
 	}
 }
+
+// TestAddMemberRefusesEmptyNodeAsVoter: AddMember of a voter's node_id at a new raft
+// address moves the voter (a node that changed hosts, keeping its data). A node under
+// that id with no data at all — a replacement whose data dir was wiped, or a typo of the
+// id — must not become that voter: it would count towards the quorum at once with none
+// of the log, and an entry committed on the old voter and one other could then be lost
+// with that other. It is refused (member_check) and the configuration stays as it was.
+func TestAddMemberRefusesEmptyNodeAsVoter(t *testing.T) {
+	n1 := start(t, "n1", "")
+	n2 := start(t, "n2", n1.Addr())
+	c := dial(t, n1.Addr())
+	ctx := ctxT(t, time.Minute)
+	waitMembers(t, ctx, c, 2)
+	for {
+		ms, err := c.Members(ctx)
+		if err == nil && ms[1].GetSuffrage() == "voter" {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("n2 is not promoted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	raft2 := n2.Raft.RaftAddr()
+	// An empty node that calls itself n2, at another raft address.
+	impostor := start(t, "n2", "", func(cfg *service.Config) { cfg.Raft.Bootstrap = false })
+	actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	_, err := c.AddMember(actx, "n2", impostor.Raft.RaftAddr(), impostor.Addr())
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "no data") {
+		t.Fatalf("AddMember(n2, an empty node at a new address) = %v (code %v), want FailedPrecondition saying it has no data", err, connect.CodeOf(err))
+	}
+	ms, err := c.Members(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.GetNodeId() == "n2" && (m.GetRaftAddr() != raft2 || m.GetSuffrage() != "voter") {
+			t.Fatalf("n2 after the refused AddMember: %v; want the voter at %s, unchanged", m, raft2)
+		}
+	}
+}
