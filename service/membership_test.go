@@ -132,21 +132,7 @@ func TestRemoveLeader(t *testing.T) {
 // must say so, naming raft_addr and the member that has it, as FailedPrecondition —
 // not Internal.
 func TestAddMemberAtAnotherMembersRaftAddr(t *testing.T) {
-	n1 := start(t, "n1", "")
-	n2 := start(t, "n2", n1.Addr())
-	c := dial(t, n1.Addr())
-	ctx := ctxT(t, time.Minute)
-	waitMembers(t, ctx, c, 2)
-	for {
-		ms, err := c.Members(ctx)
-		if err == nil && ms[1].GetSuffrage() == "voter" {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("n2 is not promoted")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	_, n2, c, ctx := twoVoters(t)
 	raft2 := n2.Raft.RaftAddr()
 	if err := n2.Close(ctx); err != nil {
 		t.Fatal(err)
@@ -170,21 +156,7 @@ func TestAddMemberAtAnotherMembersRaftAddr(t *testing.T) {
 // of the log, and an entry committed on the old voter and one other could then be lost
 // with that other. It is refused (member_check) and the configuration stays as it was.
 func TestAddMemberRefusesEmptyNodeAsVoter(t *testing.T) {
-	n1 := start(t, "n1", "")
-	n2 := start(t, "n2", n1.Addr())
-	c := dial(t, n1.Addr())
-	ctx := ctxT(t, time.Minute)
-	waitMembers(t, ctx, c, 2)
-	for {
-		ms, err := c.Members(ctx)
-		if err == nil && ms[1].GetSuffrage() == "voter" {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("n2 is not promoted")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	_, n2, c, ctx := twoVoters(t)
 	raft2 := n2.Raft.RaftAddr()
 	// An empty node that calls itself n2, at another raft address.
 	impostor := start(t, "n2", "", func(cfg *service.Config) { cfg.Raft.Bootstrap = false })
@@ -203,4 +175,26 @@ func TestAddMemberRefusesEmptyNodeAsVoter(t *testing.T) {
 			t.Fatalf("n2 after the refused AddMember: %v; want the voter at %s, unchanged", m, raft2)
 		}
 	}
+}
+
+// twoVoters starts n1 and n2, joined, and waits until n2 is a voter; it returns the
+// nodes, a client of n1 and a context of a minute.
+func twoVoters(t *testing.T) (n1, n2 *service.Node, c *client.Client, ctx context.Context) {
+	t.Helper()
+	n1 = start(t, "n1", "")
+	n2 = start(t, "n2", n1.Addr())
+	c = dial(t, n1.Addr())
+	ctx = ctxT(t, time.Minute)
+	waitMembers(t, ctx, c, 2)
+	for {
+		ms, err := c.Members(ctx)
+		if err == nil && ms[1].GetSuffrage() == "voter" {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("n2 is not promoted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return n1, n2, c, ctx
 }

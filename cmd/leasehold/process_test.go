@@ -152,18 +152,7 @@ func TestLockStoppedStopsCMD(t *testing.T) {
 		t.Errorf("CMD (state %c) runs on while leasehold is stopped by SIGTSTP", procState(sh))
 	}
 	time.Sleep(1500 * time.Millisecond) // past the TTL: the lease lapses
-	_ = cmd.Process.Signal(syscall.SIGCONT)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != exitLockLost {
-			t.Errorf("leasehold after SIGCONT: %v, want exit %d", err, exitLockLost)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("leasehold did not exit within 10s of SIGCONT")
-	}
+	continuedLosesLock(t, cmd)
 	if !eventuallyTrue(time.Second, func() bool { return !alive(sh) }) {
 		t.Errorf("CMD (pid %d) still runs after leasehold lost the lock", sh)
 	}
@@ -459,13 +448,20 @@ func TestLockStalledStopsCMD(t *testing.T) {
 	if since := time.Since(stopped); since >= ttl {
 		t.Errorf("CMD was killed %v after leasehold stopped, not before the TTL (%v) could lapse", since.Round(time.Millisecond), ttl)
 	}
+	continuedLosesLock(t, cmd)
+}
+
+// continuedLosesLock continues the stopped leasehold cmd and checks that it exits, within
+// 10 s, with exitLockLost: its lease lapsed while it was stopped.
+func continuedLosesLock(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
 	_ = cmd.Process.Signal(syscall.SIGCONT)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
 	case err := <-done:
 		if code := exitCode(err); code != exitLockLost {
-			t.Errorf("leasehold after SIGCONT: exit %d, want %d", code, exitLockLost)
+			t.Errorf("leasehold after SIGCONT: %v (exit %d), want exit %d", err, code, exitLockLost)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("leasehold did not exit within 10s of SIGCONT")

@@ -175,6 +175,50 @@ func randomCrashes(t *testing.T, seed uint64) {
 		}
 		tearLog = append(tearLog, fmt.Sprintf("power loss at step %d", step))
 	}
+	// storeCrashing stores batch while a tear or crash point is armed, and reports
+	// whether it crashed (a tornCrash panic) and, if not, StoreLogs' error.
+	storeCrashing := func(batch []*raft.Log) (crashed bool, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				if _, ok := r.(tornCrash); !ok {
+					panic(r)
+				}
+				crashed = true
+			}
+		}()
+		return false, l.StoreLogs(batch)
+	}
+	// reopen opens the log again after a crash, after a power loss half the time.
+	reopen := func(step int, after string) {
+		t.Helper()
+		l.closeFiles()
+		if rng.IntN(2) == 0 {
+			powerLoss(step)
+		}
+		var err error
+		if l, err = Open(dir, opts); err != nil {
+			t.Fatalf("seed %d step %d: Open after %s: %v (%v)", seed, step, after, err, tearLog)
+		}
+	}
+	// adopt takes as the model's whatever prefix of the interrupted batch next..next+n-1
+	// came back, which is all the log may hold of it.
+	adopt := func(step int, batch []*raft.Log, next, n uint64) {
+		t.Helper()
+		la, _ := l.LastIndex()
+		if la > next+n-1 {
+			t.Fatalf("seed %d step %d: log ends at %d, past the interrupted batch %d..%d (%v)", seed, step, la, next, next+n-1, tearLog)
+		}
+		if la != 0 && la >= next {
+			if last == 0 {
+				first = next
+			}
+			for i := next; i <= la; i++ {
+				terms[i] = term
+				data[i] = batch[i-next].Data
+			}
+			last = la
+		}
+	}
 	base := uint64(1)
 	if rng.IntN(3) == 0 {
 		base = 1<<32 + uint64(rng.IntN(1000))
@@ -190,45 +234,13 @@ func randomCrashes(t *testing.T, seed uint64) {
 			batch := mk(next, next+n-1)
 			if rng.IntN(4) == 0 {
 				tear = rng.IntN(4)
-				var crashed bool
-				func() {
-					defer func() {
-						if r := recover(); r != nil {
-							if _, ok := r.(tornCrash); !ok {
-								panic(r)
-							}
-							crashed = true
-						}
-					}()
-					_ = l.StoreLogs(batch)
-				}()
+				crashed, _ := storeCrashing(batch)
 				tear = -1
 				if !crashed {
 					t.Fatalf("no crash")
 				}
-				l.closeFiles()
-				if rng.IntN(2) == 0 {
-					powerLoss(step)
-				}
-				l, err = Open(dir, opts)
-				if err != nil {
-					t.Fatalf("seed %d step %d: Open after torn write: %v (tears %v)", seed, step, err, tearLog)
-				}
-				// Adopt whatever prefix of the batch came back.
-				la, _ := l.LastIndex()
-				if la > next+n-1 {
-					t.Fatalf("seed %d step %d: log ends at %d, past the interrupted batch %d..%d (%v)", seed, step, la, next, next+n-1, tearLog)
-				}
-				if la != 0 && la >= next {
-					if last == 0 {
-						first = next
-					}
-					for i := next; i <= la; i++ {
-						terms[i] = term
-						data[i] = batch[i-next].Data
-					}
-					last = la
-				}
+				reopen(step, "torn write")
+				adopt(step, batch, next, n)
 				check(fmt.Sprintf("step %d after torn write", step))
 				continue
 			}
@@ -318,43 +330,13 @@ func randomCrashes(t *testing.T, seed uint64) {
 			n := uint64(1 + rng.IntN(30))
 			batch := mk(next, next+n-1)
 			crashAt = rng.IntN(4)
-			crashed := false
-			func() {
-				defer func() {
-					if r := recover(); r != nil {
-						if _, ok := r.(tornCrash); !ok {
-							panic(r)
-						}
-						crashed = true
-					}
-				}()
-				must(t, l.StoreLogs(batch))
-			}()
+			crashed, err := storeCrashing(batch)
+			must(t, err)
 			crashAt = -1
 			if crashed {
-				l.closeFiles()
-				if rng.IntN(2) == 0 {
-					powerLoss(step)
-				}
-				l, err = Open(dir, opts)
-				if err != nil {
-					t.Fatalf("seed %d step %d: Open after crash in append: %v (%v)", seed, step, err, tearLog)
-				}
+				reopen(step, "crash in append")
 			}
-			la, _ := l.LastIndex()
-			if la > next+n-1 {
-				t.Fatalf("seed %d step %d: log ends at %d, past the interrupted batch %d..%d (%v)", seed, step, la, next, next+n-1, tearLog)
-			}
-			if la != 0 && la >= next {
-				if last == 0 {
-					first = next
-				}
-				for i := next; i <= la; i++ {
-					terms[i] = term
-					data[i] = batch[i-next].Data
-				}
-				last = la
-			}
+			adopt(step, batch, next, n)
 		}
 		check(fmt.Sprintf("step %d", step))
 		if rng.IntN(6) == 0 { // power loss

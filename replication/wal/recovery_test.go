@@ -92,14 +92,7 @@ func TestRecoveredUnsyncedBatchMadeDurable(t *testing.T) {
 	crash := false
 	opts := Options{
 		SegmentSize: 2048,
-		syncHook: func(f *os.File) error {
-			b, err := os.ReadFile(f.Name())
-			if err != nil {
-				return err
-			}
-			durable[f.Name()] = b
-			return f.Sync()
-		},
+		syncHook:    recordDurable(durable),
 		crashHook: func(step string) {
 			if crash && step == "store: before sync" {
 				crash = false
@@ -178,14 +171,7 @@ func TestRemovalByCrashedProcessMadeDurable(t *testing.T) {
 	crashAt := ""
 	opts := Options{
 		SegmentSize: 2048,
-		syncHook: func(f *os.File) error {
-			b, err := os.ReadFile(f.Name())
-			if err != nil {
-				return err
-			}
-			durable[f.Name()] = b
-			return f.Sync()
-		},
+		syncHook:    recordDurable(durable),
 		crashHook: func(step string) {
 			if step == crashAt {
 				crashAt = ""
@@ -261,5 +247,18 @@ func TestRemovalByCrashedProcessMadeDurable(t *testing.T) {
 	must(t, l2.GetLog(next+1, &e))
 	if e.Term != 2 {
 		t.Fatalf("entry %d after power loss has term %d; want 2", next+1, e.Term)
+	}
+}
+
+// recordDurable is a syncHook that keeps, in durable, each file's content as of its
+// last sync (its image after a power loss), then syncs it.
+func recordDurable(durable map[string][]byte) func(*os.File) error {
+	return func(f *os.File) error {
+		b, err := os.ReadFile(f.Name())
+		if err != nil {
+			return err
+		}
+		durable[f.Name()] = b
+		return f.Sync()
 	}
 }
