@@ -465,7 +465,7 @@ type partitionContext struct {
 }
 
 func (c partitionContext) Err() error {
-	c.o.lock.s.checkDeadline()
+	c.o.lock.settle()
 	c.o.checkDeadline()
 	return c.Context.Err()
 }

@@ -57,11 +57,15 @@ func newLease(c *Client, id string, ttl time.Duration, sent time.Time) *lease {
 
 // alive reports whether the lease can still take locks. It checks the clock itself,
 // so a process resumed after a pause sees an expired lease at once.
-func (s *lease) alive() bool {
+func (s *lease) alive() bool { return s.endCause() == nil }
+
+// endCause ends the lease if its cautious deadline has passed, and returns why the
+// lease has ended (nil while it lives).
+func (s *lease) endCause() error {
 	s.checkDeadline()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.err == nil
+	return s.err
 }
 
 // checkDeadline ends the lease if its cautious deadline has passed.

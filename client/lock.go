@@ -313,10 +313,21 @@ func (l *Lock) Context() context.Context { return lockContext{l} }
 
 // Lost reports whether the lock is no longer held, and why.
 func (l *Lock) Lost() (bool, error) {
-	l.s.checkDeadline()
+	l.settle()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.cause != nil, l.cause
+}
+
+// settle makes l lost at once if its lease has ended or its deadline has passed. The
+// goroutine that ends a lease (a timer, a keepalive answer) cancels its locks one after
+// another after marking it ended; a caller asking about this lock meanwhile must not be
+// told it still holds it (G4b: after a pause, a holder resuming beside the lease's timer
+// wrote once under a lock already lost).
+func (l *Lock) settle() {
+	if cause := l.s.endCause(); cause != nil {
+		l.lost(cause)
+	}
 }
 
 func (l *Lock) lost(cause error) {
@@ -444,7 +455,7 @@ func LeaseDeadline(ctx context.Context) (deadline time.Time, ok bool) {
 	return l.s.deadline, l.s.err == nil
 }
 func (c lockContext) Err() error {
-	c.l.s.checkDeadline()
+	c.l.settle()
 	return c.l.ctx.Err()
 }
 

@@ -432,3 +432,35 @@ func TestLeaseDeadline(t *testing.T) {
 		}
 	})
 }
+
+// TestLockLostWhileLeaseEnds: the goroutine that ends a lease (its deadline timer, a
+// keepalive answered NotFound) marks it ended, then cancels its locks one after
+// another. A holder asking meanwhile — a process resumed after a pause, its timer
+// firing beside it — must hear the lock is lost, not that it still holds it: that is
+// one more write under a lost lock (test/e2e TestPauseScenario caught it once in CI).
+func TestLockLostWhileLeaseEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &trapServer{fakeServer: &fakeServer{ttl: time.Minute, answer: acked}}
+		c := trapClient(t, f)
+		l, err := c.Lock(context.Background(), "trap/ending", Correctness)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The moment inside lease.end: ended, its locks not cancelled yet.
+		l.s.mu.Lock()
+		l.s.err = ErrLeaseExpired
+		l.s.mu.Unlock()
+		if l.Context().Err() == nil {
+			t.Fatal("the lock's context Err is nil on a lease that has ended")
+		}
+		lost, cause := l.Lost()
+		// The rest of lease.end, so that its goroutines stop.
+		l.s.mu.Lock()
+		l.s.err = nil
+		l.s.mu.Unlock()
+		l.s.end(ErrLeaseExpired)
+		if !lost || !errors.Is(cause, ErrLeaseExpired) {
+			t.Fatalf("Lost on a lease that has ended = %v, %v; want true, ErrLeaseExpired", lost, cause)
+		}
+	})
+}
