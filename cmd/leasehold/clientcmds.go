@@ -137,6 +137,11 @@ func clientRun(addr *string, do func(ctx context.Context, c *client.Client, cmd 
 		if err == nil || errors.As(err, &ec) {
 			return err
 		}
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && !errors.Is(err, client.ErrUnavailable) {
+			// --timeout ran out: whatever the last attempt answered (a node's own
+			// DeadlineExceeded, say), no server gave an answer in time.
+			err = fmt.Errorf("%w: gave up after --timeout: %w", client.ErrUnavailable, err)
+		}
 		return exitWith(exitFor(strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" "), err))
 	}
 }
